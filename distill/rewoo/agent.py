@@ -1,0 +1,209 @@
+"""Plan -> work -> solve, producing one trajectory record.
+
+The record is the one shape that generation, filtering, training data and evaluation all read, so the
+agent fills every field whether or not the run went well: a failed plan is data for the filter.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from distill.llm.base import Completion, Usage
+from distill.rewoo import prompts
+from distill.rewoo.plan import parse_plan
+from distill.rewoo.worker import WorkerConfig, run_plan
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Question:
+    """What the agent needs of an example; `distill.data.Example` satisfies it."""
+
+    question: str
+    id: str = "adhoc"
+    dataset: str = "adhoc"
+    answers: list[str] = field(default_factory=list)
+    context: list | None = None
+
+
+def sample_seed(example_id: str, sample: int, base: int = 0) -> int:
+    """A stable per-(example, sample) seed: reruns resample identically and hit the call cache."""
+    return (zlib.crc32(f"{example_id}#{sample}".encode()) + base) % (2**31)
+
+
+def call_record(messages: list[dict], out: Completion) -> dict:
+    return {
+        "model": out.model,
+        "messages": messages,
+        "output": out.text,
+        "usage": {"prompt_tokens": out.usage.prompt_tokens, "completion_tokens": out.usage.completion_tokens},
+        "latency_s": round(out.latency_s, 4),
+        "cost_usd": out.cost_usd,
+        "cached": out.cached,
+    }
+
+
+class ReWOOAgent:
+    def __init__(
+        self,
+        planner,
+        solver,
+        tools_for: Callable[[Any], Mapping[str, Any]],
+        tool_descriptions: Mapping[str, str],
+        *,
+        fewshot: bool = True,
+        planner_temperature: float = 0.0,
+        planner_max_tokens: int = 512,
+        solver_max_tokens: int = 64,
+        worker: WorkerConfig | None = None,
+        method: str = "rewoo",
+        seed: int = 0,
+    ):
+        self.planner, self.solver = planner, solver
+        self.tools_for = tools_for
+        self.tool_descriptions = dict(tool_descriptions)
+        self.fewshot = fewshot
+        self.planner_temperature = planner_temperature
+        self.planner_max_tokens = planner_max_tokens
+        self.solver_max_tokens = solver_max_tokens
+        self.worker = worker or WorkerConfig()
+        self.method = method
+        self.seed = seed
+
+    async def plan(self, question: str, seed: int | None = None) -> tuple[list[dict], Completion]:
+        messages = prompts.planner_messages(question, self.tool_descriptions, self.fewshot)
+        out = await self.planner.chat(
+            messages, temperature=self.planner_temperature, max_tokens=self.planner_max_tokens, seed=seed
+        )
+        return messages, out
+
+    async def run(self, example, sample: int = 0) -> dict:
+        t0 = time.perf_counter()
+        seed = sample_seed(example.id, sample, self.seed)
+        p_messages, p_out = await self.plan(example.question, seed)
+        plan = parse_plan(p_out.text, tools=list(self.tool_descriptions))
+        tools = self.tools_for(example)
+        evidence = await run_plan(plan, tools, self.worker)
+        s_messages = prompts.solver_messages(example.question, plan.steps, evidence)
+        s_out = await self.solver.chat(s_messages, temperature=0.0, max_tokens=self.solver_max_tokens, seed=seed)
+        prediction = prompts.extract_answer(s_out.text)
+        tool_calls = [c for t in tools.values() for c in getattr(t, "calls", [])]
+        tool_usage = sum((c.usage for c in tool_calls), Usage())
+        record = {
+            "format_version": FORMAT_VERSION,
+            "id": example.id,
+            "dataset": example.dataset,
+            "question": example.question,
+            "answers": list(example.answers),
+            "method": self.method,
+            "sample": sample,
+            "planner": call_record(p_messages, p_out),
+            "plan": plan.to_dict(),
+            "evidence": [e.to_dict() for e in evidence],
+            "solver": call_record(s_messages, s_out),
+            "prediction": prediction,
+            "scores": score_record(example, prediction),
+            "tool_usage": {"prompt_tokens": tool_usage.prompt_tokens, "completion_tokens": tool_usage.completion_tokens},
+            "tokens": {
+                "planner": p_out.usage.total_tokens,
+                "solver": s_out.usage.total_tokens,
+                "tools": tool_usage.total_tokens,
+                "total": p_out.usage.total_tokens + s_out.usage.total_tokens + tool_usage.total_tokens,
+            },
+            "llm_calls": 2 + len(tool_calls),
+            "tool_calls": len(evidence),
+            "cost_usd": p_out.cost_usd + s_out.cost_usd + sum(c.cost_usd for c in tool_calls),
+            "wall_s": round(time.perf_counter() - t0, 4),
+        }
+        return record
+
+
+def score_record(example, prediction: str) -> dict:
+    if not example.answers:
+        return {}
+    from distill.metrics import score
+
+    return dict(score(example.dataset, prediction, example.answers))
+
+
+def build_wikipedia(cfg):
+    """The shared Wikipedia backend; per-question scoping happens in `tools_for`."""
+    from distill.errors import DistillError
+
+    if "Wikipedia" not in cfg.tools:
+        return None
+    if cfg.wikipedia_backend == "online":
+        from distill.tools.wikipedia import OnlineWikipedia
+
+        return OnlineWikipedia(max_chars=cfg.wikipedia_max_chars)
+    from pathlib import Path
+
+    from distill.tools.wikipedia import LocalWikipedia
+
+    if cfg.wikipedia_scope == "question" and not cfg.wikipedia_corpus:
+        return None
+    if not cfg.wikipedia_corpus or not Path(cfg.wikipedia_corpus).exists():
+        raise DistillError(f"wikipedia_corpus not found: {cfg.wikipedia_corpus} (a JSONL of {{title, text}} records)")
+    return LocalWikipedia(cfg.wikipedia_corpus, top_k=cfg.wikipedia_top_k, max_chars=cfg.wikipedia_max_chars)
+
+
+def make_tools_for(cfg, llm_tool_model, cache=None) -> Callable[[Any], dict]:
+    """A per-question tool set: fresh LLM-tool call log, and Wikipedia scoped to the question when asked."""
+    from distill.errors import DistillError
+    from distill.llm.cached import CachedTool
+    from distill.tools.registry import build_tools
+
+    wiki = build_wikipedia(cfg)
+
+    def tools_for(example) -> dict:
+        w, scope = wiki, ""
+        if cfg.wikipedia_scope == "question" and "Wikipedia" in cfg.tools:
+            if example.context:
+                from distill.tools.wikipedia import LocalWikipedia
+
+                paragraphs = [(title, " ".join(sents)) for title, sents in example.context]
+                w = LocalWikipedia.scoped(paragraphs, top_k=cfg.wikipedia_top_k, max_chars=cfg.wikipedia_max_chars)
+                scope = f"question:{example.id}"
+            elif wiki is None:
+                raise DistillError(f"example {example.id} has no context and no wikipedia_corpus is set")
+        tools = build_tools(cfg.tools, wikipedia=w, llm_model=llm_tool_model)
+        if cache is not None:
+            tools = {
+                name: CachedTool(t, cache, scope=scope if name == "Wikipedia" else "") if name != "LLM" else t
+                for name, t in tools.items()
+            }
+        return tools
+
+    return tools_for
+
+
+def build_agent(cfg, cache=None, *, planner=None, method: str = "rewoo", seed: int = 0) -> ReWOOAgent:
+    """Wire models, tools and prompts from an AgentConfig; `planner` overrides the configured one (eval)."""
+    from distill.llm import build_chat
+    from distill.tools.registry import TOOL_DESCRIPTIONS
+
+    solver = build_chat(cfg.solver, cfg.prices, cache)
+    planner = planner or build_chat(cfg.planner, cfg.prices, cache)
+    llm_tool_model = build_chat(cfg.llm_tool, cfg.prices, cache) if cfg.llm_tool else solver
+    descriptions = {name: TOOL_DESCRIPTIONS[name] for name in cfg.tools if name in TOOL_DESCRIPTIONS}
+    return ReWOOAgent(
+        planner,
+        solver,
+        make_tools_for(cfg, llm_tool_model, cache),
+        descriptions,
+        fewshot=cfg.planner_prompt == "fewshot",
+        planner_temperature=cfg.planner.temperature,
+        planner_max_tokens=cfg.planner.max_tokens,
+        solver_max_tokens=cfg.solver.max_tokens,
+        worker=WorkerConfig(
+            max_concurrency=cfg.worker_max_concurrency,
+            tool_timeout_s=cfg.tool_timeout_s,
+            evidence_max_chars=cfg.evidence_max_chars,
+        ),
+        method=method,
+        seed=seed,
+    )

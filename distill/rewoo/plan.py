@@ -1,0 +1,248 @@
+"""Parse, validate and render ReWOO plans.
+
+The canonical form is the one the paper's Planner writes::
+
+    Plan: Find out who directed Titanic.
+    #E1 = Wikipedia[Titanic (1997 film)]
+    Plan: Find the director's birth year.
+    #E2 = LLM[In what year was the director named in #E1 born?]
+
+Real models (teachers and, above all, half-trained students) wander from it, so the parser is lenient about
+decoration (markdown bold, numbering, code fences, `#E1:` instead of `#E1 =`) and strict about meaning: a
+tool call is `Tool[input]` where the input runs to the bracket that closes the first `[`, and `#E1` never
+matches inside `#E10`. Parsing never raises; everything that is wrong with a plan comes back as a
+`PlanError` with a stable `code`, so generation can record bad plans and filtering can count them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Step", "PlanError", "Plan", "parse_plan", "render_plan", "substitute", "find_refs", "ERROR_CODES"]
+
+ERROR_CODES = ("empty_plan", "unknown_tool", "undefined_ref", "forward_ref", "duplicate_id", "malformed_step")
+
+# A reference is a whole token: `#E1` must not match the start of `#E10`.
+REF_RE = re.compile(r"#E\d+(?!\d)")
+
+# Markdown decoration a model may put in front of a line: a heading, a bullet or a number, then bold/code.
+_LEAD = r"[ \t]*(?:#{1,6}[ \t]+)?(?:(?:[-*+]|\d+[.)])[ \t]+)?"
+_PLAN_RE = re.compile(
+    _LEAD + r"(?P<b1>\*\*|__)?[ \t]*plan(?:[ \t]*#?\d+)?[ \t]*(?P<b2>\*\*|__)?[ \t]*[:：][ \t]*(?P<b3>\*\*|__)?(?P<desc>.*)",
+    re.IGNORECASE,
+)
+_STEP_HEAD_RE = re.compile(_LEAD + r"(?:\*\*|__|`)?(?P<id>#E\d+)(?!\d)(?:\*\*|__|`)?[ \t]*[=:][ \t]*")
+_TOOL_RE = re.compile(r"(?P<tool>[^\W\d][\w.-]*)[ \t]*\[")
+# A full step (header and the start of a tool call), used where a looser match would misfire.
+_FULL_STEP_RE = re.compile(_STEP_HEAD_RE.pattern + _TOOL_RE.pattern)
+# A step written on the same line as its Plan text: "Plan: look it up. #E1 = Wikipedia[x]".
+_INLINE_STEP_RE = re.compile(r"#E\d+(?!\d)[ \t]*=[ \t]*" + _TOOL_RE.pattern)
+_FENCE_RE = re.compile(r"[ \t]*(?:```|~~~)")
+
+
+@dataclass(frozen=True)
+class Step:
+    id: str  # "#E1"
+    description: str  # the text after "Plan:"
+    tool: str  # "Wikipedia"
+    input: str  # raw input, refs not substituted
+    deps: tuple[str, ...]  # refs used in input, in order of first use, unique
+
+
+@dataclass(frozen=True)
+class PlanError:
+    code: str  # one of ERROR_CODES
+    step: str | None
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "step": self.step, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Plan:
+    steps: tuple[Step, ...]
+    errors: tuple[PlanError, ...]
+
+    @property
+    def valid(self) -> bool:
+        return not self.errors
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape stored in trajectory records and printed by `distill plan check --json`."""
+        return {
+            "valid": self.valid,
+            "steps": [
+                {"id": s.id, "description": s.description, "tool": s.tool, "input": s.input, "deps": list(s.deps)}
+                for s in self.steps
+            ],
+            "errors": [e.to_dict() for e in self.errors],
+        }
+
+
+def find_refs(text: str) -> list[str]:
+    """Evidence ids used in `text`, unique, in order of first use (the order the Worker should wait on them)."""
+    return list(dict.fromkeys(REF_RE.findall(text)))
+
+
+def substitute(text: str, evidence: Mapping[str, str]) -> str:
+    """Replace whole `#En` tokens by their evidence in one pass, so evidence that itself mentions `#E2` stays
+    literal and `#E1` is never spliced into `#E10`. Unknown refs are left as written."""
+    return REF_RE.sub(lambda m: evidence.get(m.group(0), m.group(0)), text)
+
+
+def render_plan(plan: Plan) -> str:
+    """Canonical text for a plan: what the student is trained to write, and what parse_plan reads back."""
+    return "\n".join(f"Plan: {s.description}\n{s.id} = {s.tool}[{s.input}]\n" for s in plan.steps)
+
+
+def parse_plan(text: str, tools: Iterable[Any] | None = None) -> Plan:
+    """Read the steps out of a Planner's output and validate them; never raises.
+
+    `tools` (names, or objects with a `.name`, or a mapping keyed by name) turns on the unknown_tool check
+    and normalises tool names to the registered spelling. A malformed step is reported but left out of
+    `steps`; a duplicate id is reported and kept, so the record shows what the model wrote.
+    """
+    scanner = _Scanner(text.replace("\r\n", "\n").replace("\r", "\n"))
+    scanner.run()
+    registry = _tool_registry(tools)
+    steps: list[tuple[int, Step]] = []
+    errors: list[tuple[int, PlanError]] = list(scanner.errors)
+    for pos, step in scanner.steps:
+        if registry is not None:
+            canonical = registry.get(step.tool.casefold())
+            if canonical is None:
+                known = ", ".join(sorted(set(registry.values())))
+                msg = f"{step.id} uses unknown tool {step.tool!r} (known: {known or 'none'})"
+                errors.append((pos, PlanError("unknown_tool", step.id, msg)))
+            elif canonical != step.tool:
+                step = Step(step.id, step.description, canonical, step.input, step.deps)
+        steps.append((pos, step))
+    errors.extend(_reference_errors(steps))
+    errors.sort(key=lambda item: item[0])  # stable: errors of one step keep their check order
+    if not steps:
+        errors.insert(0, (-1, PlanError("empty_plan", None, "no step of the form '#E1 = Tool[input]' was found")))
+    return Plan(tuple(s for _, s in steps), tuple(e for _, e in errors))
+
+
+def _tool_registry(tools: Iterable[Any] | None) -> dict[str, str] | None:
+    """Map casefolded tool names to their registered spelling; None means 'do not check'."""
+    if tools is None:
+        return None
+    names = [t if isinstance(t, str) else str(getattr(t, "name", t)) for t in tools]
+    return {name.casefold(): name for name in names}
+
+
+def _reference_errors(steps: list[tuple[int, Step]]) -> list[tuple[int, PlanError]]:
+    """duplicate_id, undefined_ref and forward_ref, judged against the first definition of each id."""
+    first: dict[str, int] = {}
+    for index, (_, step) in enumerate(steps):
+        first.setdefault(step.id, index)
+    errors: list[tuple[int, PlanError]] = []
+    for index, (pos, step) in enumerate(steps):
+        if first[step.id] != index:
+            errors.append((pos, PlanError("duplicate_id", step.id, f"{step.id} is defined more than once")))
+        for ref in step.deps:
+            if ref not in first:
+                msg = f"{step.id} refers to {ref}, which no step defines"
+                errors.append((pos, PlanError("undefined_ref", step.id, msg)))
+            elif first[ref] >= index:
+                where = "itself" if ref == step.id else f"{ref}, which is only defined later"
+                errors.append((pos, PlanError("forward_ref", step.id, f"{step.id} refers to {where}")))
+    return errors
+
+
+class _Scanner:
+    """One left-to-right pass over the text, position based so that an input may span several lines.
+
+    Plan descriptions wait in a queue and each step takes the oldest one, which pairs them correctly both
+    when Plan and step lines alternate and when a model lists all plans first and all steps after.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.steps: list[tuple[int, Step]] = []
+        self.errors: list[tuple[int, PlanError]] = []
+        self.pending: list[str] = []
+        self.continuing = False  # the previous line was Plan text that the next line may continue
+
+    def run(self) -> None:
+        pos = 0
+        while pos < len(self.text):
+            end = self.text.find("\n", pos)
+            end = len(self.text) if end < 0 else end
+            pos = self._line(pos, end)
+
+    def _line(self, start: int, end: int) -> int:
+        """Handle the line text[start:end]; return where scanning resumes."""
+        line = self.text[start:end]
+        if _FENCE_RE.match(line):
+            self.continuing = False
+            return end + 1
+        head = _STEP_HEAD_RE.match(line)
+        if head:
+            self.continuing = False
+            return self._step(start, head.group("id"), start + head.end(), end)
+        plan = _PLAN_RE.fullmatch(line)
+        if plan:
+            return self._plan_line(start, plan, end)
+        if self.continuing and line.strip():
+            self.pending[-1] = f"{self.pending[-1]} {line.strip()}".strip()
+        else:
+            self.continuing = False
+        return end + 1
+
+    def _plan_line(self, start: int, match: re.Match[str], end: int) -> int:
+        desc = match.group("desc")
+        inline = _INLINE_STEP_RE.search(desc)
+        if inline:
+            desc = desc[: inline.start()]
+        desc = desc.strip()
+        bold = match.group("b1")
+        if bold and not (match.group("b2") or match.group("b3")) and desc.endswith(bold):
+            desc = desc[: -len(bold)].rstrip()  # "**Plan: text**"
+        self.pending.append(desc)
+        if inline:
+            self.continuing = False
+            return start + match.start("desc") + inline.start()  # rescan from the inline step
+        self.continuing = True
+        return end + 1
+
+    def _step(self, start: int, step_id: str, call: int, line_end: int) -> int:
+        """Parse `Tool[input]` from `call`; return where scanning resumes."""
+        description = self.pending.pop(0) if self.pending else ""
+        tool = _TOOL_RE.match(self.text, call, line_end)
+        close = self._matching_bracket(tool.end() - 1) if tool else None
+        if tool is None or close is None:
+            found = self.text[call:line_end].strip()
+            why = "has no 'Tool[input]' call" if tool is None else "has a '[' that is never closed"
+            msg = f"{step_id} {why}: {found[:80]!r}"
+            self.errors.append((start, PlanError("malformed_step", step_id, msg)))
+            return line_end + 1
+        raw = self.text[tool.end() : close].strip()
+        self.steps.append((start, Step(step_id, description, tool.group("tool"), raw, tuple(find_refs(raw)))))
+        return close + 1
+
+    def _matching_bracket(self, open_at: int) -> int | None:
+        """Index of the `]` closing the `[` at open_at, or None. A line that starts a new Plan or step ends
+        the search, so one missing `]` costs only its own step, not the steps after it."""
+        depth = 0
+        for i in range(open_at, len(self.text)):
+            char = self.text[i]
+            if char == "[":
+                depth += 1
+            elif char == "]":
+                depth -= 1
+                if depth == 0:
+                    return i
+            elif char == "\n" and self._starts_new_item(i + 1):
+                return None
+        return None
+
+    def _starts_new_item(self, pos: int) -> bool:
+        end = self.text.find("\n", pos)
+        line = self.text[pos : len(self.text) if end < 0 else end]
+        return bool(_FULL_STEP_RE.match(line) or _PLAN_RE.fullmatch(line))

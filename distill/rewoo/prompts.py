@@ -1,0 +1,122 @@
+"""The one place where planner and solver prompts are built.
+
+Generation (teacher, few-shot), training (student, zero-shot) and evaluation all call `planner_messages`,
+so the student is served exactly the prompt it was trained on. Static text comes first and the question
+last, so a server's prefix cache reuses the instructions, tool list and exemplars across questions.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping, Sequence
+
+PLANNER_INSTRUCTIONS = (
+    "For the following task, make plans that can solve the problem step by step. For each plan, indicate "
+    "which external tool together with tool input to retrieve evidence. You can store the evidence into a "
+    "variable #E that can be called by later tools. (Plan, #E1, Plan, #E2, Plan, ...)"
+)
+
+PLANNER_FORMAT = (
+    "Write each step as two lines:\n"
+    "Plan: <what this step finds out>\n"
+    "#E<n> = <Tool>[<tool input, which may use earlier evidence such as #E1>]\n"
+    "Describe your plans with rich details. Each Plan should be followed by only one #E. "
+    "Write only the plan: no answer, no other text."
+)
+
+# Exemplars written for this project (facts checked), in the canonical format the parser renders.
+FEWSHOT_EXEMPLARS: list[tuple[str, str]] = [
+    (
+        "Which country is the birthplace of the physicist who proposed the theory of general relativity?",
+        "Plan: Find out which physicist proposed the theory of general relativity.\n"
+        "#E1 = Wikipedia[general relativity]\n"
+        "Plan: Identify the physicist from the evidence.\n"
+        "#E2 = LLM[Who proposed the theory of general relativity? Given context: #E1]\n"
+        "Plan: Find out where that physicist was born.\n"
+        "#E3 = Wikipedia[#E2]\n"
+        "Plan: Name the country of the birthplace.\n"
+        "#E4 = LLM[In which country was #E2 born? Given context: #E3]",
+    ),
+    (
+        "Which river is longer, the Danube or the Rhine?",
+        "Plan: Find the length of the Danube.\n"
+        "#E1 = Wikipedia[Danube]\n"
+        "Plan: Find the length of the Rhine.\n"
+        "#E2 = Wikipedia[Rhine]\n"
+        "Plan: Compare the two lengths.\n"
+        "#E3 = LLM[Which river is longer, the Danube or the Rhine? Given context: #E1 and #E2]",
+    ),
+    (
+        "How many years passed between the founding of Harvard University and the signing of the United States "
+        "Declaration of Independence?",
+        "Plan: Find the year Harvard University was founded.\n"
+        "#E1 = Wikipedia[Harvard University]\n"
+        "Plan: Extract the founding year.\n"
+        "#E2 = LLM[In which year was Harvard University founded? Answer with the year only. Given context: #E1]\n"
+        "Plan: Compute the years between the founding and 1776.\n"
+        "#E3 = Calculator[1776 - #E2]",
+    ),
+]
+
+SOLVER_INSTRUCTIONS = (
+    "Solve the following task or problem. To assist you, we provide some plans and corresponding evidence "
+    "that might be helpful. Notice that some of this information contains noise, so you should trust it "
+    "with caution."
+)
+
+SOLVER_SUFFIX = (
+    "Now begin to solve the task or problem. Respond with the answer directly, as a short phrase "
+    "(a name, a number, yes or no), with no extra words."
+)
+
+
+def tool_list(tools: Mapping[str, str]) -> str:
+    return "\n".join(f"({i}) {name}[input]: {desc}" for i, (name, desc) in enumerate(tools.items(), 1))
+
+
+def planner_system_prompt(tools: Mapping[str, str], fewshot: bool) -> str:
+    parts = [PLANNER_INSTRUCTIONS, "Tools can be one of the following:\n" + tool_list(tools), PLANNER_FORMAT]
+    if fewshot:
+        allowed = set(tools)
+        shots = [
+            f"Question: {q}\n{plan}"
+            for q, plan in FEWSHOT_EXEMPLARS
+            if set(re.findall(r"= (\w+)\[", plan)) <= allowed
+        ]
+        if shots:
+            parts.append("For example:\n\n" + "\n\n".join(shots))
+    return "\n\n".join(parts)
+
+
+def planner_messages(question: str, tools: Mapping[str, str], fewshot: bool) -> list[dict]:
+    """Teacher (few-shot) and student (zero-shot) planner prompt; the question is the last, variable part."""
+    return [
+        {"role": "system", "content": planner_system_prompt(tools, fewshot)},
+        {"role": "user", "content": f"Question: {question.strip()}"},
+    ]
+
+
+def solver_messages(question: str, steps: Sequence, evidence: Sequence) -> list[dict]:
+    """Plan steps with their evidence (by id), then the task; steps with no evidence say so."""
+    by_id = {e.id if hasattr(e, "id") else e["id"]: e for e in evidence}
+    blocks = []
+    for step in steps:
+        ev = by_id.get(step.id)
+        out = (ev.output if hasattr(ev, "output") else ev["output"]) if ev is not None else "No evidence found"
+        blocks.append(f"Plan: {step.description}\nEvidence: {out}")
+    body = "\n\n".join(blocks) if blocks else "(no plan was made)"
+    content = f"{SOLVER_INSTRUCTIONS}\n\n{body}\n\n{SOLVER_SUFFIX}\n\nQuestion: {question.strip()}"
+    return [{"role": "user", "content": content}]
+
+
+_PREFIX = re.compile(r"^(final answer|answer|response|the answer is)\s*[:\-]?\s*", re.I)
+
+
+def extract_answer(text: str) -> str:
+    """A short, direct answer: the first non-empty line, without 'Answer:' prefixes, quotes or a final period."""
+    for line in text.strip().splitlines():
+        line = _PREFIX.sub("", line.strip().strip("*").strip())
+        if line:
+            line = line.strip().strip('"').strip("'").strip()
+            return line[:-1].strip() if line.endswith(".") and not line.endswith("..") else line
+    return ""
