@@ -66,9 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("distill").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    for noisy in ("bm25s", "httpx", "transformers"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     if not getattr(args, "_module", None):
         parser.print_help()
         return 2

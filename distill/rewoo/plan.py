@@ -31,7 +31,9 @@ REF_RE = re.compile(r"#E\d+(?!\d)")
 # Markdown decoration a model may put in front of a line: a heading, a bullet or a number, then bold/code.
 _LEAD = r"[ \t]*(?:#{1,6}[ \t]+)?(?:(?:[-*+]|\d+[.)])[ \t]+)?"
 _PLAN_RE = re.compile(
-    _LEAD + r"(?P<b1>\*\*|__)?[ \t]*plan(?:[ \t]*#?\d+)?[ \t]*(?P<b2>\*\*|__)?[ \t]*[:：][ \t]*(?P<b3>\*\*|__)?(?P<desc>.*)",
+    _LEAD
+    + r"(?P<b1>\*\*|__)?[ \t]*plan(?:[ \t]*#?\d+)?[ \t]*(?P<b2>\*\*|__)?"
+    + r"[ \t]*[:：][ \t]*(?P<b3>\*\*|__)?(?P<desc>.*)",
     re.IGNORECASE,
 )
 _STEP_HEAD_RE = re.compile(_LEAD + r"(?:\*\*|__|`)?(?P<id>#E\d+)(?!\d)(?:\*\*|__|`)?[ \t]*[=:][ \t]*")
@@ -121,7 +123,7 @@ def parse_plan(text: str, tools: Iterable[Any] | None = None) -> Plan:
             elif canonical != step.tool:
                 step = Step(step.id, step.description, canonical, step.input, step.deps)
         steps.append((pos, step))
-    errors.extend(_reference_errors(steps))
+    errors.extend(_reference_errors(steps, scanner.malformed_ids))
     errors.sort(key=lambda item: item[0])  # stable: errors of one step keep their check order
     if not steps:
         errors.insert(0, (-1, PlanError("empty_plan", None, "no step of the form '#E1 = Tool[input]' was found")))
@@ -136,8 +138,9 @@ def _tool_registry(tools: Iterable[Any] | None) -> dict[str, str] | None:
     return {name.casefold(): name for name in names}
 
 
-def _reference_errors(steps: list[tuple[int, Step]]) -> list[tuple[int, PlanError]]:
-    """duplicate_id, undefined_ref and forward_ref, judged against the first definition of each id."""
+def _reference_errors(steps: list[tuple[int, Step]], malformed_ids: set[str]) -> list[tuple[int, PlanError]]:
+    """duplicate_id, undefined_ref and forward_ref, judged against the first definition of each id.
+    A ref to a malformed step is undefined too (no evidence will exist), but the message says why."""
     first: dict[str, int] = {}
     for index, (_, step) in enumerate(steps):
         first.setdefault(step.id, index)
@@ -147,7 +150,8 @@ def _reference_errors(steps: list[tuple[int, Step]]) -> list[tuple[int, PlanErro
             errors.append((pos, PlanError("duplicate_id", step.id, f"{step.id} is defined more than once")))
         for ref in step.deps:
             if ref not in first:
-                msg = f"{step.id} refers to {ref}, which no step defines"
+                why = "whose step is malformed" if ref in malformed_ids else "which no step defines"
+                msg = f"{step.id} refers to {ref}, {why}"
                 errors.append((pos, PlanError("undefined_ref", step.id, msg)))
             elif first[ref] >= index:
                 where = "itself" if ref == step.id else f"{ref}, which is only defined later"
@@ -166,6 +170,7 @@ class _Scanner:
         self.text = text
         self.steps: list[tuple[int, Step]] = []
         self.errors: list[tuple[int, PlanError]] = []
+        self.malformed_ids: set[str] = set()
         self.pending: list[str] = []
         self.continuing = False  # the previous line was Plan text that the next line may continue
 
@@ -221,6 +226,7 @@ class _Scanner:
             why = "has no 'Tool[input]' call" if tool is None else "has a '[' that is never closed"
             msg = f"{step_id} {why}: {found[:80]!r}"
             self.errors.append((start, PlanError("malformed_step", step_id, msg)))
+            self.malformed_ids.add(step_id)
             return line_end + 1
         raw = self.text[tool.end() : close].strip()
         self.steps.append((start, Step(step_id, description, tool.group("tool"), raw, tuple(find_refs(raw)))))

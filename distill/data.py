@@ -1,0 +1,428 @@
+"""Dataset loaders and sampling: every source becomes one `Example` shape.
+
+HotpotQA and TriviaQA come in several layouts (the official JSON releases, the Hugging Face hub rows, the
+JSONL files under ../shared/data, and a generic question/answer JSONL). The layout is detected per row by
+one function, `rows_to_examples`, which the hub loader also uses, so the hub code path is exercised by
+tests on local files in the hub layout even though the hub itself cannot be reached from here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import unicodedata
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from distill.errors import DistillError
+
+HOTPOT = "hotpotqa"
+TRIVIA = "triviaqa"
+
+LAYOUT_HOTPOT_OFFICIAL = "hotpotqa-official"  # list pairs: context [[title, [sents]]], supporting_facts, _id
+LAYOUT_HOTPOT_HUB = "hotpotqa-hub"  # dicts of columns: context {title, sentences}, supporting_facts {title, sent_id}
+LAYOUT_TRIVIA_OFFICIAL = "triviaqa-official"  # Data[]: Question, QuestionId, Answer{Value, Aliases, ...}
+LAYOUT_TRIVIA_HUB = "triviaqa-hub"  # question_id, question, answer{value, aliases, normalized_aliases}
+LAYOUT_TRIVIA_JSONL = "triviaqa-jsonl"  # id, question, answer, aliases, normalized_aliases
+LAYOUT_GENERIC = "generic"  # question plus answer (str) or answers (list)
+
+_LAYOUT_DATASET = {
+    LAYOUT_HOTPOT_OFFICIAL: HOTPOT,
+    LAYOUT_HOTPOT_HUB: HOTPOT,
+    LAYOUT_TRIVIA_OFFICIAL: TRIVIA,
+    LAYOUT_TRIVIA_HUB: TRIVIA,
+    LAYOUT_TRIVIA_JSONL: TRIVIA,
+}
+
+EXPECTED_LAYOUTS = (
+    "rows with `question` plus `answer`/`answers` (generic), HotpotQA rows (`_id`, `context`, "
+    "`supporting_facts` as lists or hub dicts) or TriviaQA rows (`Question`/`Answer` official, "
+    "`answer` dict hub, or `answer` + `aliases` JSONL)"
+)
+
+
+@dataclass
+class Example:
+    """One question with every accepted answer, whatever source it came from."""
+
+    id: str
+    dataset: str
+    split: str
+    question: str
+    answers: list[str]
+    context: list[tuple[str, list[str]]] | None = None
+    supporting_facts: list[tuple[str, int]] | None = None
+    type: str | None = None
+    level: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "dataset": self.dataset,
+            "split": self.split,
+            "question": self.question,
+            "answers": list(self.answers),
+            "context": None if self.context is None else [[t, list(s)] for t, s in self.context],
+            "supporting_facts": None
+            if self.supporting_facts is None
+            else [[t, i] for t, i in self.supporting_facts],
+            "type": self.type,
+            "level": self.level,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Example:
+        context = d.get("context")
+        facts = d.get("supporting_facts")
+        return cls(
+            id=str(d["id"]),
+            dataset=str(d["dataset"]),
+            split=str(d["split"]),
+            question=str(d["question"]),
+            answers=[str(a) for a in d["answers"]],
+            context=None if context is None else [(str(t), [str(s) for s in sents]) for t, sents in context],
+            supporting_facts=None if facts is None else [(str(t), int(i)) for t, i in facts],
+            type=d.get("type"),
+            level=d.get("level"),
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Question normalisation, dedup and the leak guard
+
+
+def normalize_question(question: str) -> str:
+    """Key for dedup and leak checks: case, punctuation, unicode width and spacing differences don't count.
+
+    Idempotent, so already-normalised sets can be passed back in.
+    """
+    text = unicodedata.normalize("NFKC", question).casefold()
+    text = re.sub(r"[^\w\s]|_", " ", text)
+    return " ".join(text.split())
+
+
+def dedup_examples(examples: Iterable[Example]) -> list[Example]:
+    """Keep the first example of each normalised question, so repeated questions don't weigh double."""
+    seen: set[str] = set()
+    out = []
+    for ex in examples:
+        key = normalize_question(ex.question)
+        if key not in seen:
+            seen.add(key)
+            out.append(ex)
+    return out
+
+
+def question_set(examples: Iterable[Example]) -> set[str]:
+    """Normalised questions, the unit the leak guard and `sample_mix(exclude_questions=...)` compare."""
+    return {normalize_question(ex.question) for ex in examples}
+
+
+def eval_question_set(sources: Iterable[str | Path], split: str = "eval") -> set[str]:
+    """Normalised questions of every evaluation source (files or hub:...), for `check_no_leak`/`sample_mix`."""
+    questions: set[str] = set()
+    for source in sources:
+        questions |= question_set(load_examples(str(source), None, split))
+    return questions
+
+
+def check_no_leak(train: Iterable[Example], eval_examples: Iterable[Example] | set[str]) -> None:
+    """Refuse a training set that shares questions with the evaluation set: scores would be inflated."""
+    eval_keys = _as_question_set(eval_examples)
+    leaked = [ex.question for ex in train if normalize_question(ex.question) in eval_keys]
+    if leaked:
+        shown = "; ".join(repr(q) for q in leaked[:3])
+        raise DistillError(f"{len(leaked)} training question(s) also appear in the evaluation set, e.g. {shown}")
+
+
+def _as_question_set(items: Iterable[Example] | Iterable[str]) -> set[str]:
+    return {normalize_question(x if isinstance(x, str) else x.question) for x in items}
+
+
+def sample_mix(
+    pools: list[tuple[list[Example], int]], seed: int, exclude_questions: Iterable[str] = ()
+) -> list[Example]:
+    """Draw `n` examples from each pool, never repeating a question across pools or using an excluded one.
+
+    Each pool gets its own RNG derived from (seed, pool index), so resizing one pool leaves the draw from
+    earlier pools unchanged; the final order is shuffled so datasets interleave in training.
+    Asking for more than a pool can give is an error rather than a silently smaller experiment.
+    """
+    taken = _as_question_set(exclude_questions)
+    mix: list[Example] = []
+    for index, (pool, n) in enumerate(pools):
+        candidates = dedup_examples(pool)
+        random.Random(f"{seed}:{index}").shuffle(candidates)
+        picked = []
+        for ex in candidates:
+            if len(picked) == n:
+                break
+            key = normalize_question(ex.question)
+            if key not in taken:
+                taken.add(key)
+                picked.append(ex)
+        if len(picked) < n:
+            name = pool[0].dataset if pool else "empty"
+            raise DistillError(
+                f"pool {index} ({name}) has only {len(picked)} unused distinct questions, {n} requested"
+            )
+        mix.extend(picked)
+    random.Random(f"{seed}:mix").shuffle(mix)
+    return mix
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Row layouts
+
+
+def detect_layout(row: Mapping[str, Any]) -> str | None:
+    """Name the layout of one row, or None. Missing keys and None values (Arrow fill-ins) count alike."""
+    if row.get("Question") is not None:
+        return LAYOUT_TRIVIA_OFFICIAL
+    if not isinstance(row.get("question"), str):
+        return None
+    context, facts, answer = row.get("context"), row.get("supporting_facts"), row.get("answer")
+    if isinstance(context, Mapping) or isinstance(facts, Mapping):
+        return LAYOUT_HOTPOT_HUB
+    if isinstance(answer, Mapping):
+        return LAYOUT_TRIVIA_HUB
+    if isinstance(answer, str) and isinstance(row.get("aliases"), list):
+        return LAYOUT_TRIVIA_JSONL
+    if row.get("_id") is not None or isinstance(context, list) or isinstance(facts, list):
+        return LAYOUT_HOTPOT_OFFICIAL
+    if answer is not None or row.get("answers") is not None:
+        return LAYOUT_GENERIC
+    return None
+
+
+def rows_to_examples(
+    rows: Iterable[Mapping[str, Any]], dataset: str | None, split: str, origin: str = "<rows>"
+) -> list[Example]:
+    """Map rows of any supported layout to Examples (deduplicated by normalised question).
+
+    `dataset=None` takes the dataset from each row's layout; a HotpotQA/TriviaQA label that contradicts a
+    row's layout is an error, because scoring rules follow the label. `origin` names the source in errors.
+    """
+    examples = []
+    for index, row in enumerate(rows):
+        layout = detect_layout(row) if isinstance(row, Mapping) else None
+        if layout is None:
+            keys = sorted(row) if isinstance(row, Mapping) else type(row).__name__
+            raise DistillError(
+                f"{origin}: row {index + 1} has an unknown layout (keys: {keys}); expected {EXPECTED_LAYOUTS}"
+            )
+        label = _resolve_dataset(dataset, layout, origin, index)
+        try:
+            examples.append(_CONVERTERS[layout](row, label, split))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise DistillError(
+                f"{origin}: row {index + 1} looks like the {layout} layout but is malformed "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
+    return dedup_examples(examples)
+
+
+def _resolve_dataset(dataset: str | None, layout: str, origin: str, index: int) -> str:
+    implied = _LAYOUT_DATASET.get(layout)
+    if dataset is None:
+        return implied or LAYOUT_GENERIC
+    if implied and dataset in (HOTPOT, TRIVIA) and dataset != implied:
+        raise DistillError(f"{origin}: row {index + 1} is in the {layout} layout but the dataset is {dataset!r}")
+    return dataset
+
+
+def _answers(*groups: Any) -> list[str]:
+    """Flatten answer strings and lists, gold first, dropping blanks and exact repeats."""
+    out: list[str] = []
+    for group in groups:
+        items = [group] if isinstance(group, str) else (group or [])
+        for item in items:
+            text = str(item).strip()
+            if text and text not in out:
+                out.append(text)
+    return out
+
+
+def _row_id(row: Mapping[str, Any], dataset: str, question: str, *keys: str) -> str:
+    """Use the source's id; otherwise a stable hash of the question so reruns give the same id."""
+    for key in keys:
+        value = row.get(key)
+        if value is not None and str(value):
+            return str(value)
+    digest = hashlib.sha1(normalize_question(question).encode()).hexdigest()[:16]
+    return f"{dataset}-{digest}"
+
+
+def _hotpot_official(row: Mapping[str, Any], dataset: str, split: str) -> Example:
+    context = row.get("context")
+    facts = row.get("supporting_facts")
+    return Example(
+        id=_row_id(row, dataset, row["question"], "_id", "id"),
+        dataset=dataset,
+        split=split,
+        question=row["question"],
+        answers=_answers(row.get("answer"), row.get("answers")),
+        context=None if context is None else [(str(t), [str(s) for s in sents]) for t, sents in context],
+        supporting_facts=None if facts is None else [(str(t), int(i)) for t, i in facts],
+        type=row.get("type"),
+        level=row.get("level"),
+    )
+
+
+def _hotpot_hub(row: Mapping[str, Any], dataset: str, split: str) -> Example:
+    context = row.get("context")
+    facts = row.get("supporting_facts")
+    return Example(
+        id=_row_id(row, dataset, row["question"], "id", "_id"),
+        dataset=dataset,
+        split=split,
+        question=row["question"],
+        answers=_answers(row.get("answer")),
+        context=None
+        if context is None
+        else [(str(t), [str(s) for s in sents]) for t, sents in zip(context["title"], context["sentences"])],
+        supporting_facts=None
+        if facts is None
+        else [(str(t), int(i)) for t, i in zip(facts["title"], facts["sent_id"])],
+        type=row.get("type"),
+        level=row.get("level"),
+    )
+
+
+def _trivia_official(row: Mapping[str, Any], dataset: str, split: str) -> Example:
+    answer = row.get("Answer") or {}
+    return Example(
+        id=_row_id(row, dataset, row["Question"], "QuestionId"),
+        dataset=dataset,
+        split=split,
+        question=row["Question"],
+        answers=_answers(answer.get("Value"), answer.get("Aliases")),
+    )
+
+
+def _trivia_hub(row: Mapping[str, Any], dataset: str, split: str) -> Example:
+    answer = row["answer"]
+    return Example(
+        id=_row_id(row, dataset, row["question"], "question_id", "id"),
+        dataset=dataset,
+        split=split,
+        question=row["question"],
+        answers=_answers(answer.get("value"), answer.get("aliases")),
+    )
+
+
+def _trivia_jsonl(row: Mapping[str, Any], dataset: str, split: str) -> Example:
+    return Example(
+        id=_row_id(row, dataset, row["question"], "id", "question_id"),
+        dataset=dataset,
+        split=split,
+        question=row["question"],
+        answers=_answers(row["answer"], row.get("aliases")),
+    )
+
+
+def _generic(row: Mapping[str, Any], dataset: str, split: str) -> Example:
+    return Example(
+        id=_row_id(row, dataset, row["question"], "id", "_id", "question_id"),
+        dataset=dataset,
+        split=split,
+        question=row["question"],
+        answers=_answers(row.get("answer"), row.get("answers")),
+        type=row.get("type"),
+        level=row.get("level"),
+    )
+
+
+_CONVERTERS = {
+    LAYOUT_HOTPOT_OFFICIAL: _hotpot_official,
+    LAYOUT_HOTPOT_HUB: _hotpot_hub,
+    LAYOUT_TRIVIA_OFFICIAL: _trivia_official,
+    LAYOUT_TRIVIA_HUB: _trivia_hub,
+    LAYOUT_TRIVIA_JSONL: _trivia_jsonl,
+    LAYOUT_GENERIC: _generic,
+}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sources
+
+
+def load_examples(
+    source: str,
+    dataset: str | None,
+    split: str,
+    limit: int | None = None,
+    data_files: str | list[str] | None = None,
+) -> list[Example]:
+    """Load `hub:<name>[:<config>]` or a local .json/.jsonl file; keep the first `limit` distinct questions.
+
+    `data_files` is passed to `datasets.load_dataset` for hub sources, so a packaged builder such as
+    `hub:json` or `hub:parquet` can read local files through exactly the code path used for the hub.
+    """
+    if source.startswith("hub:"):
+        examples = _load_hub(source, dataset, split, data_files)
+    elif data_files is not None:
+        raise DistillError(f"data_files only applies to hub:<name> sources, not {source!r}")
+    else:
+        examples = _load_file(Path(source), dataset, split)
+    return examples if limit is None else examples[:limit]
+
+
+def _load_hub(source: str, dataset: str | None, split: str, data_files: str | list[str] | None) -> list[Example]:
+    name, _, config = source[len("hub:") :].partition(":")
+    if not name:
+        raise DistillError(f"bad source {source!r}: expected hub:<name>[:<config>]")
+    import datasets
+
+    try:
+        rows = datasets.load_dataset(name, config or None, split=split, data_files=data_files)
+    except (OSError, ValueError) as exc:
+        raise DistillError(
+            f"cannot load {source} split {split!r} with the datasets library ({type(exc).__name__}: {exc}); "
+            "use a local .json/.jsonl file instead"
+        ) from exc
+    return rows_to_examples(rows, dataset, split, origin=source)
+
+
+def _load_file(path: Path, dataset: str | None, split: str) -> list[Example]:
+    if not path.is_file():
+        raise DistillError(f"data file not found: {path} (expected a .json or .jsonl file, or hub:<name>[:<config>])")
+    if path.suffix == ".jsonl":
+        rows = _read_jsonl(path)
+    elif path.suffix == ".json":
+        rows = _read_json(path)
+    else:
+        raise DistillError(f"{path}: unknown file type {path.suffix!r}; expected .json or .jsonl")
+    return rows_to_examples(rows, dataset, split, origin=str(path))
+
+
+def _read_jsonl(path: Path) -> list[Any]:
+    rows = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DistillError(f"{path}:{number}: invalid JSON ({exc.msg})") from exc
+    return rows
+
+
+def _read_json(path: Path) -> list[Any]:
+    """The official releases: HotpotQA is a top-level list, TriviaQA a dict with `Data`."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DistillError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from exc
+    if isinstance(data, list):
+        return data
+    if isinstance(data, dict):
+        for key in ("Data", "data"):
+            if isinstance(data.get(key), list):
+                return data[key]
+    raise DistillError(f"{path}: expected a JSON list of records or an object with a `Data` list")

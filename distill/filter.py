@@ -1,0 +1,132 @@
+"""Step 2: keep the teacher trajectories worth imitating.
+
+    distill filter runs/teacher/trajectories.jsonl --out runs/teacher/kept.jsonl [--config configs/filter.yaml]
+
+A record is kept when its plan parsed with no errors, every step ran, and the answer is correct; of the
+passing samples of one question only the best is kept. The report accounts for every input record: each is
+either kept or dropped for exactly one (the first failing) reason.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from distill.config import Strict
+
+REASONS = ("invalid_plan", "step_failed", "too_many_steps", "unused_evidence", "incorrect", "not_best_sample")
+
+
+class FilterConfig(Strict):
+    min_f1: float = 0.8  # HotpotQA: correct when EM on any alias or F1 >= min_f1
+    f1_datasets: list[str] = ["hotpotqa"]  # datasets where the F1 rule applies; elsewhere EM only
+    use_judge: bool = False  # correct when the stored judge verdict says so (needs a judged run)
+    max_steps: int | None = None
+    reject_unused_evidence: bool = False  # drop plans where some #E is never used by a later step or the solver
+    best_per_question: bool = True
+
+
+def is_correct(rec: dict, cfg: FilterConfig) -> bool:
+    scores = rec.get("scores") or {}
+    if cfg.use_judge:
+        return scores.get("judge") is True
+    if scores.get("em", 0) >= 1:
+        return True
+    return rec.get("dataset") in cfg.f1_datasets and scores.get("f1", 0.0) >= cfg.min_f1
+
+
+def unused_evidence(rec: dict) -> bool:
+    """Evidence nobody refers to is wasted tool work; the last step feeds the solver, so it always counts."""
+    steps = rec["plan"]["steps"]
+    used = {d for s in steps for d in s["deps"]}
+    return any(s["id"] not in used for s in steps[:-1])
+
+
+def first_failure(rec: dict, cfg: FilterConfig) -> str | None:
+    plan = rec.get("plan") or {}
+    if not plan.get("valid") or not plan.get("steps"):
+        return "invalid_plan"
+    if any(e.get("status") != "ok" for e in rec.get("evidence", [])) or len(rec.get("evidence", [])) != len(
+        plan["steps"]
+    ):
+        return "step_failed"
+    if cfg.max_steps is not None and len(plan["steps"]) > cfg.max_steps:
+        return "too_many_steps"
+    if cfg.reject_unused_evidence and unused_evidence(rec):
+        return "unused_evidence"
+    if not is_correct(rec, cfg):
+        return "incorrect"
+    return None
+
+
+def rank(rec: dict) -> tuple:
+    """Best sample first: higher F1, then fewer steps, then fewer tokens, then the earliest sample."""
+    return (-(rec.get("scores") or {}).get("f1", 0.0), len(rec["plan"]["steps"]), rec.get("tokens", {}).get("total", 0),
+            rec.get("sample", 0))
+
+
+def filter_records(records: list[dict], cfg: FilterConfig) -> tuple[list[dict], list[tuple[dict, str]]]:
+    passing, dropped = [], []
+    for rec in records:
+        reason = first_failure(rec, cfg)
+        (dropped.append((rec, reason)) if reason else passing.append(rec))
+    if not cfg.best_per_question:
+        return passing, dropped
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for rec in passing:
+        groups[rec["id"]].append(rec)
+    kept = []
+    for recs in groups.values():
+        recs.sort(key=rank)
+        kept.append(recs[0])
+        dropped.extend((r, "not_best_sample") for r in recs[1:])
+    order = {id(r): i for i, r in enumerate(records)}
+    kept.sort(key=lambda r: order[id(r)])
+    return kept, dropped
+
+
+def build_report(records: list[dict], kept: list[dict], dropped: list[tuple[dict, str]]) -> dict:
+    def steps_of(r: dict) -> int:
+        return len((r.get("plan") or {}).get("steps") or [])
+
+    by_reason = Counter(reason for _, reason in dropped)
+    table: dict[str, dict[str, Counter]] = {"dataset": defaultdict(Counter), "steps": defaultdict(Counter)}
+    for r in kept:
+        table["dataset"][r.get("dataset", "?")]["kept"] += 1
+        table["steps"][str(steps_of(r))]["kept"] += 1
+    for r, reason in dropped:
+        table["dataset"][r.get("dataset", "?")][reason] += 1
+        table["steps"][str(steps_of(r))][reason] += 1
+    return {
+        "input_records": len(records),
+        "questions": len({r["id"] for r in records}),
+        "kept": len(kept),
+        "dropped": {reason: by_reason.get(reason, 0) for reason in REASONS},
+        "by_dataset": {k: dict(v) for k, v in sorted(table["dataset"].items())},
+        "by_steps": {k: dict(v) for k, v in sorted(table["steps"].items(), key=lambda kv: int(kv[0]))},
+        "accounted": len(kept) + len(dropped) == len(records),
+    }
+
+
+def format_report(report: dict) -> str:
+    cols = ("kept",) + REASONS
+    lines = [f"{report['input_records']} records over {report['questions']} questions: {report['kept']} kept"]
+    for title, key in (("dataset", "by_dataset"), ("steps", "by_steps")):
+        header = f"{title:<12}" + "".join(f"{c:>16}" for c in cols) + f"{'total':>8}"
+        lines += ["", header, "-" * len(header)]
+        for name, counts in report[key].items():
+            lines.append(
+                f"{name:<12}" + "".join(f"{counts.get(c, 0):>16}" for c in cols) + f"{sum(counts.values()):>8}"
+            )
+    return "\n".join(lines)
+
+
+def run_filter(inp: str | Path, out: str | Path, cfg: FilterConfig) -> dict:
+    from distill.store import read_jsonl, write_json, write_jsonl
+
+    records = read_jsonl(inp)
+    kept, dropped = filter_records(records, cfg)
+    report = build_report(records, kept, dropped)
+    write_jsonl(out, kept)
+    write_json(Path(out).with_suffix(".report.json"), report | {"config": cfg.model_dump()})
+    return report

@@ -1,0 +1,193 @@
+"""Answer scoring with the official HotpotQA and TriviaQA semantics, an optional LLM judge, and bootstrap CIs.
+
+The normalisers follow hotpot_evaluate_v1.py and triviaqa_evaluation.py step for step, because published
+numbers are only comparable when every quirk matches (e.g. HotpotQA deletes punctuation while TriviaQA
+replaces it with a space, so "o'brien" is one token in one and two in the other).
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from distill.errors import DistillError
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_HOTPOT_PUNCT = frozenset(string.punctuation)
+_TRIVIA_PUNCT = frozenset(string.punctuation + "‘’´`")
+_HOTPOT_SPECIAL = ("yes", "no", "noanswer")
+
+
+def hotpot_normalize(text: str) -> str:
+    """lower -> delete punctuation -> drop articles -> collapse whitespace (hotpot_evaluate_v1.normalize_answer)."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in _HOTPOT_PUNCT)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def trivia_normalize(text: str) -> str:
+    """'_' -> ' ', lower, punctuation -> ' ', drop articles, collapse whitespace (triviaqa_evaluation)."""
+    text = text.replace("_", " ").lower()
+    text = "".join(" " if ch in _TRIVIA_PUNCT else ch for ch in text)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def _token_prf(pred_tokens: list[str], gold_tokens: list[str]) -> tuple[float, float, float]:
+    common = Counter(pred_tokens) & Counter(gold_tokens)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0, 0.0, 0.0
+    precision = same / len(pred_tokens)
+    recall = same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall), precision, recall
+
+
+def hotpot_f1_prf(prediction: str, gold: str) -> tuple[float, float, float]:
+    """(f1, precision, recall) for one gold; a yes/no/noanswer mismatch scores 0, as in the official script."""
+    pred, ref = hotpot_normalize(prediction), hotpot_normalize(gold)
+    if (pred in _HOTPOT_SPECIAL or ref in _HOTPOT_SPECIAL) and pred != ref:
+        return 0.0, 0.0, 0.0
+    return _token_prf(pred.split(), ref.split())
+
+
+def _gold_list(answers: str | Sequence[str]) -> list[str]:
+    golds = [answers] if isinstance(answers, str) else [str(a) for a in answers]
+    if not golds:
+        raise DistillError("cannot score a prediction against an empty list of gold answers")
+    return golds
+
+
+def hotpot_em_f1(prediction: str | None, answers: str | Sequence[str]) -> dict[str, Any]:
+    """HotpotQA EM/F1, each maximised over the gold answers (the official script has one gold per question)."""
+    pred = prediction or ""
+    golds = _gold_list(answers)
+    em = max(int(hotpot_normalize(pred) == hotpot_normalize(g)) for g in golds)
+    f1 = max(hotpot_f1_prf(pred, g)[0] for g in golds)
+    return {"em": em, "f1": f1}
+
+
+def trivia_em_f1(prediction: str | None, answers: str | Sequence[str]) -> dict[str, Any]:
+    """TriviaQA EM/F1: maximum over the normalised aliases.
+
+    The official NormalizedAliases omit aliases that normalise to nothing (the answer "A" becomes ""), so
+    those are dropped here too, unless nothing else is left; otherwise an empty prediction would match.
+    """
+    pred = trivia_normalize(prediction or "")
+    normalized = [trivia_normalize(g) for g in _gold_list(answers)]
+    golds = [g for g in normalized if g] or normalized
+    em = max(int(pred == g) for g in golds)
+    f1 = max(_token_prf(pred.split(), g.split())[0] for g in golds)
+    return {"em": em, "f1": f1}
+
+
+def score(dataset: str, prediction: str | None, answers: str | Sequence[str]) -> dict[str, Any]:
+    """EM (0/1 int) and F1 under the dataset's official rules; datasets without their own rules use HotpotQA's.
+
+    A missing prediction (None, e.g. a failed run) scores as the empty string.
+    """
+    if dataset == "triviaqa":
+        return trivia_em_f1(prediction, answers)
+    return hotpot_em_f1(prediction, answers)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# LLM judge (the paper's "Acc")
+
+JUDGE_PROMPT = """You are grading an answer to a trivia question against the accepted gold answers.
+
+Question: {question}
+Gold answers: {answers}
+Predicted answer: {prediction}
+
+Rubric:
+- CORRECT if the predicted answer refers to the same entity, value or yes/no as any gold answer, allowing
+  for paraphrase, abbreviation, extra harmless detail, different units that agree, or spelling variants.
+- INCORRECT if it names something else, is vaguer than the gold answer, hedges between several answers,
+  contradicts itself, or gives no answer.
+
+Reply with exactly one word: CORRECT or INCORRECT."""
+
+JUDGE_MAX_TOKENS = 8
+
+
+def judge_messages(question: str, answers: Sequence[str], prediction: str | None) -> list[dict[str, str]]:
+    golds = " | ".join(answers)
+    content = JUDGE_PROMPT.format(question=question, answers=golds, prediction=prediction or "(no answer)")
+    return [{"role": "user", "content": content}]
+
+
+def parse_verdict(text: str) -> bool | None:
+    """Strict: only a first word of CORRECT/INCORRECT (any case, surrounding punctuation ignored) counts.
+
+    Anything else is None rather than a guess, so unparseable judgements are visible in the report.
+    """
+    words = text.strip().split()
+    if not words:
+        return None
+    word = words[0].strip(string.punctuation).upper()
+    return {"CORRECT": True, "INCORRECT": False}.get(word)
+
+
+async def judge(
+    model: Any, question: str, answers: Sequence[str], prediction: str | None, max_tokens: int = JUDGE_MAX_TOKENS
+) -> dict[str, Any]:
+    """Ask a ChatModel whether the prediction is correct: {"verdict": True/False/None, "raw": reply text}."""
+    completion = await model.chat(
+        judge_messages(question, answers, prediction), temperature=0, max_tokens=max_tokens
+    )
+    return {"verdict": parse_verdict(completion.text), "raw": completion.text}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Bootstrap
+
+
+def _as_array(values: Sequence[float], name: str) -> np.ndarray:
+    array = np.asarray(values, dtype=float)
+    if array.ndim != 1 or array.size == 0:
+        raise DistillError(f"{name} must be a non-empty list of per-question scores")
+    return array
+
+
+def _bootstrap_means(values: np.ndarray, n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, values.size, size=(n, values.size))
+    return values[idx].mean(axis=1)
+
+
+def bootstrap_ci(
+    values: Sequence[float], n: int = 1000, seed: int = 0, alpha: float = 0.05
+) -> tuple[float, float, float]:
+    """(mean, lo, hi): the sample mean with a percentile bootstrap interval at level 1 - alpha."""
+    array = _as_array(values, "values")
+    means = _bootstrap_means(array, n, seed)
+    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return float(array.mean()), float(lo), float(hi)
+
+
+def paired_bootstrap(
+    a: Sequence[float], b: Sequence[float], n: int = 1000, seed: int = 0, alpha: float = 0.05
+) -> dict[str, float]:
+    """Mean of a - b over the same questions, its percentile CI, and a two-sided bootstrap p-value.
+
+    Resampling questions (not methods) keeps the pairing, which is what makes small differences between
+    two planners on the same questions detectable. The p-value tests diff = 0 by centring the bootstrap
+    distribution (how often a resampled diff strays from the observed one by at least |diff|), with +1
+    smoothing so it is never exactly 0.
+    """
+    xa, xb = _as_array(a, "a"), _as_array(b, "b")
+    if xa.size != xb.size:
+        raise DistillError(f"paired bootstrap needs scores on the same questions, got {xa.size} and {xb.size}")
+    diffs = xa - xb
+    diff = float(diffs.mean())
+    means = _bootstrap_means(diffs, n, seed)
+    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    extreme = int(np.count_nonzero(np.abs(means - diff) >= abs(diff)))
+    return {"diff": diff, "lo": float(lo), "hi": float(hi), "p_value": (extreme + 1) / (n + 1)}

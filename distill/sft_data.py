@@ -1,0 +1,228 @@
+"""Kept trajectories -> the SFT dataset of the student Planner (TRL conversational prompt/completion form).
+
+The prompt is built by `planner_messages(..., fewshot=False)`, the very function the inference path calls, so
+the student is trained on exactly the prompt it will be served. The completion is the teacher's plan parsed
+and re-rendered canonically: the student learns one spelling of the format, not every teacher quirk.
+
+The train/validation split is by normalised question, so samples of one question never sit on both sides and
+validation loss measures planning for unseen questions rather than recall of a sibling sample.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from distill.errors import DistillError
+from distill.rewoo.plan import parse_plan, render_plan
+from distill.rewoo.prompts import planner_messages
+
+DEFAULT_TOOLS = ("Wikipedia", "LLM", "Calculator")
+PREVIEW_ROWS = 20
+COLUMNS = ("prompt", "completion", "id", "dataset", "sample")
+
+
+def tool_descriptions(names: Sequence[str]) -> dict[str, str]:
+    """Name -> one-line description, in the order given, spelled as the registry spells them."""
+    from distill.tools.registry import TOOL_DESCRIPTIONS, canonical_name
+
+    out: dict[str, str] = {}
+    for raw in names:
+        name = canonical_name(raw)
+        if name in out:
+            raise DistillError(f"tool {name!r} is listed twice")
+        out[name] = TOOL_DESCRIPTIONS[name]
+    if not out:
+        raise DistillError("no tools given")
+    return out
+
+
+def normalize_question(question: str) -> str:
+    """The split key: case, punctuation and spacing differences must not put one question on both sides."""
+    return " ".join(re.sub(r"[^\w\s]", " ", question.casefold()).split())
+
+
+def record_to_example(record: Mapping[str, Any], tools: Mapping[str, str]) -> tuple[dict | None, str]:
+    """One SFT example from one kept record, or (None, reason) when the plan is unusable for training.
+
+    A plan is parsed against the configured tools: a plan that calls a tool the student's prompt does not list
+    would teach it to invent tools, so it is skipped like an empty one.
+    """
+    try:
+        question, output = record["question"], record["planner"]["output"]
+    except (KeyError, TypeError):
+        return None, "missing_fields"
+    if not isinstance(question, str) or not question.strip() or not isinstance(output, str):
+        return None, "missing_fields"
+    plan = parse_plan(output, tools=list(tools))
+    if not plan.steps:
+        return None, "no_steps"
+    if not plan.valid:
+        return None, "invalid_plan"
+    example = {
+        "prompt": planner_messages(question, tools, fewshot=False),
+        "completion": [{"role": "assistant", "content": render_plan(plan)}],
+        "id": str(record.get("id", "")),
+        "dataset": str(record.get("dataset", "")),
+        "sample": int(record.get("sample") or 0),
+    }
+    return example, "ok"
+
+
+def build_examples(records: Sequence[Mapping[str, Any]], tools: Mapping[str, str]) -> tuple[list[dict], Counter]:
+    """Examples plus counts of what was skipped and why; exact (prompt, completion) repeats are dropped so that
+    k identical samples of one question do not weigh k times."""
+    examples: list[dict] = []
+    counts: Counter = Counter()
+    seen: set[tuple[str, str]] = set()
+    for record in records:
+        example, reason = record_to_example(record, tools)
+        counts[reason] += 1
+        if example is None:
+            continue
+        key = (normalize_question(record["question"]), example["completion"][0]["content"])
+        if key in seen:
+            counts["ok"] -= 1
+            counts["duplicate"] += 1
+            continue
+        seen.add(key)
+        examples.append(example)
+    return examples, counts
+
+
+def validation_question_count(n_questions: int, val_fraction: float) -> int:
+    """At least one validation question as soon as there are two (so eval loss exists), never all of them."""
+    if val_fraction <= 0 or n_questions < 2:
+        return 0
+    return min(n_questions - 1, max(1, round(n_questions * val_fraction)))
+
+
+def split_by_question(examples: Sequence[dict], val_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """Seeded split over normalised questions; sorting first makes it independent of record order."""
+    if not 0 <= val_fraction < 1:
+        raise DistillError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    questions = sorted({normalize_question(e["prompt"][-1]["content"]) for e in examples})
+    random.Random(seed).shuffle(questions)
+    val_questions = set(questions[: validation_question_count(len(questions), val_fraction)])
+    train = [e for e in examples if normalize_question(e["prompt"][-1]["content"]) not in val_questions]
+    val = [e for e in examples if normalize_question(e["prompt"][-1]["content"]) in val_questions]
+    return train, val
+
+
+def _features():
+    from datasets import Features, List, Value
+
+    message = {"role": Value("string"), "content": Value("string")}
+    return Features(
+        {
+            "prompt": List(message),
+            "completion": List(message),
+            "id": Value("string"),
+            "dataset": Value("string"),
+            "sample": Value("int64"),
+        }
+    )
+
+
+def to_dataset_dict(train: Sequence[dict], val: Sequence[dict]):
+    """Explicit features, so an empty validation split still has the same columns as train."""
+    from datasets import Dataset, DatasetDict
+
+    features = _features()
+    return DatasetDict(
+        {
+            "train": Dataset.from_list(list(train), features=features),
+            "validation": Dataset.from_list(list(val), features=features),
+        }
+    )
+
+
+def token_lengths(example: Mapping[str, Any], tokenizer) -> tuple[int, int]:
+    """(prompt, completion) token counts the way TRL counts them: the prompt with the generation prompt
+    appended, the completion as what prompt+completion adds to it."""
+    prompt = _ids(tokenizer.apply_chat_template(list(example["prompt"]), add_generation_prompt=True, tokenize=True))
+    full = _ids(tokenizer.apply_chat_template(list(example["prompt"]) + list(example["completion"]), tokenize=True))
+    return len(prompt), len(full) - len(prompt)
+
+
+def _ids(out) -> list[int]:
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+def _stats(values: Sequence[int]) -> dict:
+    if not values:
+        return {"min": 0, "mean": 0.0, "max": 0}
+    return {"min": min(values), "mean": round(statistics.fmean(values), 1), "max": max(values)}
+
+
+def summarize(dataset_dict, counts: Counter, tokenizer, tokenizer_name: str) -> dict:
+    """Counts per split and dataset, skip reasons, and token lengths per split (what max_length must cover)."""
+    summary: dict[str, Any] = {"records": dict(sorted(counts.items())), "tokenizer": tokenizer_name, "splits": {}}
+    for split, ds in dataset_dict.items():
+        lengths = [token_lengths(ex, tokenizer) for ex in ds] if tokenizer is not None else []
+        summary["splits"][split] = {
+            "examples": len(ds),
+            "questions": len({normalize_question(p[-1]["content"]) for p in ds["prompt"]}),
+            "per_dataset": dict(sorted(Counter(ds["dataset"]).items())),
+            "prompt_tokens": _stats([p for p, _ in lengths]),
+            "completion_tokens": _stats([c for _, c in lengths]),
+            "total_tokens": _stats([p + c for p, c in lengths]),
+        }
+    return summary
+
+
+def format_summary(summary: dict) -> str:
+    lines = [f"records: " + ", ".join(f"{k} {v}" for k, v in summary["records"].items())]
+    for split, s in summary["splits"].items():
+        per = ", ".join(f"{k} {v}" for k, v in s["per_dataset"].items()) or "-"
+        lines.append(f"{split}: {s['examples']} examples, {s['questions']} questions ({per})")
+        for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            st = s[key]
+            lines.append(f"  {key:<17} min {st['min']:>5}  mean {st['mean']:>7}  max {st['max']:>5}")
+    return "\n".join(lines)
+
+
+def load_tokenizer(name: str | None):
+    if not name or name.lower() == "none":
+        return None
+    from transformers import AutoTokenizer
+
+    from distill.llm.embedded import resolve_model_path
+
+    try:
+        return AutoTokenizer.from_pretrained(resolve_model_path(name))
+    except OSError as exc:
+        raise DistillError(f"cannot load tokenizer {name!r}: {str(exc).splitlines()[0]}") from None
+
+
+def build_sft_data(
+    kept_path: str | Path,
+    out_dir: str | Path,
+    tools: Sequence[str] = DEFAULT_TOOLS,
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    tokenizer: str | None = "smollm2-135m-instruct",
+) -> dict:
+    """Read kept records, write `save_to_disk(out_dir)`, `preview.jsonl` and `summary.json`; return the summary."""
+    from distill.store import read_jsonl, write_json, write_jsonl
+
+    records = read_jsonl(kept_path)
+    if not records:
+        raise DistillError(f"{kept_path}: no records")
+    examples, counts = build_examples(records, tool_descriptions(tools))
+    if not examples:
+        raise DistillError(f"{kept_path}: no record has a usable plan ({dict(counts)})")
+    train, val = split_by_question(examples, val_fraction, seed)
+    dataset_dict = to_dataset_dict(train, val)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dataset_dict.save_to_disk(str(out))
+    write_jsonl(out / "preview.jsonl", (train + val)[:PREVIEW_ROWS])
+    summary = summarize(dataset_dict, counts, load_tokenizer(tokenizer), tokenizer or "none")
+    summary.update({"source": str(kept_path), "tools": list(tool_descriptions(tools)), "val_fraction": val_fraction, "seed": seed})
+    write_json(out / "summary.json", summary)
+    return summary

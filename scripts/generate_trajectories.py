@@ -1,0 +1,13 @@
+#!/usr/bin/env python
+"""python scripts/generate_trajectories.py --config configs/generate_teacher.yaml [--set key=value]
+
+Records teacher ReWOO trajectories (resumable: rerun the same command to finish an interrupted run).
+Same as `distill generate`.
+"""
+
+import sys
+
+from distill.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["generate", *sys.argv[1:]]))

@@ -1,0 +1,106 @@
+"""Generation end to end with the real in-process SmolLM2, resume after SIGINT and SIGKILL, and the cache."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from distill.config import load_config
+from distill.generate import GenerateConfig, generate
+from distill.store import read_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+MINI = ROOT / "tests" / "fixtures" / "hotpot_mini.jsonl"
+
+RECORD_FIELDS = {
+    "format_version", "id", "dataset", "question", "answers", "method", "sample", "planner", "plan", "evidence",
+    "solver", "prediction", "scores", "tokens", "cost_usd", "wall_s", "llm_calls",
+}
+
+
+def write_config(tmp_path: Path, n: int, samples: int, **extra) -> Path:
+    cfg = {
+        "planner": {"backend": "transformers", "model": "smollm2-135m-instruct", "temperature": 0.7, "max_tokens": 64},
+        "solver": {"backend": "transformers", "model": "smollm2-135m-instruct", "max_tokens": 12},
+        "tools": ["Wikipedia", "LLM", "Calculator"],
+        "wikipedia_scope": "question",
+        "wikipedia_corpus": None,
+        "datasets": [{"name": "hotpotqa", "source": str(MINI), "split": "train", "n": n}],
+        "output_dir": str(tmp_path / "run"),
+        "samples_per_question": samples,
+        "concurrency": 2,
+    } | extra
+    path = tmp_path / "gen.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.slow
+def test_generate_records_every_field_and_a_rerun_calls_no_model(tmp_path):
+    cfg = load_config(GenerateConfig, write_config(tmp_path, n=2, samples=1))
+    summary = generate(cfg)
+    out = Path(cfg.output_dir)
+    records = read_jsonl(out / "trajectories.jsonl")
+    assert len(records) == 2 and summary["records"] == 2
+    for r in records:
+        assert RECORD_FIELDS <= set(r)
+        assert r["planner"]["messages"][0]["role"] == "system" and r["planner"]["usage"]["prompt_tokens"] > 0
+        assert set(r["scores"]) >= {"em", "f1"}
+        assert len(r["evidence"]) == len(r["plan"]["steps"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["config"]["samples_per_question"] == 1
+
+    (out / "trajectories.jsonl").unlink()
+    again = generate(cfg)
+    assert again["cache"]["misses"] == 0  # every model and tool call came from the cache
+    rerun = read_jsonl(out / "trajectories.jsonl")
+    strip = lambda r: (r["id"], r["planner"]["output"], r["prediction"], [e["output"] for e in r["evidence"]])
+    assert sorted(map(strip, rerun)) == sorted(map(strip, records))
+
+
+def run_until(cmd, out_file: Path, lines: int, sig: int, timeout: float = 240) -> int:
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if out_file.exists() and out_file.read_bytes().count(b"\n") >= lines:
+            proc.send_signal(sig)
+            break
+        time.sleep(0.2)
+    try:
+        return proc.wait(timeout=60)
+    finally:
+        proc.kill()
+
+
+@pytest.mark.slow
+def test_resume_after_sigint_and_sigkill_keeps_each_record_once(tmp_path):
+    config = write_config(tmp_path, n=4, samples=2, cache=None)
+    out_file = tmp_path / "run" / "trajectories.jsonl"
+    cmd = [sys.executable, "scripts/generate_trajectories.py", "--config", str(config)]
+
+    rc = run_until(cmd, out_file, lines=2, sig=signal.SIGINT)
+    assert rc == 130  # a clean stop, said as such
+    assert out_file.read_bytes().endswith(b"\n")
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+
+    n_before = out_file.read_bytes().count(b"\n")
+    run_until(cmd, out_file, lines=n_before + 2, sig=signal.SIGKILL)
+    with out_file.open("ab") as f:  # what a crash mid-write leaves behind
+        f.write(b'{"id": "mini-9", "sample": 0, "planner": {"outp')
+
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = read_jsonl(out_file)
+    counts = collections.Counter((r["id"], r["sample"]) for r in records)
+    assert len(counts) == 8 and set(counts.values()) == {1}
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["status"] == "complete"

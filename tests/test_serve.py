@@ -1,0 +1,502 @@
+"""Serving the student planner with vLLM: the command line, the adapter checks, and (slow) a real server.
+
+The unit tests build adapter folders on disk the way PEFT writes them (adapter_config.json beside the
+weights) and read the argv that would start vLLM. The slow tests train nothing: they wrap the real SmolLM2
+weights in a freshly initialised, slightly perturbed LoRA adapter and serve it with the installed vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from distill.errors import DistillError
+from distill.serve import (
+    DEFAULT_LORA_RANKS,
+    ServeConfig,
+    VLLMServer,
+    allowed_lora_ranks,
+    build_command,
+    canonical_model,
+    check_adapter_base,
+    format_command,
+    free_port,
+    lora_rank_for,
+    model_name,
+    port_is_free,
+    read_adapter,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCH = {"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30}
+
+
+def make_model(folder: Path, *, template: str | None = "{{ base }}", tokenizer: bool = True, **arch) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({**ARCH, **arch}))
+    (folder / "model.safetensors").write_bytes(b"")
+    if tokenizer:
+        (folder / "tokenizer.json").write_text("{}")
+    if template is not None:
+        (folder / "chat_template.jinja").write_text(template)
+    return folder
+
+
+def make_adapter(folder: Path, base: str | None, *, r: int = 8, template: str | None = "{{ adapter }}", **extra) -> Path:
+    folder.mkdir(parents=True)
+    config = {"peft_type": "LORA", "r": r, "lora_alpha": 16, "base_model_name_or_path": base, **extra}
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    (folder / "adapter_model.safetensors").write_bytes(b"")
+    if template is not None:
+        (folder / "chat_template.jinja").write_text(template)
+    return folder
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Path:
+    return make_model(tmp_path / "base")
+
+
+@pytest.fixture
+def adapter(tmp_path: Path, base: Path) -> Path:
+    return make_adapter(tmp_path / "adapter", str(base), r=16)
+
+
+def flag(argv: list[str], name: str) -> str:
+    assert name in argv, f"{name} missing from {argv}"
+    return argv[argv.index(name) + 1]
+
+
+# ---------------------------------------------------------------- build_command
+
+
+def test_lora_flags_and_rank_come_from_the_adapter(base: Path, adapter: Path) -> None:
+    argv, _ = build_command(ServeConfig(base_model=str(base), adapter=str(adapter)), "cpu")
+    assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert flag(argv, "--model") == str(base.resolve())
+    assert "--enable-lora" in argv
+    assert flag(argv, "--lora-modules") == f"planner={adapter.resolve()}"
+    assert flag(argv, "--max-lora-rank") == "16"
+    assert flag(argv, "--served-model-name") == str(base)
+    assert flag(argv, "--host") == "127.0.0.1" and flag(argv, "--port") == "8000"
+    assert model_name(ServeConfig(base_model=str(base), adapter=str(adapter))) == "planner"
+
+
+def test_lora_name_is_configurable(base: Path, adapter: Path) -> None:
+    cfg = ServeConfig(base_model=str(base), adapter=str(adapter), lora_name="student")
+    argv, _ = build_command(cfg, "cpu")
+    assert flag(argv, "--lora-modules").startswith("student=")
+    assert model_name(cfg) == "student"
+
+
+@pytest.mark.parametrize(
+    ("r", "requested", "expected"), [(8, None, 8), (12, None, 16), (2, None, 8), (16, 40, 64), (64, 64, 64)]
+)
+def test_max_lora_rank_rounds_up_to_a_rank_vllm_accepts(r: int, requested: int | None, expected: int) -> None:
+    assert lora_rank_for(r, requested, DEFAULT_LORA_RANKS) == expected
+
+
+def test_rank_pattern_raises_the_rank(tmp_path: Path, base: Path) -> None:
+    path = make_adapter(tmp_path / "a", str(base), r=8, rank_pattern={"q_proj": 48})
+    assert read_adapter(path).rank == 48
+    argv, _ = build_command(ServeConfig(base_model=str(base), adapter=str(path)), "cpu")
+    assert flag(argv, "--max-lora-rank") == "64"
+
+
+def test_rank_above_an_explicit_max_is_refused(tmp_path: Path, base: Path) -> None:
+    path = make_adapter(tmp_path / "a", str(base), r=32)
+    with pytest.raises(DistillError, match=r"r=32 exceeds max_lora_rank=16"):
+        build_command(ServeConfig(base_model=str(base), adapter=str(path), max_lora_rank=16), "cpu")
+
+
+def test_rank_above_what_vllm_serves_is_refused() -> None:
+    with pytest.raises(DistillError, match="largest rank vLLM serves"):
+        lora_rank_for(1024, None, DEFAULT_LORA_RANKS)
+
+
+def test_allowed_ranks_are_read_from_the_installed_vllm() -> None:
+    ranks = allowed_lora_ranks()
+    assert ranks == tuple(sorted(ranks))
+    assert {8, 16, 32, 64}.issubset(ranks)
+
+
+def test_cpu_flags(base: Path, adapter: Path) -> None:
+    cfg = ServeConfig(base_model=str(base), adapter=str(adapter), cpu_kvcache_space_gb=3)
+    argv, env = build_command(cfg, "cpu")
+    assert flag(argv, "--dtype") == "bfloat16"
+    assert "--enforce-eager" in argv
+    assert "--gpu-memory-utilization" not in argv and "--tensor-parallel-size" not in argv
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+
+
+def test_gpu_flags(base: Path, adapter: Path) -> None:
+    cfg = ServeConfig(
+        base_model=str(base), adapter=str(adapter), gpu_memory_utilization=0.85, tensor_parallel_size=2, max_model_len=4096
+    )
+    argv, env = build_command(cfg, "gpu")
+    assert flag(argv, "--gpu-memory-utilization") == "0.85"
+    assert flag(argv, "--tensor-parallel-size") == "2"
+    assert flag(argv, "--max-model-len") == "4096"
+    assert flag(argv, "--dtype") == "auto"
+    assert "--enforce-eager" not in argv
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env
+
+
+def test_explicit_dtype_and_eager_win_over_the_platform_defaults(base: Path, adapter: Path) -> None:
+    argv, _ = build_command(ServeConfig(base_model=str(base), adapter=str(adapter), dtype="float16", enforce_eager=True), "gpu")
+    assert flag(argv, "--dtype") == "float16" and "--enforce-eager" in argv
+    argv, _ = build_command(ServeConfig(base_model=str(base), adapter=str(adapter), enforce_eager=False), "cpu")
+    assert "--enforce-eager" not in argv
+
+
+def test_extra_args_and_env_pass_through(base: Path, adapter: Path) -> None:
+    cfg = ServeConfig(
+        base_model=str(base), adapter=str(adapter), extra_args=["--max-num-seqs", "64", "--seed", "1"], env={"OMP_NUM_THREADS": "2"}
+    )
+    argv, env = build_command(cfg, "cpu")
+    assert argv[-4:] == ["--max-num-seqs", "64", "--seed", "1"]
+    assert env["OMP_NUM_THREADS"] == "2"
+
+
+def test_merged_mode_serves_weights_without_lora(tmp_path: Path) -> None:
+    merged = make_model(tmp_path / "merged", template="{{ merged }}")
+    cfg = ServeConfig(merged_model=str(merged))
+    argv, _ = build_command(cfg, "cpu")
+    assert flag(argv, "--model") == str(merged.resolve())
+    assert "--enable-lora" not in argv and "--lora-modules" not in argv and "--max-lora-rank" not in argv
+    assert flag(argv, "--served-model-name") == "planner" == model_name(cfg)
+    assert flag(argv, "--chat-template") == str(merged.resolve() / "chat_template.jinja")
+    named = ServeConfig(merged_model=str(merged), served_model_name="student")
+    assert flag(build_command(named, "cpu")[0], "--served-model-name") == "student" == model_name(named)
+
+
+def test_merged_mode_checks_the_folder(tmp_path: Path, base: Path, adapter: Path) -> None:
+    with pytest.raises(DistillError, match="merged_model not found"):
+        build_command(ServeConfig(merged_model=str(tmp_path / "nope")), "cpu")
+    bare = make_model(tmp_path / "bare", tokenizer=False)
+    with pytest.raises(DistillError, match="no tokenizer files"):
+        build_command(ServeConfig(merged_model=str(bare)), "cpu")
+    with pytest.raises(DistillError, match="is a LoRA adapter"):
+        build_command(ServeConfig(merged_model=str(adapter)), "cpu")
+    with pytest.raises(ValueError, match="not both"):
+        ServeConfig(adapter=str(adapter), merged_model=str(bare))
+
+
+def test_base_only_mode_uses_the_served_name(base: Path) -> None:
+    cfg = ServeConfig(base_model=str(base), served_model_name="teacher")
+    argv, _ = build_command(cfg, "cpu")
+    assert "--enable-lora" not in argv
+    assert flag(argv, "--served-model-name") == "teacher" == model_name(cfg)
+
+
+# ---------------------------------------------------------------- chat template
+
+
+def test_chat_template_is_the_adapters_when_it_has_one(base: Path, adapter: Path) -> None:
+    argv, _ = build_command(ServeConfig(base_model=str(base), adapter=str(adapter)), "cpu")
+    assert flag(argv, "--chat-template") == str(adapter.resolve() / "chat_template.jinja")
+
+
+def test_chat_template_falls_back_to_the_base(tmp_path: Path, base: Path) -> None:
+    path = make_adapter(tmp_path / "a", str(base), template=None)
+    argv, _ = build_command(ServeConfig(base_model=str(base), adapter=str(path)), "cpu")
+    assert flag(argv, "--chat-template") == str(base.resolve() / "chat_template.jinja")
+
+
+def test_chat_template_from_an_older_tokenizer_config(tmp_path: Path, base: Path) -> None:
+    path = make_adapter(tmp_path / "a", str(base), template=None)
+    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{% for m in messages %}{{ m }}{% endfor %}"}))
+    argv, _ = build_command(ServeConfig(base_model=str(base), adapter=str(path)), "cpu")
+    assert flag(argv, "--chat-template") == "{% for m in messages %}{{ m }}{% endfor %}"
+
+
+def test_explicit_chat_template_wins(tmp_path: Path, base: Path, adapter: Path) -> None:
+    own = tmp_path / "mine.jinja"
+    own.write_text("{{ mine }}")
+    argv, _ = build_command(ServeConfig(base_model=str(base), adapter=str(adapter), chat_template=str(own)), "cpu")
+    assert flag(argv, "--chat-template") == str(own.resolve())
+    with pytest.raises(DistillError, match="chat_template not found"):
+        build_command(ServeConfig(base_model=str(base), adapter=str(adapter), chat_template="missing.jinja"), "cpu")
+
+
+def test_no_template_anywhere_leaves_vllm_its_default(tmp_path: Path) -> None:
+    bare_base = make_model(tmp_path / "b", template=None)
+    path = make_adapter(tmp_path / "a", str(bare_base), template=None)
+    argv, _ = build_command(ServeConfig(base_model=str(bare_base), adapter=str(path)), "cpu")
+    assert "--chat-template" not in argv
+
+
+# ---------------------------------------------------------------- adapter and base checks
+
+
+def test_missing_adapter_is_a_clear_error(tmp_path: Path, base: Path) -> None:
+    with pytest.raises(DistillError, match="adapter not found"):
+        build_command(ServeConfig(base_model=str(base), adapter=str(tmp_path / "nope")), "cpu")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DistillError, match="no adapter_config.json"):
+        read_adapter(empty)
+    with pytest.raises(DistillError, match="use merged_model"):
+        read_adapter(base)
+
+
+def test_unservable_adapters_are_refused(tmp_path: Path, base: Path) -> None:
+    with pytest.raises(DistillError, match="DoRA"):
+        read_adapter(make_adapter(tmp_path / "dora", str(base), use_dora=True))
+    with pytest.raises(DistillError, match="LoRA adapters only"):
+        read_adapter(make_adapter(tmp_path / "ia3", str(base), peft_type="IA3"))
+    no_weights = make_adapter(tmp_path / "nw", str(base))
+    (no_weights / "adapter_model.safetensors").unlink()
+    with pytest.raises(DistillError, match="no adapter_model"):
+        read_adapter(no_weights)
+    broken = make_adapter(tmp_path / "broken", str(base))
+    (broken / "adapter_config.json").write_text("{not json")
+    with pytest.raises(DistillError, match="cannot read"):
+        read_adapter(broken)
+
+
+def test_adapter_for_a_different_architecture_is_refused(tmp_path: Path, base: Path) -> None:
+    other = make_model(tmp_path / "bigger", hidden_size=960, num_hidden_layers=32)
+    path = make_adapter(tmp_path / "a", str(other))
+    with pytest.raises(DistillError, match=r"does not fit base_model .*hidden_size 960 vs 576"):
+        build_command(ServeConfig(base_model=str(base), adapter=str(path)), "cpu")
+    argv, _ = build_command(ServeConfig(base_model=str(base), adapter=str(path), check_base_model=False), "cpu")
+    assert "--enable-lora" in argv
+
+
+def test_same_architecture_in_another_folder_is_accepted(tmp_path: Path, base: Path) -> None:
+    copy = make_model(tmp_path / "copy")
+    check_adapter_base(str(copy), str(base))
+
+
+def test_hub_id_mismatch_is_refused(base: Path) -> None:
+    with pytest.raises(DistillError, match="trained on Org/Other-1B"):
+        check_adapter_base("Org/Other-1B", str(base))
+    check_adapter_base("Org/Same-1B", "Org/Same-1B")
+
+
+def test_embedded_aliases_and_the_resolved_folder_are_the_same_base() -> None:
+    from distill.llm.embedded import cache_root
+
+    folder = str((cache_root() / "models" / "smollm2-135m-instruct").resolve())
+    assert canonical_model("smollm2-135m-instruct") == canonical_model("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert canonical_model("embedded") == canonical_model(folder)
+    check_adapter_base(folder, "smollm2-135m-instruct")
+    check_adapter_base("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2")
+
+
+def test_base_folder_from_another_machine_matches_by_name(tmp_path: Path) -> None:
+    base = make_model(tmp_path / "smollm2-135m-instruct")
+    check_adapter_base("/home/someone/.cache/distill/models/smollm2-135m-instruct", str(base))
+    with pytest.raises(DistillError, match="trained on /home/someone/models/other"):
+        check_adapter_base("/home/someone/models/other", str(base))
+
+
+def test_hf_cache_snapshot_path_is_its_hub_id(tmp_path: Path) -> None:
+    snap = tmp_path / "hub" / "models--Org--Name" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    assert canonical_model(str(snap)) == "Org/Name"
+    check_adapter_base(str(snap), "Org/Name")
+
+
+# ---------------------------------------------------------------- ports, keys, configs, CLI
+
+
+def test_port_zero_is_left_to_vllmserver(base: Path, adapter: Path) -> None:
+    with pytest.raises(DistillError, match="port 0"):
+        build_command(ServeConfig(base_model=str(base), adapter=str(adapter), port=0), "cpu")
+
+
+def test_port_helpers_see_a_listening_socket() -> None:
+    port = free_port()
+    assert port_is_free("127.0.0.1", port)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        assert not port_is_free("127.0.0.1", port)
+
+
+def test_api_key_goes_through_the_environment_not_argv(base: Path, adapter: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PLANNER_KEY", "s3cret")
+    argv, env = build_command(ServeConfig(base_model=str(base), adapter=str(adapter), api_key_env="PLANNER_KEY"), "cpu")
+    assert env["VLLM_API_KEY"] == "s3cret"
+    assert "s3cret" not in " ".join(argv) and "s3cret" not in format_command(argv, env)
+    monkeypatch.delenv("PLANNER_KEY")
+    with pytest.raises(DistillError, match="PLANNER_KEY"):
+        build_command(ServeConfig(base_model=str(base), adapter=str(adapter), api_key_env="PLANNER_KEY"), "cpu")
+
+
+@pytest.mark.parametrize("name", ["serve_planner.yaml", "serve_planner_merged.yaml"])
+def test_shipped_configs_load_and_say_how_to_run(name: str) -> None:
+    from distill.config import load_config
+
+    path = ROOT / "configs" / name
+    assert path.read_text().splitlines()[0] == f"# distill serve --config configs/{name}"
+    cfg = load_config(ServeConfig, path)
+    assert cfg.host == "127.0.0.1"
+    assert model_name(cfg) == "planner"
+    assert (cfg.merged_model is not None) == ("merged" in name)
+
+
+def test_cli_dry_run_prints_the_command(base: Path, adapter: Path, capsys) -> None:
+    from distill.cli import main
+
+    code = main(["serve", "--dry-run", "--set", f"base_model={base}", "--set", f"adapter={adapter}", "--set", "device=cpu"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "VLLM_CPU_KVCACHE_SPACE=2" in out and f"--lora-modules planner={adapter.resolve()}" in out
+
+
+def test_cli_reports_a_missing_adapter_as_an_error(tmp_path: Path, base: Path, capsys) -> None:
+    from distill.cli import main
+
+    code = main(["serve", "--dry-run", "--set", f"base_model={base}", "--set", f"adapter={tmp_path / 'nope'}"])
+    assert code == 2
+    assert "error: adapter not found" in capsys.readouterr().err
+
+
+def test_serve_script_execs_distill_serve() -> None:
+    script = ROOT / "scripts" / "serve_planner.sh"
+    assert os.access(script, os.X_OK)
+    out = subprocess.run(
+        [str(script), "--help"], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+    )
+    assert out.returncode == 0 and "--dry-run" in out.stdout
+
+
+# ---------------------------------------------------------------- slow: a real vLLM server
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.fixture(scope="module")
+def real_adapter(tmp_path_factory) -> Path:
+    """A real PEFT LoRA (r=8) on SmolLM2, lora_B perturbed so the adapter changes the model's outputs."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from distill.llm.embedded import resolve_model_path
+
+    base = resolve_model_path("smollm2-135m-instruct")
+    out = tmp_path_factory.mktemp("served") / "adapter"
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, lora)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 1e-3)
+    peft_model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(base).save_pretrained(out)  # writes chat_template.jinja too
+    assert (out / "chat_template.jinja").is_file()
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_vllm_server_serves_the_lora_adapter(real_adapter: Path, tmp_path: Path) -> None:
+    import httpx
+    from openai import OpenAI
+
+    cfg = ServeConfig(adapter=str(real_adapter), port=0, max_model_len=1024, health_timeout_s=240)
+    with VLLMServer(cfg, log_path=tmp_path / "vllm.log") as server:
+        pid, port = server.pid, server.port
+        assert server.model_name == "planner"
+        assert server.base_url == f"http://127.0.0.1:{port}/v1"
+        models = httpx.get(f"{server.base_url}/models", timeout=10).json()
+        assert "planner" in {m["id"] for m in models["data"]}
+        client = OpenAI(base_url=server.base_url, api_key="unused")
+        reply = client.chat.completions.create(
+            model="planner", messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=16, temperature=0.0,
+        )
+        assert reply.choices[0].message.content.strip()
+        assert reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > 0
+    assert pid is not None and _gone(pid) and _group_gone(pid)
+    assert port_is_free("127.0.0.1", port)
+    assert "Loaded new LoRA adapter" in (tmp_path / "vllm.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_vllm_server_fails_fast_with_the_log_tail(real_adapter: Path) -> None:
+    cfg = ServeConfig(adapter=str(real_adapter), port=0, extra_args=["--no-such-flag"], health_timeout_s=100)
+    server = VLLMServer(cfg)
+    started = time.monotonic()
+    with pytest.raises(DistillError, match=r"(?s)exited with code \d+ before it was ready.*no-such-flag"):
+        server.start()
+    assert time.monotonic() - started < 100
+    assert server.pid is None  # stopped and cleaned up
+
+
+def _read_lines(stream, lines: queue.Queue) -> None:
+    for line in iter(stream.readline, ""):
+        lines.put(line)
+    lines.put(None)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_distill_serve_cli_end_to_end(real_adapter: Path, tmp_path: Path) -> None:
+    import httpx
+
+    port = free_port()
+    log = (tmp_path / "stderr.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distill.cli", "serve", "--config", "configs/serve_planner.yaml",
+         "--set", f"adapter={real_adapter}", "--set", f"port={port}", "--set", "max_model_len=1024"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
+    )
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True).start()
+    try:
+        seen: dict[str, str] = {}
+        deadline = time.monotonic() + 240
+        while "model" not in seen:
+            line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
+            assert line is not None, f"distill serve exited early: {(tmp_path / 'stderr.log').read_text()[-2000:]}"
+            if line.startswith("vLLM is ready (pid "):
+                seen["pid"] = line.split("pid ")[1].rstrip(")\n")
+            elif ": " in line and line.split(": ", 1)[0] in {"base_url", "model"}:
+                key, value = line.rstrip("\n").split(": ", 1)
+                seen[key] = value
+        assert seen["base_url"] == f"http://127.0.0.1:{port}/v1" and seen["model"] == "planner"
+        assert "planner" in {m["id"] for m in httpx.get(f"{seen['base_url']}/models", timeout=10).json()["data"]}
+        server_pid = int(seen["pid"])
+        proc.send_signal(signal.SIGINT)  # Ctrl-C goes to the CLI; it must forward it to the server
+        assert proc.wait(timeout=90) in (0, 130)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    assert _gone(server_pid) and _group_gone(server_pid)
+    assert port_is_free("127.0.0.1", port)
+    assert "vLLM stopped" in (tmp_path / "stderr.log").read_text()
