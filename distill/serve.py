@@ -43,6 +43,8 @@ DEFAULT_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 ARCH_KEYS = ("model_type", "hidden_size", "num_hidden_layers")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
+# Interpreter-exit chatter (triton's nanobind leak report) that would push the real error out of the log tail.
+EXIT_NOISE = re.compile(r"^(nanobind: |\s+- (leaked |\.\.\. skipped)|See https://nanobind)")
 
 
 class ServeConfig(Strict):
@@ -75,6 +77,8 @@ class ServeConfig(Strict):
     def _check(self) -> "ServeConfig":
         if self.adapter and self.merged_model:
             raise ValueError("set adapter (LoRA on base_model) or merged_model (merged weights), not both")
+        if self.adapter and self.served_model_name == self.lora_name:
+            raise ValueError(f"served_model_name names the base model and must differ from lora_name {self.lora_name!r}")
         return self
 
 
@@ -114,9 +118,9 @@ def _adapter_chat_template(path: Path) -> str | None:
 
 def read_adapter(path: str | Path) -> AdapterInfo:
     """Read what serving needs from a PEFT adapter folder, refusing what vLLM cannot load."""
-    path = Path(path).expanduser()
-    if not path.is_dir():
+    if not Path(path).expanduser().is_dir():
         raise DistillError(f"adapter not found: {path} (train one with `distill train`, or set adapter: null)")
+    path = Path(path).expanduser().resolve()  # vLLM runs with its own idea of the working directory
     config_path = path / "adapter_config.json"
     if not config_path.is_file():
         hint = "; it holds full weights: use merged_model" if (path / "config.json").is_file() else ""
@@ -126,7 +130,9 @@ def read_adapter(path: str | Path) -> AdapterInfo:
     if peft_type != "LORA":
         raise DistillError(f"{config_path}: vLLM serves LoRA adapters only, this one is {peft_type}")
     if cfg.get("use_dora"):
-        raise DistillError(f"{config_path}: vLLM cannot serve DoRA adapters; merge it (`distill merge`) and serve merged_model")
+        raise DistillError(
+            f"{config_path}: vLLM cannot serve DoRA adapters; merge it (`distill merge`) and serve merged_model"
+        )
     rank = cfg.get("r")
     if not isinstance(rank, int) or rank < 1:
         raise DistillError(f"{config_path}: no valid LoRA rank `r` (got {rank!r})")
@@ -134,7 +140,7 @@ def read_adapter(path: str | Path) -> AdapterInfo:
     rank = max([rank, *(v for v in pattern.values() if isinstance(v, int))])
     if not any((path / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")):
         raise DistillError(f"{path} has adapter_config.json but no adapter_model.safetensors")
-    return AdapterInfo(path.resolve(), rank, cfg.get("base_model_name_or_path") or None, _adapter_chat_template(path))
+    return AdapterInfo(path, rank, cfg.get("base_model_name_or_path") or None, _adapter_chat_template(path))
 
 
 @lru_cache(maxsize=1)
@@ -248,7 +254,9 @@ def model_dir(cfg: ServeConfig) -> str:
     if cfg.merged_model:
         path = _local_model_dir(cfg.merged_model, "merged_model")
         if not any((path / name).is_file() for name in TOKENIZER_FILES):
-            raise DistillError(f"merged_model {path} has no tokenizer files; `distill merge` saves them beside the weights")
+            raise DistillError(
+                f"merged_model {path} has no tokenizer files; `distill merge` saves them beside the weights"
+            )
         return str(path)
     resolved = resolve_model_path(cfg.base_model)
     if _looks_like_path(resolved):
@@ -492,9 +500,12 @@ class VLLMServer:
         _require_vllm()
         platform = self.platform or (self.cfg.device if self.cfg.device != "auto" else detect_platform())
         port = self.cfg.port or free_port(self.cfg.host)
-        if self.cfg.port and not port_is_free(self.cfg.host, port):
-            raise DistillError(f"port {port} on {self.cfg.host} is in use; pick another with --set port=N (0 = any free port)")
         argv, env = build_command(self.cfg.model_copy(update={"port": port}), platform)
+        # Checked before starting: otherwise /health could be answered by whatever already listens there.
+        if self.cfg.port and not port_is_free(self.cfg.host, port):
+            raise DistillError(
+                f"port {port} on {self.cfg.host} is in use; pick another with --set port=N (0 = any free port)"
+            )
         if self.cfg.host not in {"127.0.0.1", "localhost", "::1"} and "VLLM_API_KEY" not in env:
             log.warning("vLLM listens on %s without an API key (set api_key_env)", self.cfg.host)
         log.info("starting vLLM: %s", format_command(argv, env))
@@ -523,15 +534,15 @@ class VLLMServer:
             preexec_fn=_die_with_parent if guard else None,
         )
         _LIVE.add(self)
-        self._pump = threading.Thread(target=self._copy_output, name="vllm-log", daemon=True)
+        self._pump = threading.Thread(target=self._copy_output, args=(self._proc.stdout,), name="vllm-log", daemon=True)
         self._pump.start()
 
-    def _copy_output(self) -> None:
+    def _copy_output(self, stream: IO[bytes]) -> None:
         """Drain the server's output (a full pipe would stall it) into the tail, the log file and stderr."""
-        assert self._proc is not None and self._proc.stdout is not None
-        for raw in iter(self._proc.stdout.readline, b""):
+        for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", errors="replace")
-            self._tail.append(line.rstrip("\n"))
+            if not EXIT_NOISE.match(line):
+                self._tail.append(line.rstrip("\n"))
             if self._log is not None and not self._log.closed:
                 self._log.write(line)
                 self._log.flush()

@@ -133,12 +133,12 @@ def to_dataset_dict(train: Sequence[dict], val: Sequence[dict]):
     from datasets import Dataset, DatasetDict
 
     features = _features()
-    return DatasetDict(
-        {
-            "train": Dataset.from_list(list(train), features=features),
-            "validation": Dataset.from_list(list(val), features=features),
-        }
-    )
+
+    def build(rows: Sequence[dict]) -> Dataset:
+        columns = {name: [row[name] for row in rows] for name in features}  # from_list fails on no rows
+        return Dataset.from_dict(columns, features=features)
+
+    return DatasetDict({"train": build(train), "validation": build(val)})
 
 
 def token_lengths(example: Mapping[str, Any], tokenizer) -> tuple[int, int]:

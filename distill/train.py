@@ -115,8 +115,9 @@ def gradient_accumulation_steps(global_batch_size: int, per_device: int, process
 # ---------------------------------------------------------------------------------------------- building
 
 
-def build_sft_config(cfg: TrainConfig, processes: int, has_eval: bool):
-    """TRL's SFTConfig from ours; TrainingArguments are made before the model so ZeRO-3 can shard at load."""
+def build_sft_config(cfg: TrainConfig, processes: int, has_eval: bool, resuming: bool = False):
+    """TRL's SFTConfig from ours; TrainingArguments are made before the model so ZeRO-3 can shard at load.
+    A resumed run skips the step-0 evaluation: its result is already in the restored log history."""
     from trl import SFTConfig
 
     accumulation = gradient_accumulation_steps(cfg.global_batch_size, cfg.per_device_train_batch_size, processes)
@@ -145,7 +146,7 @@ def build_sft_config(cfg: TrainConfig, processes: int, has_eval: bool):
         logging_first_step=True,
         eval_strategy=eval_strategy,
         eval_steps=cfg.eval_steps,
-        eval_on_start=cfg.eval_on_start and has_eval,
+        eval_on_start=cfg.eval_on_start and has_eval and not resuming,
         save_strategy=cfg.save_strategy,
         save_steps=cfg.save_steps or 500,
         save_total_limit=cfg.save_total_limit,
@@ -233,7 +234,7 @@ def load_splits(dataset_dir: str):
     return data["train"], val
 
 
-def build_trainer(cfg: TrainConfig):
+def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: bool = False):
     """The SFTTrainer exactly as training uses it (tests take their batches from it)."""
     from trl import SFTTrainer
 
@@ -244,7 +245,7 @@ def build_trainer(cfg: TrainConfig):
     path = resolve_model_path(cfg.model_name_or_path)
     train, val = load_splits(cfg.dataset_dir)
     processes = world_size()
-    args = build_sft_config(cfg, processes, has_eval=val is not None)
+    args = build_sft_config(cfg, processes, has_eval=val is not None, resuming=resuming)
     tokenizer = load_tokenizer(path, cfg.model_name_or_path)
     model = load_model(cfg, path)
     log.info(
@@ -259,6 +260,7 @@ def build_trainer(cfg: TrainConfig):
         eval_dataset=val,
         processing_class=tokenizer,
         peft_config=build_lora_config(cfg),
+        callbacks=callbacks,
     )
 
 
@@ -326,13 +328,13 @@ def last_checkpoint(output_dir: str) -> str | None:
     return get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
 
 
-def train(cfg: TrainConfig) -> dict:
+def train(cfg: TrainConfig, callbacks: list | None = None) -> dict:
     """Train (resuming when a checkpoint exists), make sure the final eval loss is logged, save everything."""
     started = time.time()
-    trainer = build_trainer(cfg)
     resume = last_checkpoint(cfg.output_dir) if cfg.resume else None
     if resume:
         log.info("resuming from %s", resume)
+    trainer = build_trainer(cfg, callbacks, resuming=resume is not None)
     trainer.train(resume_from_checkpoint=resume)
     last_eval = max((e["step"] for e in trainer.state.log_history if "eval_loss" in e), default=None)
     if trainer.eval_dataset is not None and trainer.args.eval_strategy != "no" and last_eval != trainer.state.global_step:

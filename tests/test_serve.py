@@ -52,7 +52,9 @@ def make_model(folder: Path, *, template: str | None = "{{ base }}", tokenizer: 
     return folder
 
 
-def make_adapter(folder: Path, base: str | None, *, r: int = 8, template: str | None = "{{ adapter }}", **extra) -> Path:
+def make_adapter(
+    folder: Path, base: str | None, *, r: int = 8, template: str | None = "{{ adapter }}", **extra
+) -> Path:
     folder.mkdir(parents=True)
     config = {"peft_type": "LORA", "r": r, "lora_alpha": 16, "base_model_name_or_path": base, **extra}
     (folder / "adapter_config.json").write_text(json.dumps(config))
@@ -141,7 +143,8 @@ def test_cpu_flags(base: Path, adapter: Path) -> None:
 
 def test_gpu_flags(base: Path, adapter: Path) -> None:
     cfg = ServeConfig(
-        base_model=str(base), adapter=str(adapter), gpu_memory_utilization=0.85, tensor_parallel_size=2, max_model_len=4096
+        base_model=str(base), adapter=str(adapter), gpu_memory_utilization=0.85, tensor_parallel_size=2,
+        max_model_len=4096,
     )
     argv, env = build_command(cfg, "gpu")
     assert flag(argv, "--gpu-memory-utilization") == "0.85"
@@ -153,7 +156,8 @@ def test_gpu_flags(base: Path, adapter: Path) -> None:
 
 
 def test_explicit_dtype_and_eager_win_over_the_platform_defaults(base: Path, adapter: Path) -> None:
-    argv, _ = build_command(ServeConfig(base_model=str(base), adapter=str(adapter), dtype="float16", enforce_eager=True), "gpu")
+    cfg = ServeConfig(base_model=str(base), adapter=str(adapter), dtype="float16", enforce_eager=True)
+    argv, _ = build_command(cfg, "gpu")
     assert flag(argv, "--dtype") == "float16" and "--enforce-eager" in argv
     argv, _ = build_command(ServeConfig(base_model=str(base), adapter=str(adapter), enforce_eager=False), "cpu")
     assert "--enforce-eager" not in argv
@@ -161,7 +165,8 @@ def test_explicit_dtype_and_eager_win_over_the_platform_defaults(base: Path, ada
 
 def test_extra_args_and_env_pass_through(base: Path, adapter: Path) -> None:
     cfg = ServeConfig(
-        base_model=str(base), adapter=str(adapter), extra_args=["--max-num-seqs", "64", "--seed", "1"], env={"OMP_NUM_THREADS": "2"}
+        base_model=str(base), adapter=str(adapter), extra_args=["--max-num-seqs", "64", "--seed", "1"],
+        env={"OMP_NUM_THREADS": "2"},
     )
     argv, env = build_command(cfg, "cpu")
     assert argv[-4:] == ["--max-num-seqs", "64", "--seed", "1"]
@@ -192,6 +197,11 @@ def test_merged_mode_checks_the_folder(tmp_path: Path, base: Path, adapter: Path
         ServeConfig(adapter=str(adapter), merged_model=str(bare))
 
 
+def test_base_and_lora_module_need_different_names(adapter: Path) -> None:
+    with pytest.raises(ValueError, match="must differ from lora_name"):
+        ServeConfig(adapter=str(adapter), served_model_name="planner")
+
+
 def test_base_only_mode_uses_the_served_name(base: Path) -> None:
     cfg = ServeConfig(base_model=str(base), served_model_name="teacher")
     argv, _ = build_command(cfg, "cpu")
@@ -215,9 +225,10 @@ def test_chat_template_falls_back_to_the_base(tmp_path: Path, base: Path) -> Non
 
 def test_chat_template_from_an_older_tokenizer_config(tmp_path: Path, base: Path) -> None:
     path = make_adapter(tmp_path / "a", str(base), template=None)
-    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{% for m in messages %}{{ m }}{% endfor %}"}))
+    template = "{% for m in messages %}{{ m }}{% endfor %}"
+    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
     argv, _ = build_command(ServeConfig(base_model=str(base), adapter=str(path)), "cpu")
-    assert flag(argv, "--chat-template") == "{% for m in messages %}{{ m }}{% endfor %}"
+    assert flag(argv, "--chat-template") == template
 
 
 def test_explicit_chat_template_wins(tmp_path: Path, base: Path, adapter: Path) -> None:
@@ -328,12 +339,13 @@ def test_port_helpers_see_a_listening_socket() -> None:
 
 def test_api_key_goes_through_the_environment_not_argv(base: Path, adapter: Path, monkeypatch) -> None:
     monkeypatch.setenv("PLANNER_KEY", "s3cret")
-    argv, env = build_command(ServeConfig(base_model=str(base), adapter=str(adapter), api_key_env="PLANNER_KEY"), "cpu")
+    cfg = ServeConfig(base_model=str(base), adapter=str(adapter), api_key_env="PLANNER_KEY")
+    argv, env = build_command(cfg, "cpu")
     assert env["VLLM_API_KEY"] == "s3cret"
     assert "s3cret" not in " ".join(argv) and "s3cret" not in format_command(argv, env)
     monkeypatch.delenv("PLANNER_KEY")
     with pytest.raises(DistillError, match="PLANNER_KEY"):
-        build_command(ServeConfig(base_model=str(base), adapter=str(adapter), api_key_env="PLANNER_KEY"), "cpu")
+        build_command(cfg, "cpu")
 
 
 @pytest.mark.parametrize("name", ["serve_planner.yaml", "serve_planner_merged.yaml"])
@@ -351,7 +363,9 @@ def test_shipped_configs_load_and_say_how_to_run(name: str) -> None:
 def test_cli_dry_run_prints_the_command(base: Path, adapter: Path, capsys) -> None:
     from distill.cli import main
 
-    code = main(["serve", "--dry-run", "--set", f"base_model={base}", "--set", f"adapter={adapter}", "--set", "device=cpu"])
+    code = main(
+        ["serve", "--dry-run", "--set", f"base_model={base}", "--set", f"adapter={adapter}", "--set", "device=cpu"]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "VLLM_CPU_KVCACHE_SPACE=2" in out and f"--lora-modules planner={adapter.resolve()}" in out

@@ -170,7 +170,9 @@ def make_tools_for(cfg, llm_tool_model, cache=None) -> Callable[[Any], dict]:
                 scope = f"question:{example.id}"
             elif wiki is None:
                 raise DistillError(f"example {example.id} has no context and no wikipedia_corpus is set")
-        tools = build_tools(cfg.tools, wikipedia=w, llm_model=llm_tool_model)
+        tools = build_tools(
+            cfg.tools, wikipedia=w, llm_model=llm_tool_model, llm_max_tokens=(cfg.llm_tool or cfg.solver).max_tokens
+        )
         if cache is not None:
             tools = {
                 name: CachedTool(t, cache, scope=scope if name == "Wikipedia" else "") if name != "LLM" else t

@@ -33,7 +33,9 @@ def canonical_name(name: str) -> str:
     raise DistillError(f"unknown tool {name!r}; known tools: {', '.join(TOOL_DESCRIPTIONS)}")
 
 
-def build_tools(names: Iterable[str], *, wikipedia: Tool | None, llm_model: Any = None) -> dict[str, Tool]:
+def build_tools(
+    names: Iterable[str], *, wikipedia: Tool | None, llm_model: Any = None, llm_max_tokens: int = 256
+) -> dict[str, Tool]:
     """Build the named tools, keyed by canonical name in the order given.
 
     The Wikipedia backend is passed in already built because choosing it (online, local corpus, per-question
@@ -44,11 +46,11 @@ def build_tools(names: Iterable[str], *, wikipedia: Tool | None, llm_model: Any 
         name = canonical_name(raw)
         if name in tools:
             raise DistillError(f"tool {name!r} is listed twice")
-        tools[name] = _build_one(name, wikipedia=wikipedia, llm_model=llm_model)
+        tools[name] = _build_one(name, wikipedia=wikipedia, llm_model=llm_model, llm_max_tokens=llm_max_tokens)
     return tools
 
 
-def _build_one(name: str, *, wikipedia: Tool | None, llm_model: Any) -> Tool:
+def _build_one(name: str, *, wikipedia: Tool | None, llm_model: Any, llm_max_tokens: int = 256) -> Tool:
     if name == "Wikipedia":
         if wikipedia is None:
             raise DistillError("tool 'Wikipedia' is listed but no Wikipedia backend was configured")
@@ -58,7 +60,7 @@ def _build_one(name: str, *, wikipedia: Tool | None, llm_model: Any) -> Tool:
             raise DistillError("tool 'LLM' is listed but no model was given for it")
         from distill.tools.llm_tool import LLMTool
 
-        return LLMTool(llm_model)
+        return LLMTool(llm_model, max_tokens=llm_max_tokens)
     from distill.tools.calculator import Calculator
 
     return Calculator()

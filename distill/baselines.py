@@ -1,0 +1,386 @@
+"""The baselines ReWOO is measured against, each producing the same trajectory record as `ReWOOAgent.run`.
+
+- `DirectAgent`: one Solver call that answers from the model's own knowledge (no plan, no tools).
+- `ReActAgent`: the Thought / Action / Observation loop of Yao et al. (2023). Every step is a new call whose
+  prompt carries the whole history so far, which is why ReAct's tokens grow with the number of hops while
+  ReWOO's planner sees the question once. Actions are parsed with the plan parser's own `Tool[input]` rules
+  (the input runs to the bracket that closes the first `[`), and tools run through the ReWOO Worker, so a
+  tool that raises, times out or returns nothing becomes `No evidence found` exactly as it does for ReWOO.
+
+Both use the Solver model and the same per-question tools as the ReWOO methods, so differences in the
+report come from the method, not from the model or the evidence.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from distill.errors import DistillError
+from distill.llm.base import Completion, Usage
+from distill.rewoo import prompts
+from distill.rewoo.agent import FORMAT_VERSION, call_record, sample_seed, score_record
+from distill.rewoo.plan import Plan, Step, parse_plan
+from distill.rewoo.worker import WorkerConfig, run_plan
+
+FINISH = "Finish"
+
+DIRECT_INSTRUCTIONS = (
+    "Answer the following question from your own knowledge. Respond with the answer directly, as a short "
+    "phrase (a name, a number, yes or no), with no extra words."
+)
+
+REACT_INSTRUCTIONS = (
+    "Solve a question answering task with interleaving Thought, Action and Observation steps. Thought reasons "
+    "about the current situation. Action calls one tool, written as Tool[input], or ends the task with "
+    "Finish[answer], where the answer is a short phrase (a name, a number, yes or no). After each Action you "
+    "will be given its Observation."
+)
+
+REACT_FORMAT = (
+    "Write exactly one Thought and one Action per turn:\n"
+    "Thought: <your reasoning>\n"
+    "Action: <Tool>[<input>]\n"
+    "Do not write the Observation yourself."
+)
+
+# Exemplars written for this project (facts checked); observations are in the `Title: text` form the
+# Wikipedia tool returns. Each lists the tools it uses, so it is shown only when those tools are configured.
+REACT_EXEMPLARS: list[tuple[tuple[str, ...], str]] = [
+    (
+        ("Wikipedia",),
+        "Question: Which country is the birthplace of the physicist who proposed the theory of general relativity?\n"
+        "Thought: I need to find out who proposed the theory of general relativity.\n"
+        "Action: Wikipedia[general relativity]\n"
+        "Observation: General relativity: General relativity is the geometric theory of gravitation published "
+        "by Albert Einstein in 1915.\n"
+        "Thought: Albert Einstein proposed it. Now I need to find where he was born.\n"
+        "Action: Wikipedia[Albert Einstein]\n"
+        "Observation: Albert Einstein: Albert Einstein was a German-born theoretical physicist. He was born in "
+        "Ulm, in the Kingdom of Württemberg in the German Empire, in 1879.\n"
+        "Thought: Einstein was born in Ulm, which is in Germany. So the answer is Germany.\n"
+        "Action: Finish[Germany]",
+    ),
+    (
+        ("Wikipedia",),
+        "Question: Which river is longer, the Danube or the Rhine?\n"
+        "Thought: I need the length of the Danube and the length of the Rhine.\n"
+        "Action: Wikipedia[Danube]\n"
+        "Observation: Danube: The Danube is the second-longest river in Europe, after the Volga. It is about "
+        "2,850 km long.\n"
+        "Thought: The Danube is about 2,850 km long. Now the Rhine.\n"
+        "Action: Wikipedia[Rhine]\n"
+        "Observation: Rhine: The Rhine is a river that rises in the Swiss Alps and flows into the North Sea. "
+        "It is about 1,230 km long.\n"
+        "Thought: 2,850 km is more than 1,230 km, so the Danube is longer.\n"
+        "Action: Finish[Danube]",
+    ),
+]
+
+# A model must not invent the observation; everything from here on is cut off.
+REACT_STOP = ["Observation:"]
+
+# "Action:", "Action 2:", "**Action:**", "Action: `Tool[x]`": the label, then the call.
+_ACTION_RE = re.compile(
+    r"\bAction(?:[ \t]*\d+)?[ \t]*(?:\*\*|__)?[ \t]*[:：][ \t]*(?:\*\*|__)?[ \t]*`?[ \t]*", re.IGNORECASE
+)
+_THOUGHT_RE = re.compile(r"^\W*Thought(?:[ \t]*\d+)?[ \t]*[:：][ \t]*", re.IGNORECASE)
+_BARE_FINISH_RE = re.compile(r"\bFinish[ \t]*\[", re.IGNORECASE)
+_REF = "#E0"  # the id the action is parsed under; never a valid reference, so it has no deps
+
+
+# ------------------------------------------------------------------------------------------------ Direct
+
+
+def direct_messages(question: str) -> list[dict]:
+    return [{"role": "user", "content": f"{DIRECT_INSTRUCTIONS}\n\nQuestion: {question.strip()}"}]
+
+
+class DirectAgent:
+    """One call to the Solver model, no tools: the floor every tool-using method has to beat."""
+
+    kind = "direct"
+
+    def __init__(self, solver, *, max_tokens: int = 64, method: str = "direct", seed: int = 0):
+        self.solver = solver
+        self.max_tokens = max_tokens
+        self.method = method
+        self.seed = seed
+
+    async def run(self, example, sample: int = 0) -> dict:
+        t0 = time.perf_counter()
+        messages = direct_messages(example.question)
+        seed = sample_seed(example.id, sample, self.seed)
+        out = await self.solver.chat(messages, temperature=0.0, max_tokens=self.max_tokens, seed=seed)
+        prediction = prompts.extract_answer(out.text)
+        tokens = out.usage.total_tokens
+        return base_record(example, self.method, sample) | {
+            "planner": None,
+            "plan": empty_plan(),
+            "evidence": [],
+            "solver": call_record(messages, out),
+            "prediction": prediction,
+            "scores": score_record(example, prediction),
+            "tool_usage": {"prompt_tokens": 0, "completion_tokens": 0},
+            "tokens": {"planner": 0, "solver": tokens, "tools": 0, "total": tokens},
+            "llm_calls": 1,
+            "tool_calls": 0,
+            "cost_usd": out.cost_usd,
+            "wall_s": round(time.perf_counter() - t0, 4),
+        }
+
+
+# ------------------------------------------------------------------------------------------------- ReAct
+
+
+@dataclass(frozen=True)
+class Action:
+    """What one ReAct turn asked for: a tool call, `Finish[answer]`, or nothing usable (`error` says why)."""
+
+    thought: str
+    tool: str | None
+    input: str
+    error: str | None = None
+
+    @property
+    def finish(self) -> bool:
+        return self.tool == FINISH
+
+
+def parse_action(text: str, tools) -> Action:
+    """Read `Thought: ...` and `Action: Tool[input]` from one model turn; never raises.
+
+    The call is parsed by `parse_plan` as if it were the step `#E0 = Tool[input]`, so tool names are matched
+    case-insensitively against the registry and the input runs to the bracket that closes the first `[`,
+    across lines if need be, exactly as in plans. A bare `Finish[answer]` without `Action:` is accepted,
+    because small models often drop the label on the last turn.
+    """
+    names = [t if isinstance(t, str) else t.name for t in tools]
+    match = _ACTION_RE.search(text)
+    if match is None:
+        match = _BARE_FINISH_RE.search(text)
+        if match is None:
+            return Action(_thought(text), None, "", "no 'Action: Tool[input]' line")
+        start = match.start()
+    else:
+        start = match.end()
+    thought = _thought(text[: match.start()])
+    plan = parse_plan(f"{_REF} = {text[start:]}", tools=[*names, FINISH])
+    return _action_from_plan(plan, thought, text[start:])
+
+
+def _thought(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return _THOUGHT_RE.sub("", " ".join(lines)).strip()
+
+
+def _action_from_plan(plan: Plan, thought: str, raw: str) -> Action:
+    first = plan.steps[0] if plan.steps and plan.steps[0].id == _REF else None
+    problems = [e for e in plan.errors if e.step == _REF and e.code in ("malformed_step", "unknown_tool")]
+    if first is None:
+        found = raw.strip().splitlines()[0][:80] if raw.strip() else ""
+        return Action(thought, None, "", f"not of the form Tool[input]: {found!r}")
+    if problems:
+        return Action(thought, None, first.input, f"unknown tool {first.tool!r}")
+    return Action(thought, first.tool, first.input)
+
+
+def react_system_prompt(tools: Mapping[str, str]) -> str:
+    listed = dict(tools) | {FINISH: "Ends the task. Input is the final answer, as a short phrase."}
+    parts = [REACT_INSTRUCTIONS, "Tools can be one of the following:\n" + prompts.tool_list(listed), REACT_FORMAT]
+    shots = [text for needs, text in REACT_EXEMPLARS if set(needs) <= set(tools)]
+    if shots:
+        parts.append("For example:\n\n" + "\n\n".join(shots))
+    return "\n\n".join(parts)
+
+
+def react_messages(question: str, tools: Mapping[str, str], turns: list[tuple[str, str | None]]) -> list[dict]:
+    """A chat: static instructions and exemplars (prefix-cacheable), the question, then one assistant message
+    per earlier turn (its Thought and Action) answered by a user message with its Observation. Every call
+    resends the whole history, which is what makes ReAct's prompt grow with each hop."""
+    messages = [
+        {"role": "system", "content": react_system_prompt(tools)},
+        {"role": "user", "content": f"Question: {question.strip()}"},
+    ]
+    for turn, observation in turns:
+        messages.append({"role": "assistant", "content": turn})
+        if observation is not None:
+            messages.append({"role": "user", "content": f"Observation: {observation}"})
+    return messages
+
+
+def react_turn_text(action: Action) -> str:
+    """One turn as the history shows it: canonical Thought/Action lines, whatever decoration the model wrote."""
+    act = f"{action.tool}[{action.input}]" if action.tool is not None else "(invalid)"
+    return f"Thought: {action.thought}\nAction: {act}"
+
+
+class ReActAgent:
+    """Thought/Action/Observation with the Solver model, at most `max_steps` model calls.
+
+    The loop ends at `Finish[answer]`; at the step cap the answer is empty (as in the original ReAct code,
+    which gives up rather than guessing), and `react.stop_reason` says which happened.
+    """
+
+    kind = "react"
+
+    def __init__(
+        self,
+        model,
+        tools_for: Callable[[Any], Mapping[str, Any]],
+        tool_descriptions: Mapping[str, str],
+        *,
+        max_steps: int = 6,
+        max_tokens: int = 256,
+        worker: WorkerConfig | None = None,
+        method: str = "react",
+        seed: int = 0,
+    ):
+        if max_steps < 1:
+            raise DistillError(f"react_max_steps must be at least 1, got {max_steps}")
+        self.model = model
+        self.tools_for = tools_for
+        self.tool_descriptions = dict(tool_descriptions)
+        self.max_steps = max_steps
+        self.max_tokens = max_tokens
+        self.worker = worker or WorkerConfig()
+        self.method = method
+        self.seed = seed
+
+    async def run(self, example, sample: int = 0) -> dict:
+        t0 = time.perf_counter()
+        seed = sample_seed(example.id, sample, self.seed)
+        tools = self.tools_for(example)
+        state = _ReactState()
+        for _ in range(self.max_steps):
+            messages = react_messages(example.question, self.tool_descriptions, state.turns)
+            out = await self.model.chat(
+                messages, temperature=0.0, max_tokens=self.max_tokens, stop=REACT_STOP, seed=seed
+            )
+            action = parse_action(out.text, self.tool_descriptions)
+            observation, evidence_id = None, None
+            if not action.finish:
+                observation, evidence_id = await self._observe(action, tools, state, t0)
+            state.add(messages, out, action, observation, evidence_id)
+            if action.finish:
+                break
+        return self._record(example, sample, state, tools, t0)
+
+    async def _observe(
+        self, action: Action, tools: Mapping[str, Any], state: "_ReactState", t0: float
+    ) -> tuple[str, str | None]:
+        """(observation, evidence id): the tool runs through the Worker, so it fails exactly as it would for
+        ReWOO; an unusable action gets a hint instead and no evidence."""
+        if action.tool is None:
+            names = ", ".join([*self.tool_descriptions, FINISH])
+            return f"Invalid action ({action.error}). Write Action: Tool[input] with a tool from: {names}.", None
+        step_id = f"#E{len(state.evidence) + 1}"
+        offset = time.perf_counter() - t0
+        plan = Plan((Step(step_id, action.thought, action.tool, action.input, ()),), ())
+        (evidence,) = await run_plan(plan, tools, self.worker)
+        record = evidence.to_dict()
+        record["start_s"] = round(record["start_s"] + offset, 4)
+        record["end_s"] = round(record["end_s"] + offset, 4)
+        state.evidence.append(record)
+        return evidence.output, step_id
+
+    def _record(self, example, sample: int, state: "_ReactState", tools: Mapping[str, Any], t0: float) -> dict:
+        tool_completions = [c for t in tools.values() for c in getattr(t, "calls", [])]
+        tool_usage = sum((c.usage for c in tool_completions), Usage())
+        react_usage = sum((c.usage for c in state.completions), Usage())
+        last = state.completions[-1]
+        react_cost = sum(c.cost_usd for c in state.completions)
+        solver = {
+            "model": last.model,
+            "messages": state.last_messages,
+            "output": last.text,
+            "usage": usage_dict(react_usage),
+            "latency_s": round(sum(c.latency_s for c in state.completions), 4),
+            "cost_usd": react_cost,
+            "cached": all(c.cached for c in state.completions),
+            "calls": len(state.completions),
+        }
+        finished = bool(state.steps) and state.steps[-1]["action"]["tool"] == FINISH
+        prediction = prompts.extract_answer(state.steps[-1]["action"]["input"]) if finished else ""
+        return base_record(example, self.method, sample) | {
+            "planner": None,
+            "plan": empty_plan(),
+            "evidence": state.evidence,
+            "solver": solver,
+            "react": {
+                "steps": state.steps,
+                "finished": finished,
+                "stop_reason": "finish" if finished else "max_steps",
+                "max_steps": self.max_steps,
+            },
+            "prediction": prediction,
+            "scores": score_record(example, prediction),
+            "tool_usage": usage_dict(tool_usage),
+            "tokens": {
+                "planner": 0,
+                "solver": react_usage.total_tokens,
+                "tools": tool_usage.total_tokens,
+                "total": react_usage.total_tokens + tool_usage.total_tokens,
+            },
+            "llm_calls": len(state.completions) + len(tool_completions),
+            "tool_calls": len(state.evidence),
+            "cost_usd": react_cost + sum(c.cost_usd for c in tool_completions),
+            "wall_s": round(time.perf_counter() - t0, 4),
+        }
+
+
+class _ReactState:
+    """The growing history of one ReAct run."""
+
+    def __init__(self) -> None:
+        self.turns: list[tuple[str, str | None]] = []
+        self.steps: list[dict] = []
+        self.evidence: list[dict] = []
+        self.completions: list[Completion] = []
+        self.last_messages: list[dict] = []
+
+    def add(
+        self, messages: list[dict], out: Completion, action: Action, observation: str | None, evidence_id: str | None
+    ) -> None:
+        self.completions.append(out)
+        self.last_messages = messages
+        self.turns.append((react_turn_text(action), observation))
+        self.steps.append(
+            {
+                "output": out.text,
+                "thought": action.thought,
+                "action": {"tool": action.tool, "input": action.input, "error": action.error},
+                "observation": observation,
+                "evidence_id": evidence_id,
+                "usage": usage_dict(out.usage),
+                "latency_s": round(out.latency_s, 4),
+                "cost_usd": out.cost_usd,
+                "cached": out.cached,
+            }
+        )
+
+
+# ----------------------------------------------------------------------------------------------- shared
+
+
+def usage_dict(usage: Usage) -> dict:
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}
+
+
+def empty_plan() -> dict:
+    """The `plan` of a method that makes none: no steps, and validity not applicable (None, not False)."""
+    return {"valid": None, "steps": [], "errors": []}
+
+
+def base_record(example, method: str, sample: int) -> dict:
+    return {
+        "format_version": FORMAT_VERSION,
+        "id": example.id,
+        "dataset": example.dataset,
+        "question": example.question,
+        "answers": list(example.answers),
+        "method": method,
+        "sample": sample,
+    }

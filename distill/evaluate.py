@@ -1,0 +1,406 @@
+"""Step 5: evaluate ReWOO with different Planners against ReAct and Direct, the Solver fixed.
+
+    distill eval --config configs/eval_hotpot_trivia_7b.yaml [--set tool_failure_rate=1.0]
+
+Every method answers the same questions with the same Solver model and the same per-question tools, so
+the only thing that changes between ReWOO rows is the Planner (the teacher few-shot, the distilled student
+zero-shot, the untuned base model zero-shot) and between ReWOO and the baselines the way the Solver model
+is driven. Each method writes one trajectory record per question to `<output_dir>/records/<method>.jsonl`,
+appended and fsynced as it is made, so a rerun resumes where a crash or Ctrl-C left off; the report is then
+recomputed from those files alone (`distill.report`).
+
+Questions: the first `n` distinct questions of each dataset in file order (after dedup). Not a random
+sample, so every run, every method and every later, larger run sees the same questions, and raising `n`
+only adds questions (and resumes) rather than reshuffling them.
+
+Robustness (`tool_failure_rate`): each tool call fails with that probability, decided by a hash of
+(tool_failure_seed, example id, tool, input), so a rerun fails the same calls and two methods that make
+the same call on the same question see the same failure. A failed call becomes the evidence
+`No evidence found` through the Worker's normal error path, with the error recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import re
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping
+
+from pydantic import Field, field_validator, model_validator
+
+from distill.config import AgentConfig, ModelSpec, Strict
+from distill.errors import DistillError
+from distill.generate import DatasetSource
+
+RECORDS_DIR = "records"
+MANIFEST = "manifest.json"
+BASELINE_NAMES = ("react", "direct")
+_METHOD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # it becomes a file name
+
+
+class PlannerEntry(Strict):
+    """One ReWOO row of the report: a Planner endpoint and the prompt it is given."""
+
+    name: str
+    spec: ModelSpec
+    prompt: Literal["fewshot", "zeroshot"]
+
+
+class EvalDatasetSource(DatasetSource):
+    """A DatasetSource whose split defaults to the hub's evaluation split rather than `train`."""
+
+    split: str = "validation"
+
+
+class EvalConfig(AgentConfig):
+    """`distill eval`. The inherited `solver`, `llm_tool`, tools, `wikipedia_*` and worker settings are shared
+    by every method; the inherited `planner`/`planner_prompt` are not used (each entry of `planners` has its own)."""
+
+    planners: list[PlannerEntry] = Field(default_factory=list)
+    baselines: list[Literal["react", "direct"]] = Field(default_factory=list)
+    datasets: list[EvalDatasetSource] = Field(default_factory=list)
+    output_dir: str = "runs/eval"
+    seed: int = 0  # per-question sampling seeds and the bootstrap
+    concurrency: int = Field(default=4, ge=1)  # questions in flight per method
+    cache: str | None = "auto"  # auto: <output_dir>/cache/<method>.sqlite; a path: one shared file; null: off
+    react_max_steps: int = Field(default=6, ge=1)
+    react_max_tokens: int = Field(default=256, ge=1)  # per ReAct turn (a Thought and an Action)
+    tool_failure_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    tool_failure_seed: int = 0
+    judge: ModelSpec | None = None
+    bootstrap_samples: int = Field(default=1000, ge=1)
+
+    @field_validator("planners", mode="before")
+    @classmethod
+    def _planners_mapping(cls, value: Any) -> Any:
+        """Also accept `{name: {spec, prompt}}`, which `--set planners.student.spec.base_url=...` can reach."""
+        if isinstance(value, Mapping):
+            return [{"name": name, **(entry or {})} for name, entry in value.items()]
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> "EvalConfig":
+        unused = self.model_fields_set & {"planner", "planner_prompt"}
+        if unused:
+            raise ValueError(
+                f"{', '.join(sorted(unused))} is not used by eval: list each planner under `planners:` "
+                "with name, spec and prompt"
+            )
+        names = [p.name for p in self.planners] + list(self.baselines)
+        if not names:
+            raise ValueError("nothing to evaluate: add `planners:` and/or `baselines:`")
+        bad = [n for n in names if not _METHOD_NAME.match(n)]
+        if bad:
+            raise ValueError(f"method name {bad[0]!r} must be letters, digits, '_', '.', '-' (it names a file)")
+        clash = [n for n in (p.name for p in self.planners) if n in BASELINE_NAMES]
+        if clash:
+            raise ValueError(f"planner name {clash[0]!r} is reserved for the baseline of that name")
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"method names must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    kind: Literal["rewoo", "react", "direct"]
+    prompt: str | None = None  # fewshot | zeroshot for ReWOO planners
+    spec: ModelSpec | None = None
+
+
+def methods_of(cfg: EvalConfig) -> list[Method]:
+    """Planners first, in config order (the first is the reference of the paired comparisons), then baselines."""
+    methods = [Method(p.name, "rewoo", p.prompt, p.spec) for p in cfg.planners]
+    return methods + [Method(b, b) for b in cfg.baselines]
+
+
+# ---------------------------------------------------------------------------------------- tool failures
+
+
+class InjectedToolFailure(RuntimeError):
+    """Raised instead of calling a tool; the Worker records it and answers `No evidence found`."""
+
+
+def tool_fails(rate: float, seed: int, example_id: str, tool: str, query: str) -> bool:
+    """Whether this call fails: a stable hash of the call mapped to [0, 1) and compared with the rate."""
+    if rate <= 0.0:
+        return False
+    if rate >= 1.0:
+        return True
+    digest = hashlib.sha256(f"{seed}\x1f{example_id}\x1f{tool}\x1f{query}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < rate
+
+
+class FailingTool:
+    """Wraps a tool so that a deterministic share of its calls fail without reaching it (and cost nothing)."""
+
+    def __init__(self, inner: Any, rate: float, seed: int, example_id: str):
+        self.inner = inner
+        self.name = inner.name
+        self.description = getattr(inner, "description", "")
+        self.rate, self.seed, self.example_id = rate, seed, example_id
+        self.injected = 0
+
+    async def run(self, query: str) -> str:
+        if tool_fails(self.rate, self.seed, self.example_id, self.name, query):
+            self.injected += 1
+            raise InjectedToolFailure(f"injected failure (tool_failure_rate={self.rate:g})")
+        return await self.inner.run(query)
+
+    def __getattr__(self, item: str) -> Any:  # e.g. the LLM tool's `calls`, which the agents charge
+        return getattr(self.inner, item)
+
+
+def with_tool_failures(tools: Mapping[str, Any], rate: float, seed: int, example_id: str) -> dict[str, Any]:
+    if rate <= 0.0:
+        return dict(tools)
+    return {name: FailingTool(tool, rate, seed, example_id) for name, tool in tools.items()}
+
+
+# ------------------------------------------------------------------------------------------ questions
+
+
+def gold_hops(example) -> int | None:
+    """Hops the dataset says a question needs: the distinct supporting paragraphs when given (HotpotQA:
+    2), else 2 for a HotpotQA bridge/comparison type, else unknown (TriviaQA)."""
+    facts = getattr(example, "supporting_facts", None)
+    if facts:
+        return len({title for title, _ in facts})
+    if getattr(example, "type", None) in ("bridge", "comparison"):
+        return 2
+    return None
+
+
+def load_eval_examples(cfg: EvalConfig) -> list:
+    """The first n distinct questions of each dataset, in file order; an id may occur only once overall."""
+    from distill.data import load_examples
+
+    if not cfg.datasets:
+        raise DistillError("no datasets configured: add a `datasets:` list with name, source, split and n")
+    examples = []
+    for ds in cfg.datasets:
+        got = load_examples(ds.source, ds.name, ds.split, limit=ds.n)
+        if ds.n is not None and len(got) < ds.n:
+            raise DistillError(f"{ds.source} has only {len(got)} distinct questions, n={ds.n} requested")
+        examples.extend(got)
+    seen: set[str] = set()
+    for ex in examples:
+        if ex.id in seen:
+            raise DistillError(f"example id {ex.id!r} occurs twice across the datasets; ids key the records")
+        seen.add(ex.id)
+    return examples
+
+
+# --------------------------------------------------------------------------------------------- agents
+
+
+def method_cache(cfg: EvalConfig, out: Path, method: Method):
+    """auto: one cache file per method, so no method is served another's tool or LLM-tool calls from the
+    cache (which would flatter its latency); reruns of a method still never repeat a call."""
+    from distill.store import CallCache
+
+    if cfg.cache is None:
+        return None
+    if cfg.cache == "auto":
+        return CallCache(out / "cache" / f"{method.name}.sqlite")
+    return CallCache(cfg.cache)
+
+
+def tool_descriptions(cfg: EvalConfig) -> dict[str, str]:
+    from distill.tools.registry import TOOL_DESCRIPTIONS, canonical_name
+
+    return {canonical_name(n): TOOL_DESCRIPTIONS[canonical_name(n)] for n in cfg.tools}
+
+
+def build_method(cfg: EvalConfig, method: Method, cache=None):
+    """A fresh agent for one method. Built per method because each method runs under its own event loop,
+    and HTTP clients belong to the loop they were first used in (in-process weights are shared anyway)."""
+    from distill.baselines import DirectAgent, ReActAgent
+    from distill.llm import build_chat
+    from distill.rewoo.agent import ReWOOAgent, make_tools_for
+    from distill.rewoo.worker import WorkerConfig
+
+    solver = build_chat(cfg.solver, cfg.prices, cache)
+    if method.kind == "direct":
+        return DirectAgent(solver, max_tokens=cfg.solver.max_tokens, method=method.name, seed=cfg.seed)
+    llm_tool_model = build_chat(cfg.llm_tool, cfg.prices, cache) if cfg.llm_tool else solver
+    base_tools_for = make_tools_for(cfg, llm_tool_model, cache)
+
+    def tools_for(example) -> dict:
+        return with_tool_failures(base_tools_for(example), cfg.tool_failure_rate, cfg.tool_failure_seed, example.id)
+
+    worker = WorkerConfig(
+        max_concurrency=cfg.worker_max_concurrency,
+        tool_timeout_s=cfg.tool_timeout_s,
+        evidence_max_chars=cfg.evidence_max_chars,
+    )
+    descriptions = tool_descriptions(cfg)
+    if method.kind == "react":
+        return ReActAgent(
+            solver, tools_for, descriptions, max_steps=cfg.react_max_steps, max_tokens=cfg.react_max_tokens,
+            worker=worker, method=method.name, seed=cfg.seed,
+        )
+    assert method.spec is not None
+    return ReWOOAgent(
+        build_chat(method.spec, cfg.prices, cache),
+        solver,
+        tools_for,
+        descriptions,
+        fewshot=method.prompt == "fewshot",
+        planner_temperature=method.spec.temperature,
+        planner_max_tokens=method.spec.max_tokens,
+        solver_max_tokens=cfg.solver.max_tokens,
+        worker=worker,
+        method=method.name,
+        seed=cfg.seed,
+    )
+
+
+def make_work(cfg: EvalConfig, method: Method, agent, judge_model) -> Callable:
+    """The per-question coroutine: run the agent, tag the record for the report, judge it if asked."""
+
+    async def work(example) -> dict:
+        rec = await agent.run(example)
+        rec.update(
+            kind=method.kind,
+            planner_prompt=method.prompt,
+            question_type=getattr(example, "type", None),
+            gold_hops=gold_hops(example),
+            tool_failure_rate=cfg.tool_failure_rate,
+        )
+        if judge_model is not None and example.answers:
+            from distill.metrics import judge
+
+            verdict = await judge(judge_model, example.question, example.answers, rec["prediction"])
+            rec["scores"]["judge"] = verdict["verdict"]
+            rec["judge"] = verdict
+        return rec
+
+    return work
+
+
+def record_key(rec: dict) -> tuple[str, str]:
+    return (rec["method"], rec["id"])
+
+
+# ------------------------------------------------------------------------------------------------ run
+
+
+def check_resumable(records: list[dict], cfg: EvalConfig, method: Method, path: Path) -> None:
+    """Refuse to resume a record file made under other settings (say, `--set tool_failure_rate=1.0` into the
+    directory of a clean run): its records would be kept as if they answered the new question."""
+    want = {"tool_failure_rate": cfg.tool_failure_rate, "kind": method.kind, "solver model": cfg.solver.model}
+    if method.kind == "rewoo":
+        want |= {"planner model": method.spec.model, "planner_prompt": method.prompt}
+    for rec in records:
+        have = {
+            "tool_failure_rate": rec.get("tool_failure_rate", 0.0),
+            "kind": rec.get("kind"),
+            "solver model": (rec.get("solver") or {}).get("model"),
+            "planner model": (rec.get("planner") or {}).get("model"),
+            "planner_prompt": rec.get("planner_prompt"),
+        }
+        for what, value in want.items():
+            if have[what] != value:
+                raise DistillError(
+                    f"{path} holds records made with {what} {have[what]!r}, but the config says {value!r}: "
+                    f"use another output_dir, or delete that file to redo {method.name}"
+                )
+
+
+def records_path(out: Path, method: Method) -> Path:
+    return out / RECORDS_DIR / f"{method.name}.jsonl"
+
+
+def preflight(cfg: EvalConfig, methods: list[Method], out: Path) -> None:
+    """Before any model is loaded: repair torn last lines, and check every existing record file fits the
+    config, so a mismatch fails at once rather than after the first methods have run."""
+    from distill.store import JsonlStore
+
+    for method in methods:
+        path = records_path(out, method)
+        if not path.exists():
+            continue
+        with JsonlStore(path) as store:
+            if store.repaired:
+                print(f"note: {path} ended in a torn line from an earlier crash; it was cut and will be redone")
+            check_resumable(store.records(), cfg, method, path)
+
+
+def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path) -> dict:
+    """Run (or resume) one method over every example; returns its running summary."""
+    from contextlib import ExitStack
+
+    from distill.llm import build_chat
+    from distill.runner import run_resumable
+    from distill.store import JsonlStore
+
+    with ExitStack() as stack:
+        store = JsonlStore(records_path(out, method))
+        stack.callback(store.close)
+        cache = method_cache(cfg, out, method)
+        if cache is not None:
+            stack.callback(cache.close)
+        agent = build_method(cfg, method, cache)
+        judge_model = build_chat(cfg.judge, cfg.prices, cache) if cfg.judge is not None else None
+        items = [((method.name, ex.id), ex) for ex in examples]
+        stats = run_resumable(
+            items, make_work(cfg, method, agent, judge_model), store, record_key,
+            concurrency=cfg.concurrency, desc=method.name,
+        )
+    return stats.summary()
+
+
+def build_manifest(cfg: EvalConfig, config_path: str | None, methods: list[Method], examples: list) -> dict:
+    from distill.generate import code_version
+
+    return {
+        "command": "eval",
+        "config_file": config_path,
+        "config": cfg.model_dump(mode="json"),
+        "code_version": code_version(),
+        "python": platform.python_version(),
+        "started_at": datetime.now(timezone.utc).isoformat(),
+        "methods": [{"name": m.name, "kind": m.kind, "prompt": m.prompt} for m in methods],
+        "reference": methods[0].name,
+        "bootstrap_samples": cfg.bootstrap_samples,
+        "seed": cfg.seed,
+        "examples": [[ex.dataset, ex.id] for ex in examples],
+        "status": "running",
+    }
+
+
+def evaluate(cfg: EvalConfig, config_path: str | None = None) -> dict:
+    """Run (or resume) every method, then write results.json, report.md and the plots; returns the results."""
+    from distill.report import write_report
+    from distill.store import write_json
+
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    examples = load_eval_examples(cfg)
+    methods = methods_of(cfg)
+    preflight(cfg, methods, out)
+    manifest = build_manifest(cfg, config_path, methods, examples)
+    write_json(out / MANIFEST, manifest)
+    t0 = time.perf_counter()
+    runs = {}
+    try:
+        for method in methods:
+            runs[method.name] = run_method(cfg, method, examples, out)
+    except KeyboardInterrupt:
+        manifest.update(status="interrupted")
+        write_json(out / MANIFEST, manifest)
+        raise
+    manifest.update(
+        status="complete",
+        finished_at=datetime.now(timezone.utc).isoformat(),
+        wall_s_this_run=round(time.perf_counter() - t0, 2),
+        runs=runs,
+    )
+    write_json(out / MANIFEST, manifest)
+    return write_report(out)

@@ -1,0 +1,568 @@
+"""The evaluation report, recomputed from the per-example records and nothing else.
+
+`recompute(output_dir)` reads `<output_dir>/records/*.jsonl`, rescoring every prediction with
+`distill.metrics.score`, and returns the dict written to `results.json`; `write_report` also renders
+`report.md` and the plots. Only bookkeeping comes from `manifest.json` (method order, which method is the
+reference, which questions the run covers, the bootstrap settings), so anyone can delete results.json and
+get the same numbers back from the records, and a test checks that they do.
+
+What "hops" means per method: the number of plan steps for a ReWOO planner, the number of tool actions for
+ReAct, and 0 for Direct. Gold hops come from the dataset (HotpotQA: 2; TriviaQA: unknown). Grouping tokens
+by hops is what shows ReAct's cost growing with each hop (every turn resends the history) while ReWOO's
+stays flat (the planner sees the question once).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from distill.errors import DistillError
+
+RESULTS_VERSION = 1
+RECORDS_DIR = "records"
+PLOTS = {
+    "accuracy_vs_tokens": "accuracy_vs_tokens.png",
+    "tokens_by_hops": "tokens_by_hops.png",
+    "latency": "latency.png",
+}
+FINISH = "Finish"
+
+
+# ------------------------------------------------------------------------------------------- reading
+
+
+def load_records(output_dir: str | Path) -> dict[str, list[dict]]:
+    """Records grouped by their `method` field, in file order; the file name is not trusted."""
+    from distill.store import read_jsonl
+
+    folder = Path(output_dir) / RECORDS_DIR
+    files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+    if not files:
+        raise DistillError(f"no per-example records under {folder}; run `distill eval` first")
+    by_method: dict[str, list[dict]] = defaultdict(list)
+    for path in files:
+        for rec in read_jsonl(path):
+            by_method[rec["method"]].append(rec)
+    return dict(by_method)
+
+
+def read_manifest(output_dir: str | Path) -> dict:
+    path = Path(output_dir) / "manifest.json"
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text())
+
+
+def kind_of(rec: dict) -> str:
+    """rewoo | react | direct; older records without `kind` are told apart by their shape."""
+    if rec.get("kind"):
+        return rec["kind"]
+    if "react" in rec:
+        return "react"
+    return "direct" if rec.get("planner") is None else "rewoo"
+
+
+def hops_of(rec: dict) -> int:
+    kind = kind_of(rec)
+    if kind == "rewoo":
+        return len((rec.get("plan") or {}).get("steps") or [])
+    if kind == "react":
+        steps = (rec.get("react") or {}).get("steps") or []
+        return sum(1 for s in steps if s["action"]["tool"] not in (None, FINISH))
+    return 0
+
+
+def steps_of(rec: dict) -> int:
+    """Reasoning steps: plan steps for ReWOO, model turns (Finish included) for ReAct, none for Direct."""
+    kind = kind_of(rec)
+    if kind == "react":
+        return len((rec.get("react") or {}).get("steps") or [])
+    return hops_of(rec)
+
+
+def rescore(rec: dict) -> dict | None:
+    """EM/F1 recomputed from the stored prediction; None for a question without gold answers."""
+    from distill.metrics import score
+
+    if not rec.get("answers"):
+        return None
+    return dict(score(rec["dataset"], rec.get("prediction"), rec["answers"]))
+
+
+# ------------------------------------------------------------------------------------------- numbers
+
+
+def _mean(values: Iterable[float]) -> float | None:
+    values = list(values)
+    return float(np.mean(values)) if values else None
+
+
+def _ci(values: list[float], samples: int, seed: int) -> dict | None:
+    from distill.metrics import bootstrap_ci
+
+    if not values:
+        return None
+    mean, lo, hi = bootstrap_ci(values, n=samples, seed=seed)
+    return {"mean": mean, "lo": lo, "hi": hi}
+
+
+def _judge(records: list[dict]) -> dict | None:
+    verdicts = [(r.get("scores") or {}).get("judge", "absent") for r in records]
+    present = [v for v in verdicts if v != "absent"]
+    if not present:
+        return None
+    parsed = [v for v in present if v is not None]
+    return {
+        "accuracy": _mean(float(v) for v in parsed),
+        "n_judged": len(parsed),
+        "unparsed": len(present) - len(parsed),
+    }
+
+
+def _latency(records: list[dict]) -> dict:
+    walls = [float(r.get("wall_s", 0.0)) for r in records]
+    p50, p95 = np.percentile(walls, [50, 95])
+    return {"p50": float(p50), "p95": float(p95), "mean": float(np.mean(walls))}
+
+
+def _tool_failures(records: list[dict]) -> dict | None:
+    evidence = [e for r in records for e in r.get("evidence") or []]
+    if not evidence:
+        return None
+    failed = [e for e in evidence if e.get("status") != "ok"]
+    injected = [e for e in failed if str(e.get("error") or "").startswith("InjectedToolFailure")]
+    return {
+        "rate": len(failed) / len(evidence), "failed": len(failed), "injected": len(injected), "calls": len(evidence)
+    }
+
+
+def _by_dataset(records: list[dict], scores: list[dict | None]) -> dict:
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for rec, sc in zip(records, scores):
+        if sc is not None:
+            groups[rec["dataset"]].append(sc)
+    return {
+        name: {"n": len(s), "em": _mean(x["em"] for x in s), "f1": _mean(x["f1"] for x in s)}
+        for name, s in sorted(groups.items())
+    }
+
+
+def method_metrics(records: list[dict], samples: int = 1000, seed: int = 0) -> dict:
+    """Every per-method number of the report, from that method's records."""
+    if not records:
+        raise DistillError("method_metrics needs at least one record")
+    kind = kind_of(records[0])
+    scores = [rescore(r) for r in records]
+    scored = [s for s in scores if s is not None]
+    em = [float(s["em"]) for s in scored]
+    f1 = [float(s["f1"]) for s in scored]
+    costs = [float(r.get("cost_usd", 0.0)) for r in records]
+    correct = sum(em)
+    tokens = {k: _mean(r["tokens"][k] for r in records) for k in ("planner", "solver", "tools", "total")}
+    planner_prompt = None
+    if kind == "rewoo":
+        planner_prompt = _mean(r["planner"]["usage"]["prompt_tokens"] for r in records)
+    react = [r.get("react") or {} for r in records] if kind == "react" else []
+    return {
+        "kind": kind,
+        "planner_prompt": records[0].get("planner_prompt"),
+        "planner_model": (records[0].get("planner") or {}).get("model"),
+        "solver_model": (records[0].get("solver") or {}).get("model"),
+        "n": len(records),
+        "n_scored": len(scored),
+        "em": _ci(em, samples, seed),
+        "f1": _ci(f1, samples, seed),
+        "judge": _judge(records),
+        "plan_valid_rate": _mean(float(bool(r["plan"]["valid"])) for r in records) if kind == "rewoo" else None,
+        "steps_mean": _mean(steps_of(r) for r in records),
+        "hops_mean": _mean(hops_of(r) for r in records),
+        "tool_calls_mean": _mean(len(r.get("evidence") or []) for r in records),
+        "llm_calls_mean": _mean(r["llm_calls"] for r in records),
+        "tokens_mean": tokens,
+        "planner_prompt_tokens_mean": planner_prompt,
+        "cost_per_question_usd": _mean(costs),
+        "cost_per_correct_usd": sum(costs) / correct if correct else None,
+        "latency_s": _latency(records),
+        "tool_failures": _tool_failures(records),
+        "react_finished_rate": _mean(float(bool(x.get("finished"))) for x in react) if react else None,
+        "by_dataset": _by_dataset(records, scores),
+    }
+
+
+def _key(rec: dict) -> tuple[str, str]:
+    return (rec["dataset"], rec["id"])
+
+
+def paired_vs_reference(
+    records: list[dict], reference: list[dict], samples: int = 1000, seed: int = 0
+) -> dict | None:
+    """method - reference in EM and F1 over the questions both answered (sorted, so the pairing is fixed)."""
+    from distill.metrics import paired_bootstrap
+
+    mine = {_key(r): rescore(r) for r in records}
+    ref = {_key(r): rescore(r) for r in reference}
+    common = sorted(k for k in mine.keys() & ref.keys() if mine[k] is not None and ref[k] is not None)
+    if not common:
+        return None
+    out: dict[str, Any] = {"n": len(common)}
+    for metric in ("em", "f1"):
+        a = [float(mine[k][metric]) for k in common]
+        b = [float(ref[k][metric]) for k in common]
+        out[metric] = paired_bootstrap(a, b, n=samples, seed=seed)
+    return out
+
+
+def tokens_by(records: list[dict], hops: Any) -> dict[str, dict]:
+    """Mean tokens per question (and n, EM) grouped by `hops(rec)`; None groups are left out.
+    Keys are strings in numeric order, so the dict survives a JSON round trip unchanged."""
+    groups: dict[int, list[dict]] = defaultdict(list)
+    for rec in records:
+        h = hops(rec)
+        if h is not None:
+            groups[int(h)].append(rec)
+    out = {}
+    for h in sorted(groups):
+        recs = groups[h]
+        scores = [s for s in (rescore(r) for r in recs) if s is not None]
+        out[str(h)] = {
+            "n": len(recs),
+            "tokens_mean": _mean(r["tokens"]["total"] for r in recs),
+            "llm_calls_mean": _mean(r["llm_calls"] for r in recs),
+            "em": _mean(s["em"] for s in scores),
+        }
+    return out
+
+
+def _rounded(value: Any, digits: int = 6) -> Any:
+    """Round floats for readability; NaN/inf become None so results.json stays valid JSON."""
+    if isinstance(value, float):
+        return round(value, digits) if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(v, digits) for v in value]
+    return value
+
+
+def _select(by_method: dict[str, list[dict]], manifest: dict) -> tuple[list[str], dict[str, list[dict]]]:
+    """Methods in manifest order (others after, alphabetically), restricted to the manifest's questions."""
+    order = [m["name"] for m in manifest.get("methods", []) if m["name"] in by_method]
+    order += sorted(m for m in by_method if m not in order)
+    wanted = {tuple(k) for k in manifest.get("examples", [])}
+    selected = {}
+    for name in order:
+        recs = by_method[name]
+        if wanted:
+            recs = [r for r in recs if _key(r) in wanted]
+        if recs:
+            selected[name] = recs
+    if not selected:
+        raise DistillError("no records match the questions listed in manifest.json")
+    return [m for m in order if m in selected], selected
+
+
+def compute(
+    by_method: dict[str, list[dict]], *, methods: list[str] | None = None, reference: str | None = None,
+    samples: int = 1000, seed: int = 0,
+) -> dict:
+    """The results dict from records grouped by method (the pure core of `recompute`)."""
+    methods = methods or sorted(by_method)
+    reference = reference if reference in by_method else methods[0]
+    per_method = {m: method_metrics(by_method[m], samples, seed) for m in methods}
+    paired = {
+        m: {"reference": reference, **(paired_vs_reference(by_method[m], by_method[reference], samples, seed) or {})}
+        for m in methods
+        if m != reference
+    }
+    rates = sorted({float(r.get("tool_failure_rate", 0.0)) for recs in by_method.values() for r in recs})
+    results = {
+        "format_version": RESULTS_VERSION,
+        "methods": methods,
+        "reference": reference,
+        "bootstrap_samples": samples,
+        "seed": seed,
+        "questions": len({_key(r) for recs in by_method.values() for r in recs}),
+        "datasets": sorted({r["dataset"] for recs in by_method.values() for r in recs}),
+        "tool_failure_rate": rates[0] if len(rates) == 1 else rates,
+        "per_method": per_method,
+        "paired": paired,
+        "tokens_by_hops": {m: tokens_by(by_method[m], hops_of) for m in methods},
+        "tokens_by_gold_hops": {m: tokens_by(by_method[m], lambda r: r.get("gold_hops")) for m in methods},
+        "plots": dict(PLOTS),
+    }
+    return _rounded(results)
+
+
+def _load(output_dir: str | Path) -> tuple[dict, list[str], dict[str, list[dict]]]:
+    manifest = read_manifest(output_dir)
+    methods, by_method = _select(load_records(output_dir), manifest)
+    return manifest, methods, by_method
+
+
+def _compute_from(manifest: dict, methods: list[str], by_method: dict[str, list[dict]]) -> dict:
+    return compute(
+        by_method,
+        methods=methods,
+        reference=manifest.get("reference"),
+        samples=int(manifest.get("bootstrap_samples", 1000)),
+        seed=int(manifest.get("seed", 0)),
+    )
+
+
+def recompute(output_dir: str | Path) -> dict:
+    """results.json, rebuilt from `<output_dir>/records/*.jsonl` (and the manifest's bookkeeping)."""
+    return _compute_from(*_load(output_dir))
+
+
+# --------------------------------------------------------------------------------------------- plots
+
+
+def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str | Path) -> dict[str, str]:
+    """Write the three PNGs beside report.md; returns {plot: file name}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(output_dir)
+    methods = results["methods"]
+    _plot_accuracy(plt, results, methods, out / PLOTS["accuracy_vs_tokens"])
+    _plot_hops(plt, results, methods, out / PLOTS["tokens_by_hops"])
+    _plot_latency(plt, by_method, methods, out / PLOTS["latency"])
+    return dict(PLOTS)
+
+
+def _plot_accuracy(plt, results: dict, methods: list[str], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for m in methods:
+        pm = results["per_method"][m]
+        f1, x = pm["f1"], pm["tokens_mean"]["total"] or 0.0
+        if f1 is None:
+            continue
+        err = [[f1["mean"] - f1["lo"]], [f1["hi"] - f1["mean"]]]
+        ax.errorbar([x], [f1["mean"]], yerr=err, fmt="o", capsize=4, label=m)
+        ax.annotate(m, (x, f1["mean"]), textcoords="offset points", xytext=(6, 6), fontsize=8)
+    ax.set_xlabel("tokens per question (mean)")
+    ax.set_ylabel("F1 (95% bootstrap CI)")
+    ax.set_title("Accuracy against cost")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _plot_hops(plt, results: dict, methods: list[str], path: Path) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    panels = (
+        ("tokens_by_hops", "hops taken (plan steps; ReAct tool actions)"),
+        ("tokens_by_gold_hops", "gold hops (from the dataset)"),
+    )
+    for ax, (key, label) in zip(axes, panels):
+        for m in methods:
+            groups = results[key][m]
+            if not groups:
+                continue
+            xs = [int(h) for h in groups]
+            ax.plot(xs, [groups[h]["tokens_mean"] for h in groups], marker="o", label=m)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel(label)
+        ax.set_ylabel("tokens per question (mean)")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle("Tokens per question by number of hops")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _plot_latency(plt, by_method: dict[str, list[dict]], methods: list[str], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(methods) + 2), 4.2))
+    data = [[float(r.get("wall_s", 0.0)) for r in by_method[m]] for m in methods]
+    ax.boxplot(data, showmeans=True)
+    ax.set_xticks(range(1, len(methods) + 1), methods, rotation=20)
+    ax.set_ylabel("seconds per question (wall)")
+    ax.set_title("Latency")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------ markdown
+
+
+def _f(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _ci_text(ci: dict | None, digits: int = 3) -> str:
+    if ci is None:
+        return "–"
+    return f"{ci['mean']:.{digits}f} [{ci['lo']:.{digits}f}, {ci['hi']:.{digits}f}]"
+
+
+def _money(value: float | None) -> str:
+    return "–" if value is None else f"${value:.5f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _accuracy_rows(results: dict) -> list[list[str]]:
+    rows = []
+    for m in results["methods"]:
+        pm = results["per_method"][m]
+        judge = pm["judge"]
+        rows.append([
+            m, pm["kind"], pm["planner_prompt"] or "–", str(pm["n"]), _ci_text(pm["em"]), _ci_text(pm["f1"]),
+            _f(judge["accuracy"]) if judge else "–", _f(pm["plan_valid_rate"]),
+        ])
+    return rows
+
+
+def _cost_rows(results: dict) -> list[list[str]]:
+    rows = []
+    for m in results["methods"]:
+        pm = results["per_method"][m]
+        tok = pm["tokens_mean"]
+        rows.append([
+            m, _f(pm["steps_mean"], 2), _f(pm["tool_calls_mean"], 2), _f(pm["llm_calls_mean"], 2),
+            _f(tok["planner"], 0), _f(tok["solver"], 0), _f(tok["tools"], 0), _f(tok["total"], 0),
+            _money(pm["cost_per_question_usd"]), _money(pm["cost_per_correct_usd"]),
+            _f(pm["latency_s"]["p50"], 2), _f(pm["latency_s"]["p95"], 2),
+            _f((pm["tool_failures"] or {}).get("rate"), 2),
+        ])
+    return rows
+
+
+def _paired_rows(results: dict) -> list[list[str]]:
+    rows = []
+    for m, p in results["paired"].items():
+        if "em" not in p:
+            rows.append([m, "0", "–", "–", "–", "–"])
+            continue
+        em, f1 = p["em"], p["f1"]
+        rows.append([
+            m, str(p["n"]),
+            f"{em['diff']:+.3f} [{em['lo']:+.3f}, {em['hi']:+.3f}]", _f(em["p_value"]),
+            f"{f1['diff']:+.3f} [{f1['lo']:+.3f}, {f1['hi']:+.3f}]", _f(f1["p_value"]),
+        ])
+    return rows
+
+
+def _hops_table(results: dict, key: str) -> list[str]:
+    columns = sorted({int(h) for groups in results[key].values() for h in groups})
+    if not columns:
+        return ["(no question has this information)"]
+    rows = []
+    for m in results["methods"]:
+        groups = results[key][m]
+        rows.append([m] + [
+            f"{groups[str(h)]['tokens_mean']:.0f} (n={groups[str(h)]['n']})" if str(h) in groups else "–"
+            for h in columns
+        ])
+    return _table(["method"] + [f"{h} hops" for h in columns], rows)
+
+
+def render_markdown(results: dict) -> str:
+    """report.md: the tables of results.json and the plots, linked."""
+    rate = results["tool_failure_rate"]
+    lines = [
+        "# Evaluation report",
+        "",
+        f"{results['questions']} questions ({', '.join(results['datasets'])}); methods: "
+        f"{', '.join(results['methods'])}; reference for the paired tests: **{results['reference']}**; "
+        f"tool failure rate: {rate}; {results['bootstrap_samples']} bootstrap samples (seed {results['seed']}).",
+        "Every number here is recomputed from `records/<method>.jsonl` (`distill.report.recompute`).",
+        "",
+        "## Accuracy",
+        "",
+        *_table(
+            ["method", "kind", "planner prompt", "n", "EM [95% CI]", "F1 [95% CI]", "judge acc", "plan valid"],
+            _accuracy_rows(results),
+        ),
+        "",
+        "## Cost and efficiency (means per question)",
+        "",
+        *_table(
+            ["method", "steps", "tool calls", "LLM calls", "planner tok", "solver tok", "tool tok", "total tok",
+             "$ / question", "$ / correct (EM)", "latency p50 s", "latency p95 s", "tool failures"],
+            _cost_rows(results),
+        ),
+        "",
+        f"## Paired difference against {results['reference']} (method − reference, same questions)",
+        "",
+        *_table(["method", "n", "ΔEM [95% CI]", "p", "ΔF1 [95% CI]", "p"], _paired_rows(results)),
+        "",
+        "## Tokens per question by hops taken",
+        "",
+        "Hops: plan steps for ReWOO, tool actions for ReAct, 0 for Direct. Cells: mean total tokens (questions).",
+        "",
+        *_hops_table(results, "tokens_by_hops"),
+        "",
+        "## Tokens per question by gold hops",
+        "",
+        *_hops_table(results, "tokens_by_gold_hops"),
+        "",
+        "## Planner prompt size (ReWOO)",
+        "",
+        *_table(
+            ["method", "prompt", "planner model", "planner prompt tokens (mean)", "planner tokens (mean)"],
+            [
+                [m, pm["planner_prompt"] or "–", str(pm["planner_model"]), _f(pm["planner_prompt_tokens_mean"], 0),
+                 _f(pm["tokens_mean"]["planner"], 0)]
+                for m, pm in results["per_method"].items()
+                if pm["kind"] == "rewoo"
+            ],
+        ),
+        "",
+        "## By dataset",
+        "",
+        *_table(
+            ["method", "dataset", "n", "EM", "F1"],
+            [
+                [m, ds, str(v["n"]), _f(v["em"]), _f(v["f1"])]
+                for m, pm in results["per_method"].items()
+                for ds, v in pm["by_dataset"].items()
+            ],
+        ),
+        "",
+        "## Plots",
+        "",
+        f"![F1 against tokens per question]({results['plots']['accuracy_vs_tokens']})",
+        "",
+        f"![Tokens per question by hops]({results['plots']['tokens_by_hops']})",
+        "",
+        f"![Latency per question]({results['plots']['latency']})",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_report(output_dir: str | Path) -> dict:
+    """Recompute results from the records; write results.json, report.md and the plots. Returns the results."""
+    from distill.store import write_json
+
+    out = Path(output_dir)
+    manifest, methods, by_method = _load(out)
+    results = _compute_from(manifest, methods, by_method)
+    make_plots(results, by_method, out)
+    write_json(out / "results.json", results)
+    (out / "report.md").write_text(render_markdown(results))
+    return results

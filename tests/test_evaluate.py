@@ -1,0 +1,303 @@
+"""`distill eval`: config checks, question selection, injected tool failures, endpoints, and the whole command."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from distill import cli
+from distill.config import load_config, validate
+from distill.errors import DistillError
+from distill.evaluate import (
+    EvalConfig,
+    FailingTool,
+    InjectedToolFailure,
+    build_method,
+    gold_hops,
+    load_eval_examples,
+    methods_of,
+    tool_fails,
+    with_tool_failures,
+)
+from distill.metrics import score
+from distill.rewoo.plan import parse_plan
+from distill.rewoo.worker import NO_EVIDENCE, run_plan
+from distill.store import read_jsonl
+from distill.tools.calculator import Calculator
+from distill.tools.llm_tool import LLMTool
+from distill.tools.wikipedia import ScopedWikipedia
+
+ROOT = Path(__file__).resolve().parents[1]
+MINI = ROOT / "tests" / "fixtures" / "hotpot_mini.jsonl"
+TRIVIA = ROOT / "tests" / "fixtures" / "data" / "trivia.jsonl"
+
+PLANNER = {"backend": "transformers", "model": "smollm2-135m-instruct", "max_tokens": 16}
+BASE = {"datasets": [{"name": "hotpotqa", "source": str(MINI), "split": "dev", "n": 2}], "baselines": ["direct"]}
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+
+def test_config_accepts_a_list_or_a_mapping_of_planners():
+    listed = validate(EvalConfig, BASE | {"planners": [{"name": "teacher", "prompt": "fewshot", "spec": PLANNER}]})
+    mapped = validate(EvalConfig, BASE | {"planners": {"teacher": {"prompt": "fewshot", "spec": PLANNER}}})
+    assert listed == mapped
+    assert [(m.name, m.kind, m.prompt) for m in methods_of(listed)] == [
+        ("teacher", "rewoo", "fewshot"), ("direct", "direct", None)
+    ]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"planners": [{"name": "a", "prompt": "fewshot", "spec": PLANNER}] * 2}, "unique; repeated: a"),
+        ({"planners": [{"name": "react", "prompt": "zeroshot", "spec": PLANNER}]}, "reserved"),
+        ({"planners": [{"name": "a/b", "prompt": "zeroshot", "spec": PLANNER}]}, "names a file"),
+        ({"planners": [{"name": "a", "prompt": "oneshot", "spec": PLANNER}]}, "planners.0.prompt"),
+        ({"baselines": ["cot"]}, "baselines.0"),
+        ({"baselines": []}, "nothing to evaluate"),
+        ({"planner": PLANNER}, "planner is not used by eval"),
+        ({"tool_failure_rate": 1.5}, "tool_failure_rate"),
+        ({"react_max_steps": 0}, "react_max_steps"),
+    ],
+)
+def test_config_errors_are_one_line_distill_errors(extra, message):
+    with pytest.raises(DistillError, match=message) as info:
+        validate(EvalConfig, BASE | extra)
+    assert "\n" not in str(info.value)
+
+
+def test_shipped_configs_load_with_openai_planners():
+    demo = load_config(EvalConfig, ROOT / "configs" / "eval_smollm2_cpu.yaml")
+    assert [m.name for m in methods_of(demo)] == ["teacher", "student", "base", "react", "direct"]
+    student = next(p for p in demo.planners if p.name == "student")
+    assert student.spec.backend == "openai" and student.spec.model == "planner" and student.prompt == "zeroshot"
+    real = load_config(EvalConfig, ROOT / "configs" / "eval_hotpot_trivia_7b.yaml")
+    assert [d.n for d in real.datasets] == [500, 500] and real.solver.api_key_env == "OPENAI_API_KEY"
+    assert next(p for p in real.planners if p.name == "student").spec.base_urls == ["http://127.0.0.1:8000/v1"]
+    first = (ROOT / "configs" / "eval_hotpot_trivia_7b.yaml").read_text().splitlines()[0]
+    assert first.startswith("# ") and "distill eval --config configs/eval_hotpot_trivia_7b.yaml" in first
+
+
+def test_an_openai_planner_is_wired_to_its_server_and_says_when_it_is_unreachable():
+    from distill.llm.openai_backend import OpenAIChat
+    from distill.serve import free_port
+
+    port = free_port()
+    spec = {"backend": "openai", "base_url": f"http://127.0.0.1:{port}/v1", "model": "planner", "max_retries": 0,
+            "timeout_s": 5}
+    cfg = validate(EvalConfig, BASE | {"planners": [{"name": "student", "prompt": "zeroshot", "spec": spec}],
+                                       "solver": spec | {"model": "smollm2-135m-instruct"}, "tools": ["Calculator"]})
+    agent = build_method(cfg, methods_of(cfg)[0])
+    assert isinstance(agent.planner, OpenAIChat) and agent.planner.name == "planner" and not agent.fewshot
+    assert str(agent.planner._clients[0].base_url).rstrip("/") == f"http://127.0.0.1:{port}/v1"
+    assert agent.method == "student"
+    example = load_eval_examples(cfg)[0]
+    with pytest.raises(DistillError, match="cannot reach"):
+        asyncio.run(agent.run(example))
+
+
+# --------------------------------------------------------------------------------------------- questions
+
+
+def test_first_n_questions_in_file_order_and_gold_hops():
+    cfg = validate(EvalConfig, BASE | {"datasets": [
+        {"name": "hotpotqa", "source": str(MINI), "split": "dev", "n": 3},
+        {"name": "triviaqa", "source": str(TRIVIA), "split": "dev", "n": 1},
+    ]})
+    examples = load_eval_examples(cfg)
+    file_ids = [json.loads(line)["_id"] for line in MINI.read_text().splitlines()[:3]]
+    assert [e.id for e in examples[:3]] == file_ids
+    assert [gold_hops(e) for e in examples] == [2, 2, 2, None]
+    assert examples[3].dataset == "triviaqa"
+
+
+def test_asking_for_more_questions_than_a_file_has_is_an_error():
+    cfg = validate(EvalConfig, BASE | {"datasets": [{"name": "hotpotqa", "source": str(MINI), "split": "dev", "n": 99}]})
+    with pytest.raises(DistillError, match="n=99"):
+        load_eval_examples(cfg)
+
+
+def test_the_same_file_twice_is_refused_because_ids_key_the_records():
+    ds = {"name": "hotpotqa", "source": str(MINI), "split": "dev", "n": 1}
+    with pytest.raises(DistillError, match="occurs twice"):
+        load_eval_examples(validate(EvalConfig, BASE | {"datasets": [ds, ds]}))
+
+
+def test_resuming_into_a_run_made_with_other_settings_is_refused_before_any_model_loads(tmp_path):
+    from distill.evaluate import evaluate
+    from distill.store import write_jsonl
+
+    out = tmp_path / "eval"
+    old = {"method": "direct", "id": "mini-1", "kind": "direct", "tool_failure_rate": 0.0,
+           "solver": {"model": "smollm2-135m-instruct"}, "planner": None, "planner_prompt": None}
+    write_jsonl(out / "records" / "direct.jsonl", [old])
+    cfg = validate(EvalConfig, BASE | {"output_dir": str(out), "tool_failure_rate": 1.0})
+    with pytest.raises(DistillError, match="tool_failure_rate 0.0, but the config says 1.0"):
+        evaluate(cfg)
+    assert not (out / "manifest.json").exists()
+    other_solver = validate(EvalConfig, BASE | {"output_dir": str(out), "solver": {"model": "other"}})
+    with pytest.raises(DistillError, match="solver model"):
+        evaluate(other_solver)
+
+
+# ----------------------------------------------------------------------------------------- tool failures
+
+
+def real_tools() -> dict:
+    """Calculator, a scoped Wikipedia, and an LLM tool with no model: if it were ever called it would fail
+    with an AttributeError, so an injected failure must be what stops it."""
+    wiki = ScopedWikipedia([("Carmen", "Carmen is an opera by Georges Bizet."), ("Aida", "Aida is by Verdi.")])
+    return {"Calculator": Calculator(), "Wikipedia": wiki, "LLM": LLMTool(None)}
+
+
+PLAN = parse_plan(
+    "Plan: a\n#E1 = Wikipedia[Carmen]\nPlan: b\n#E2 = Calculator[2 + 3]\nPlan: c\n#E3 = LLM[Who wrote #E1?]\n"
+    "Plan: d\n#E4 = Calculator[#E2 * 2]"
+)
+
+
+def test_rate_one_makes_every_evidence_no_evidence_found():
+    tools = with_tool_failures(real_tools(), 1.0, 0, "q1")
+    evidence = asyncio.run(run_plan(PLAN, tools))
+    assert len(evidence) == 4
+    assert all(e.output == NO_EVIDENCE and e.status == "error" for e in evidence)
+    assert all(e.error.startswith("InjectedToolFailure") for e in evidence)
+    assert tools["LLM"].calls == []  # delegated attribute; the model was never called
+    assert sum(t.injected for t in tools.values()) == 4
+
+
+def test_rate_zero_leaves_the_tools_alone():
+    tools = real_tools()
+    wrapped = with_tool_failures(tools, 0.0, 0, "q1")
+    assert all(wrapped[name] is tools[name] for name in tools)
+    out = asyncio.run(run_plan(parse_plan("Plan: x\n#E1 = Calculator[6 * 7]"), wrapped))
+    assert out[0].output == "42" and out[0].status == "ok"
+
+
+def test_rate_point_three_is_deterministic_and_about_right():
+    queries = [f"{i} + 1" for i in range(400)]
+
+    async def outcomes(seed: int, example_id: str) -> list[str]:
+        tool = FailingTool(Calculator(), 0.3, seed, example_id)
+        results = []
+        for q in queries:
+            try:
+                results.append(await tool.run(q))
+            except InjectedToolFailure:
+                results.append(NO_EVIDENCE)
+        return results
+
+    first = asyncio.run(outcomes(0, "q1"))
+    assert first == asyncio.run(outcomes(0, "q1"))  # reproducible
+    failed = first.count(NO_EVIDENCE)
+    assert 0.22 < failed / len(queries) < 0.38
+    assert all(out == str(i + 1) for i, out in enumerate(first) if out != NO_EVIDENCE)
+    assert asyncio.run(outcomes(1, "q1")) != first  # the seed matters
+    assert asyncio.run(outcomes(0, "q2")) != first  # and so does the example
+    decisions = Counter(tool_fails(0.3, 0, "q1", "Calculator", q) for q in queries)
+    assert decisions[True] == failed
+
+
+def test_the_same_call_fails_for_every_method():
+    """Two tool sets built for the same question (two methods) fail the same calls."""
+    a = with_tool_failures(real_tools(), 0.5, 9, "q7")
+    b = with_tool_failures(real_tools(), 0.5, 9, "q7")
+    plan = parse_plan("\n".join(f"Plan: p\n#E{i} = Calculator[{i} * 3]" for i in range(1, 41)))
+    out_a = [e.output for e in asyncio.run(run_plan(plan, a))]
+    out_b = [e.output for e in asyncio.run(run_plan(plan, b))]
+    assert out_a == out_b and NO_EVIDENCE in out_a and any(o != NO_EVIDENCE for o in out_a)
+
+
+# --------------------------------------------------------------------------------------- end to end
+
+
+RECORD_FIELDS = {
+    "format_version", "id", "dataset", "question", "answers", "method", "sample", "planner", "plan", "evidence",
+    "solver", "prediction", "scores", "tokens", "cost_usd", "wall_s", "llm_calls", "tool_calls", "kind",
+    "gold_hops", "tool_failure_rate",
+}
+METHOD_FIELDS = {
+    "kind", "n", "em", "f1", "judge", "plan_valid_rate", "steps_mean", "tool_calls_mean", "llm_calls_mean",
+    "tokens_mean", "planner_prompt_tokens_mean", "cost_per_question_usd", "cost_per_correct_usd", "latency_s",
+    "by_dataset", "hops_mean",
+}
+
+
+def write_eval_config(tmp_path: Path) -> Path:
+    spec = {"backend": "transformers", "model": "smollm2-135m-instruct", "max_tokens": 32}
+    cfg = {
+        "planners": [{"name": "teacher", "prompt": "fewshot", "spec": spec},
+                     {"name": "base", "prompt": "zeroshot", "spec": spec}],
+        "baselines": ["react", "direct"],
+        "solver": {"backend": "transformers", "model": "smollm2-135m-instruct", "max_tokens": 8},
+        "tools": ["Wikipedia", "LLM"],
+        "wikipedia_scope": "question",
+        "wikipedia_corpus": None,
+        "datasets": [{"name": "hotpotqa", "source": str(MINI), "split": "dev", "n": 2}],
+        "output_dir": str(tmp_path / "eval"),
+        "concurrency": 1,
+        "react_max_steps": 2,
+        "react_max_tokens": 24,
+        "tool_failure_rate": 0.3,
+        "bootstrap_samples": 200,
+    }
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_distill_eval_end_to_end_recomputes_and_resumes(tmp_path, capsys):
+    from distill.report import recompute
+
+    config = write_eval_config(tmp_path)
+    assert cli.main(["eval", "--config", str(config)]) == 0
+    out = tmp_path / "eval"
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2] == f"report: {out / 'report.md'}" and lines[-1] == f"results: {out / 'results.json'}"
+
+    methods = ["teacher", "base", "react", "direct"]
+    records = {m: read_jsonl(out / "records" / f"{m}.jsonl") for m in methods}
+    for m, recs in records.items():
+        assert sorted(r["id"] for r in recs) == ["mini-1", "mini-2"] and {r["method"] for r in recs} == {m}
+        for r in recs:
+            assert RECORD_FIELDS <= set(r), RECORD_FIELDS - set(r)
+            expected = score(r["dataset"], r["prediction"], r["answers"])
+            assert (r["scores"]["em"], r["scores"]["f1"]) == (expected["em"], expected["f1"])
+            assert r["tokens"]["total"] == r["tokens"]["planner"] + r["tokens"]["solver"] + r["tokens"]["tools"]
+            assert r["tool_failure_rate"] == 0.3 and r["gold_hops"] == 2
+    assert all(r["planner"] is None and r["plan"]["steps"] == [] for r in records["direct"])
+    assert all(r["llm_calls"] == 1 for r in records["direct"])
+    assert all(1 <= len(r["react"]["steps"]) <= 2 for r in records["react"])
+    teacher_prompt = records["teacher"][0]["planner"]["usage"]["prompt_tokens"]
+    assert teacher_prompt > records["base"][0]["planner"]["usage"]["prompt_tokens"]  # few-shot is longer
+
+    results = json.loads((out / "results.json").read_text())
+    assert results == recompute(out)
+    assert results["methods"] == methods and results["reference"] == "teacher"
+    for m in methods:
+        assert METHOD_FIELDS <= set(results["per_method"][m])
+        assert results["per_method"][m]["n"] == 2
+    assert set(results["paired"]) == {"base", "react", "direct"}
+    assert all({"em", "f1", "n"} <= set(p) for p in results["paired"].values())
+    assert results["per_method"]["teacher"]["planner_prompt_tokens_mean"] == teacher_prompt
+    assert set(results["tokens_by_hops"]) == set(methods) and results["tokens_by_gold_hops"]["react"]["2"]["n"] == 2
+    for name in results["plots"].values():
+        assert (out / name).stat().st_size > 1000
+    report = (out / "report.md").read_text()
+    assert all(f"]({name})" in report for name in results["plots"].values())
+
+    sizes = {m: (out / "records" / f"{m}.jsonl").stat().st_size for m in methods}
+    assert cli.main(["eval", "--config", str(config)]) == 0  # resumes: every record is already there
+    assert {m: (out / "records" / f"{m}.jsonl").stat().st_size for m in methods} == sizes
+    assert json.loads((out / "results.json").read_text()) == results
+    assert cli.main(["eval", "--config", str(config), "--report-only"]) == 0
+    assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
+

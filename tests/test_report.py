@@ -1,0 +1,234 @@
+"""The evaluation report from hand-made records: bootstrap CIs, paired tests, per-hop tokens, recomputation."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from distill.errors import DistillError
+from distill.metrics import bootstrap_ci, paired_bootstrap, score
+from distill.report import (
+    compute,
+    hops_of,
+    method_metrics,
+    paired_vs_reference,
+    recompute,
+    render_markdown,
+    tokens_by,
+    write_report,
+)
+from distill.store import write_json, write_jsonl
+
+
+def rec(
+    method: str,
+    qid: str,
+    prediction: str,
+    answer: str,
+    *,
+    kind: str = "rewoo",
+    steps: int = 2,
+    tokens: int = 100,
+    cost: float = 0.0,
+    wall: float = 1.0,
+    valid: bool = True,
+    gold_hops: int | None = 2,
+    judge: bool | None | str = "absent",
+    dataset: str = "hotpotqa",
+    planner_prompt_tokens: int = 50,
+    evidence_status: str = "ok",
+) -> dict:
+    """A record in the trajectory format with just what the report reads; scores as the agents store them."""
+    plan_steps = [{"id": f"#E{i}", "description": "", "tool": "Wikipedia", "input": "x", "deps": []} for i in
+                  range(1, steps + 1)]
+    evidence = [{"id": s["id"], "tool": "Wikipedia", "input": "x", "output": "y", "status": evidence_status,
+                 "error": None, "start_s": 0.0, "end_s": 0.1} for s in plan_steps]
+    r = {
+        "format_version": 1, "id": qid, "dataset": dataset, "question": f"q {qid}?", "answers": [answer],
+        "method": method, "sample": 0, "kind": kind, "planner_prompt": "zeroshot" if kind == "rewoo" else None,
+        "planner": {"model": "p", "usage": {"prompt_tokens": planner_prompt_tokens, "completion_tokens": 10}}
+        if kind == "rewoo" else None,
+        "plan": {"valid": valid, "steps": plan_steps, "errors": []} if kind == "rewoo"
+        else {"valid": None, "steps": [], "errors": []},
+        "evidence": evidence if kind != "direct" else [],
+        "solver": {"model": "s", "usage": {"prompt_tokens": 1, "completion_tokens": 1}},
+        "prediction": prediction,
+        "scores": dict(score(dataset, prediction, [answer])),
+        "tokens": {"planner": tokens // 2 if kind == "rewoo" else 0, "solver": tokens - (tokens // 2 if kind == "rewoo"
+                   else 0), "tools": 0, "total": tokens},
+        "llm_calls": 2 if kind == "rewoo" else (steps + 1 if kind == "react" else 1),
+        "cost_usd": cost, "wall_s": wall, "gold_hops": gold_hops, "tool_failure_rate": 0.0,
+    }
+    if kind == "react":
+        actions = [{"action": {"tool": "Wikipedia", "input": "x", "error": None}} for _ in range(steps)]
+        r["react"] = {"steps": actions + [{"action": {"tool": "Finish", "input": prediction, "error": None}}],
+                      "finished": True}
+    if judge != "absent":
+        r["scores"]["judge"] = judge
+    return r
+
+
+def test_em_f1_ci_are_the_bootstrap_of_the_rescored_predictions():
+    preds = [("Paris", "Paris"), ("Lyon", "Paris"), ("the Danube river", "Danube"), ("no", "no"), ("x", "y")]
+    records = [rec("m", f"q{i}", p, a) for i, (p, a) in enumerate(preds)]
+    records[1]["scores"] = {"em": 1, "f1": 1.0}  # a wrong stored score must not leak into the report
+    m = method_metrics(records, samples=500, seed=3)
+    em = [float(score("hotpotqa", p, [a])["em"]) for p, a in preds]
+    f1 = [float(score("hotpotqa", p, [a])["f1"]) for p, a in preds]
+    assert (m["em"]["mean"], m["em"]["lo"], m["em"]["hi"]) == pytest.approx(bootstrap_ci(em, n=500, seed=3))
+    assert (m["f1"]["mean"], m["f1"]["lo"], m["f1"]["hi"]) == pytest.approx(bootstrap_ci(f1, n=500, seed=3))
+    assert m["em"]["mean"] == pytest.approx(0.4) and m["em"]["lo"] <= 0.4 <= m["em"]["hi"]
+    assert m["n"] == 5 and m["n_scored"] == 5
+
+
+def test_method_metrics_cost_latency_judge_validity():
+    records = [
+        rec("m", "a", "Paris", "Paris", cost=0.02, wall=1.0, judge=True, valid=True),
+        rec("m", "b", "Rome", "Paris", cost=0.04, wall=2.0, judge=False, valid=False),
+        rec("m", "c", "Paris", "Paris", cost=0.06, wall=10.0, judge=None, valid=True, evidence_status="error"),
+    ]
+    m = method_metrics(records)
+    assert m["cost_per_question_usd"] == pytest.approx(0.04)
+    assert m["cost_per_correct_usd"] == pytest.approx(0.12 / 2)  # two EM-correct answers
+    assert m["judge"] == {"accuracy": 0.5, "n_judged": 2, "unparsed": 1}
+    assert m["plan_valid_rate"] == pytest.approx(2 / 3)
+    assert m["latency_s"]["p50"] == pytest.approx(2.0)
+    assert m["latency_s"]["p95"] == pytest.approx(float(np.percentile([1.0, 2.0, 10.0], 95)))
+    assert m["tool_failures"]["rate"] == pytest.approx(2 / 6)
+    assert m["planner_prompt_tokens_mean"] == 50
+    none_right = method_metrics([rec("m", "a", "Rome", "Paris", cost=0.5)])
+    assert none_right["cost_per_correct_usd"] is None
+
+
+def test_kinds_hops_and_non_rewoo_fields():
+    direct = method_metrics([rec("direct", "a", "x", "x", kind="direct", steps=0)])
+    assert direct["plan_valid_rate"] is None and direct["planner_prompt_tokens_mean"] is None
+    assert direct["hops_mean"] == 0 and direct["tool_calls_mean"] == 0
+    react = rec("react", "a", "x", "x", kind="react", steps=3)
+    assert hops_of(react) == 3  # tool actions, Finish not counted
+    m = method_metrics([react])
+    assert m["steps_mean"] == 4 and m["tool_calls_mean"] == 3 and m["react_finished_rate"] == 1.0
+
+
+def test_tokens_by_hops_groups_and_orders_numerically():
+    rewoo = [rec("t", f"r{i}", "x", "x", steps=s, tokens=t) for i, (s, t) in
+             enumerate([(2, 300), (2, 310), (3, 305), (10, 320), (1, 290)])]
+    react = [rec("react", f"r{i}", "x", "y", kind="react", steps=s, tokens=t) for i, (s, t) in
+             enumerate([(1, 800), (2, 1500), (2, 1700), (3, 2600)])]
+    by = tokens_by(rewoo, hops_of)
+    assert list(by) == ["1", "2", "3", "10"]  # numeric order, string keys (JSON-stable)
+    assert by["2"] == {"n": 2, "tokens_mean": 305.0, "llm_calls_mean": 2.0, "em": 1.0}
+    assert tokens_by(react, hops_of) == {
+        "1": {"n": 1, "tokens_mean": 800.0, "llm_calls_mean": 2.0, "em": 0.0},
+        "2": {"n": 2, "tokens_mean": 1600.0, "llm_calls_mean": 3.0, "em": 0.0},
+        "3": {"n": 1, "tokens_mean": 2600.0, "llm_calls_mean": 4.0, "em": 0.0},
+    }
+    mixed = [rec("t", "a", "x", "x", gold_hops=2), rec("t", "b", "x", "x", gold_hops=None, dataset="triviaqa"),
+             rec("t", "c", "x", "x", gold_hops=3, tokens=200)]
+    assert tokens_by(mixed, lambda r: r["gold_hops"]) == {
+        "2": {"n": 1, "tokens_mean": 100.0, "llm_calls_mean": 2.0, "em": 1.0},
+        "3": {"n": 1, "tokens_mean": 200.0, "llm_calls_mean": 2.0, "em": 1.0},
+    }
+
+
+def test_paired_uses_common_questions_in_a_fixed_order():
+    answers = {f"q{i}": "Paris" for i in range(30)}
+    rng = random.Random(0)
+    ref = [rec("teacher", q, "Paris" if rng.random() < 0.7 else "Rome", a) for q, a in answers.items()]
+    mine = [rec("student", q, "Paris" if rng.random() < 0.5 else "Rome", a) for q, a in answers.items()]
+    mine.append(rec("student", "only-mine", "Paris", "Paris"))  # not answered by the reference: left out
+    out = paired_vs_reference(mine, ref, samples=400, seed=1)
+    keys = sorted(("hotpotqa", q) for q in answers)
+    pick = lambda rs: {("hotpotqa", r["id"]): r for r in rs}  # noqa: E731
+    a = [float(pick(mine)[k]["scores"]["em"]) for k in keys]
+    b = [float(pick(ref)[k]["scores"]["em"]) for k in keys]
+    assert out["n"] == 30
+    assert out["em"] == pytest.approx(paired_bootstrap(a, b, n=400, seed=1))
+    shuffled = mine[:]
+    random.Random(5).shuffle(shuffled)
+    assert paired_vs_reference(shuffled, ref, samples=400, seed=1) == out
+    assert paired_vs_reference([rec("x", "zz", "a", "a")], ref) is None
+
+
+def write_run(tmp_path: Path, by_method: dict[str, list[dict]], manifest: dict | None = None) -> Path:
+    out = tmp_path / "run"
+    for name, records in by_method.items():
+        write_jsonl(out / "records" / f"{name}.jsonl", records)
+    if manifest is not None:
+        write_json(out / "manifest.json", manifest)
+    return out
+
+
+def sample_run() -> dict[str, list[dict]]:
+    rng = random.Random(7)
+    qs = [f"q{i}" for i in range(12)]
+    gold = {q: rng.choice(["Paris", "yes", "Danube", "1879"]) for q in qs}
+
+    def guess(q: str, p: float) -> str:
+        return gold[q] if rng.random() < p else "wrong"
+
+    return {
+        "teacher": [rec("teacher", q, guess(q, 0.8), gold[q], steps=rng.randint(1, 4), tokens=rng.randint(600, 900),
+                        cost=0.001, wall=rng.uniform(1, 3)) for q in qs],
+        "student": [rec("student", q, guess(q, 0.7), gold[q], steps=rng.randint(1, 4), tokens=rng.randint(300, 400),
+                        wall=rng.uniform(1, 2)) for q in qs],
+        "react": [rec("react", q, guess(q, 0.6), gold[q], kind="react", steps=(s := rng.randint(1, 4)),
+                      tokens=700 * s, wall=rng.uniform(2, 6)) for q in qs],
+        "direct": [rec("direct", q, guess(q, 0.3), gold[q], kind="direct", steps=0, tokens=60, wall=0.3)
+                   for q in qs],
+    }
+
+
+def test_write_report_equals_recompute_and_has_every_section(tmp_path):
+    runs = sample_run()
+    manifest = {"methods": [{"name": n} for n in ("teacher", "student", "react", "direct")], "reference": "teacher",
+                "bootstrap_samples": 300, "seed": 0,
+                "examples": [["hotpotqa", r["id"]] for r in runs["teacher"]]}
+    out = write_run(tmp_path, runs, manifest)
+    results = write_report(out)
+    on_disk = json.loads((out / "results.json").read_text())
+    assert on_disk == results == recompute(out)
+    assert results["methods"] == ["teacher", "student", "react", "direct"]
+    assert set(results["paired"]) == {"student", "react", "direct"}
+    assert results["bootstrap_samples"] == 300 and results["questions"] == 12
+    for name in results["plots"].values():
+        assert (out / name).stat().st_size > 1000
+    report = (out / "report.md").read_text()
+    for needle in ("## Accuracy", "EM [95% CI]", "F1 [95% CI]", "plan valid", "LLM calls", "$ / correct (EM)",
+                   "latency p95 s", "ΔEM [95% CI]", "by hops taken", "by gold hops", "Planner prompt size",
+                   "](accuracy_vs_tokens.png)", "](tokens_by_hops.png)", "](latency.png)"):
+        assert needle in report, needle
+    for name in results["methods"]:
+        assert f"| {name} |" in report
+
+
+def test_manifest_selects_questions_and_method_order(tmp_path):
+    runs = sample_run()
+    runs["teacher"].append(rec("teacher", "stale", "x", "x"))  # from an earlier, larger run
+    keep = [["hotpotqa", f"q{i}"] for i in range(12)]
+    manifest = {"methods": [{"name": "direct"}, {"name": "teacher"}], "reference": "direct", "examples": keep,
+                "bootstrap_samples": 100, "seed": 2}
+    results = recompute(write_run(tmp_path, runs, manifest))
+    assert results["methods"][:2] == ["direct", "teacher"]  # manifest order, then the rest alphabetically
+    assert results["methods"][2:] == ["react", "student"]
+    assert results["reference"] == "direct" and results["per_method"]["teacher"]["n"] == 12
+
+
+def test_without_manifest_methods_are_alphabetical(tmp_path):
+    results = recompute(write_run(tmp_path, sample_run()))
+    assert results["methods"] == sorted(results["methods"]) and results["reference"] == results["methods"][0]
+
+
+def test_no_records_is_a_clear_error(tmp_path):
+    with pytest.raises(DistillError, match="no per-example records"):
+        recompute(tmp_path)
+
+
+def test_markdown_renders_missing_values_as_dashes():
+    results = compute({"direct": [rec("direct", "a", "x", "y", kind="direct", steps=0)]})
+    text = render_markdown(results)
+    assert "| direct | direct | – | 1 |" in text and "nan" not in text.lower()

@@ -1,0 +1,259 @@
+"""LoRA SFT (`distill.train`): completion-only loss in the batches the trainer really uses, the training prompt
+equal to the inference prompt, adapter-only updates, config arithmetic, and a CPU smoke run end to end."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import yaml
+
+from distill.config import load_config
+from distill.errors import DistillError
+from distill.rewoo.prompts import planner_messages
+from distill.sft_data import build_sft_data, tool_descriptions
+from distill.train import TrainConfig, gradient_accumulation_steps
+from test_sft_data import TOOLS, kept_records, write_kept
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+SMOKE = CONFIGS / "smollm2-135m_lora_cpu.yaml"
+TRAIN_CONFIGS = sorted(CONFIGS.glob("*lora_*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def sft_dir(tmp_path_factory) -> Path:
+    """12 kept records over 6 questions -> 8 train examples (4 questions) and 4 validation (2 questions)."""
+    root = tmp_path_factory.mktemp("sft")
+    kept = write_kept(root / "kept.jsonl", kept_records())
+    build_sft_data(kept, root / "sft", tools=TOOLS, val_fraction=0.34, seed=0, tokenizer=None)
+    return root / "sft"
+
+
+@pytest.fixture(scope="module")
+def trainer(sft_dir, tmp_path_factory):
+    from distill.train import build_trainer
+
+    cfg = TrainConfig(
+        dataset_dir=str(sft_dir), output_dir=str(tmp_path_factory.mktemp("out")), torch_dtype="float32",
+        per_device_train_batch_size=2, global_batch_size=2, max_steps=2, learning_rate=1e-3, warmup_ratio=0.0,
+        eval_strategy="no", save_strategy="no", logging_steps=1,
+    )
+    return build_trainer(cfg)
+
+
+def _expected_sequences(tokenizer, sft_dir: Path) -> dict[tuple[int, ...], int]:
+    """Full prompt+completion ids of every example -> the number of prompt tokens, from the raw dataset."""
+    from datasets import load_from_disk
+
+    out = {}
+    for split in ("train", "validation"):
+        for ex in load_from_disk(str(sft_dir))[split]:
+            full = _ids(tokenizer.apply_chat_template(ex["prompt"] + ex["completion"], tokenize=True))
+            prompt = _ids(tokenizer.apply_chat_template(ex["prompt"], add_generation_prompt=True, tokenize=True))
+            assert full[: len(prompt)] == prompt
+            out[tuple(full)] = len(prompt)
+    return out
+
+
+def _ids(out) -> list[int]:
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+def _batches(trainer) -> list[dict]:
+    return list(trainer.get_train_dataloader())
+
+
+def test_prompt_tokens_get_no_loss_in_the_trainer_batches(trainer, sft_dir):
+    expected = _expected_sequences(trainer.processing_class, sft_dir)
+    seen = 0
+    for batch in _batches(trainer):
+        assert set(batch) >= {"input_ids", "attention_mask", "labels"}
+        for ids, mask, labels in zip(batch["input_ids"].tolist(), batch["attention_mask"].tolist(), batch["labels"].tolist()):
+            length = sum(mask)
+            assert mask == [1] * length + [0] * (len(mask) - length)  # right padding
+            prompt_len = expected[tuple(ids[:length])]
+            assert labels[:prompt_len] == [-100] * prompt_len  # the whole prompt, generation header included
+            assert labels[prompt_len:length] == ids[prompt_len:length]  # every completion token, <|im_end|> too
+            assert labels[length:] == [-100] * (len(labels) - length)  # padding
+            assert ids[length - 2] == trainer.processing_class.convert_tokens_to_ids("<|im_end|>")
+            seen += 1
+    assert seen == 8  # one epoch of the train split
+
+
+def test_training_prompt_is_what_inference_sends(trainer, smollm2):
+    """The prompt ids in the training batch are the ids TransformersChat sends for the same question."""
+    tools = tool_descriptions(TOOLS)
+    inference = {}
+    for record in kept_records():
+        ids = smollm2.prompt_ids(planner_messages(record["question"], tools, fewshot=False))
+        inference[tuple(ids)] = record["question"]
+    matched = set()
+    for batch in _batches(trainer):
+        for ids, labels in zip(batch["input_ids"].tolist(), batch["labels"].tolist()):
+            prompt_len = next(i for i, lab in enumerate(labels) if lab != -100)
+            assert tuple(ids[:prompt_len]) in inference, trainer.processing_class.decode(ids[:prompt_len])
+            matched.add(inference[tuple(ids[:prompt_len])])
+    assert len(matched) == 4
+
+
+def test_a_few_steps_change_the_adapter_and_not_the_base(trainer):
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    lora = [n for n in before if "lora_" in n]
+    assert lora and all(trainer.model.get_parameter(n).requires_grad for n in lora)
+    assert not any(p.requires_grad for n, p in trainer.model.named_parameters() if "lora_" not in n)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    after = dict(trainer.model.named_parameters())
+    changed = [n for n in lora if not after[n].detach().equal(before[n])]
+    assert len(changed) == len(lora)  # every A and B matrix moved (B starts at zero)
+    base = [n for n in before if "lora_" not in n]
+    assert len(base) > 200 and all(after[n].detach().equal(before[n]) for n in base)
+
+
+def test_every_config_file_parses():
+    files = sorted(CONFIGS.rglob("*.yaml"))
+    assert len(files) >= 9 and len(TRAIN_CONFIGS) == 3
+    for path in files:
+        assert isinstance(yaml.safe_load(path.read_text()), dict), path
+    for path in TRAIN_CONFIGS:
+        cfg = load_config(TrainConfig, path)
+        first = path.read_text().splitlines()[0]
+        assert first.startswith("#"), f"{path.name} must open with the command to run"
+        assert cfg.global_batch_size % cfg.per_device_train_batch_size == 0
+    for path in sorted((CONFIGS / "accelerate").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        for key in ("compute_environment", "distributed_type", "mixed_precision", "num_machines", "num_processes"):
+            assert key in data, f"{path.name}: no {key}"
+        assert data["distributed_type"] in {"NO", "MULTI_GPU", "DEEPSPEED", "FSDP"}
+    acc = {p.stem: yaml.safe_load(p.read_text()) for p in (CONFIGS / "accelerate").glob("*.yaml")}
+    assert set(acc) >= {"single_gpu", "multi_gpu", "deepspeed_zero3", "fsdp", "cpu"}
+    assert acc["deepspeed_zero3"]["deepspeed_config"]["zero_stage"] == 3
+    assert acc["fsdp"]["fsdp_config"]["fsdp_version"] == 2
+    assert acc["cpu"]["use_cpu"] is True and acc["cpu"]["mixed_precision"] == "no"
+    assert acc["single_gpu"]["num_processes"] == 1
+
+
+def test_paper_hyperparameters_and_qlora():
+    lora = load_config(TrainConfig, CONFIGS / "qwen2.5-7b_lora_gpu.yaml")
+    assert (lora.lora_r, lora.lora_alpha, lora.lora_dropout, lora.learning_rate) == (8, 16, 0.05, 1e-4)
+    assert (lora.global_batch_size, lora.num_train_epochs, lora.lr_scheduler_type, lora.warmup_ratio) == (128, 10, "cosine", 0.03)
+    assert lora.bf16 and lora.gradient_checkpointing and not lora.load_in_4bit
+    qlora = load_config(TrainConfig, CONFIGS / "qwen2.5-7b_qlora_gpu.yaml")
+    assert qlora.load_in_4bit and qlora.per_device_train_batch_size == 4 and qlora.global_batch_size == 128
+    smoke = load_config(TrainConfig, SMOKE)
+    assert smoke.torch_dtype == "float32" and not smoke.bf16 and smoke.report_to == "none" and smoke.eval_on_start
+
+
+@pytest.mark.parametrize(
+    "config, expected",
+    [("qwen2.5-7b_lora_gpu.yaml", {1: 16, 2: 8, 8: 2}), ("qwen2.5-7b_qlora_gpu.yaml", {1: 32, 2: 16, 8: 4}),
+     ("smollm2-135m_lora_cpu.yaml", {1: 2, 2: 1})],
+)
+def test_effective_batch_stays_at_the_target(config, expected):
+    cfg = load_config(TrainConfig, CONFIGS / config)
+    for processes, accumulation in expected.items():
+        got = gradient_accumulation_steps(cfg.global_batch_size, cfg.per_device_train_batch_size, processes)
+        assert got == accumulation
+        assert got * cfg.per_device_train_batch_size * processes == cfg.global_batch_size
+
+
+def test_sft_config_carries_the_derived_accumulation():
+    from distill.train import build_sft_config
+
+    cfg = load_config(TrainConfig, CONFIGS / "qwen2.5-7b_lora_gpu.yaml", ["bf16=false", "report_to=none"])
+    args = build_sft_config(cfg, processes=2, has_eval=True)
+    assert args.gradient_accumulation_steps == 8 and args.completion_only_loss is True
+    assert args.assistant_only_loss is False and args.max_length == 1024
+    assert args.get_warmup_steps(160) == 5  # 3% of 160 steps, rounded up
+    assert build_sft_config(cfg, processes=1, has_eval=False).eval_strategy == "no"
+
+
+def test_indivisible_batches_and_bad_configs_are_one_line_errors(tmp_path, capsys):
+    with pytest.raises(DistillError, match="not divisible"):
+        gradient_accumulation_steps(4, 2, 8)
+    with pytest.raises(DistillError, match="lora_rank"):
+        load_config(TrainConfig, SMOKE, ["lora_rank=4"])
+    with pytest.raises(DistillError, match="eval_steps"):
+        load_config(TrainConfig, SMOKE, ["eval_steps=null"])
+    from distill.cli import main as cli_main
+    from distill.train import main as train_main
+
+    assert train_main(["--config", str(tmp_path / "missing.yaml")]) == 2
+    assert cli_main(["train", "--config", str(SMOKE), "--set", f"dataset_dir={tmp_path}"]) == 2
+    assert "not a dataset folder" in capsys.readouterr().err
+
+
+def _stop_at(step: int):
+    """Simulates an interruption: checkpoint at `step`, then stop, as if the job had been killed right after."""
+    from transformers import TrainerCallback
+
+    class StopAt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == step:
+                control.should_save = True
+                control.should_training_stop = True
+            return control
+
+    return StopAt()
+
+
+@pytest.mark.slow
+def test_cpu_smoke_config_trains_resumes_and_merges(sft_dir, tmp_path, smollm2, caplog):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from distill.cli import main as cli_main
+    from distill.train import train
+
+    out = tmp_path / "adapter"
+    overrides = [f"dataset_dir={sft_dir}", f"output_dir={out}", "max_steps=6"]
+    cfg = load_config(TrainConfig, SMOKE, overrides)
+    train(cfg, callbacks=[_stop_at(3)])  # "interrupted" after step 3
+    assert (out / "checkpoint-3").is_dir()
+
+    caplog.set_level(logging.INFO, logger="distill.train")
+    args = ["train", "--config", str(SMOKE)] + [a for o in overrides for a in ("--set", o)]
+    assert cli_main(args) == 0  # the same command again continues
+    assert f"resuming from {out / 'checkpoint-3'}" in caplog.text
+
+    for name in ("adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "chat_template.jinja", "train_config.yaml", "loss_history.json", "distill_adapter.json"):
+        assert (out / name).is_file(), name
+    history = json.loads((out / "loss_history.json").read_text())
+    assert [e["step"] for e in history["train"]] == [1, 2, 3, 4, 5, 6]
+    evals = history["eval"]
+    assert [e["step"] for e in evals] == [0, 6]  # at start and at the end, none repeated on resume
+    assert evals[-1]["eval_loss"] < evals[0]["eval_loss"] - 0.1, evals
+    info = json.loads((out / "distill_adapter.json").read_text())
+    assert info["base_model"] == "smollm2-135m-instruct" and info["lora_r"] == 8 and info["global_step"] == 6
+    assert info["effective_batch_size"] == 4 and info["gradient_accumulation_steps"] == 2
+    assert load_config(TrainConfig, out / "train_config.yaml") == cfg
+
+    # The saved chat template is the one used in training, and renders the inference prompt exactly.
+    saved = AutoTokenizer.from_pretrained(out)
+    messages = planner_messages(kept_records()[0]["question"], tool_descriptions(TOOLS), fewshot=False)
+    prompt = _ids(saved.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+    assert prompt == smollm2.prompt_ids(messages)
+    assert (out / "chat_template.jinja").read_text() == smollm2.tokenizer.chat_template
+
+    merged = tmp_path / "merged"
+    assert cli_main(["merge", str(out), "--out", str(merged), "--dtype", "float32"]) == 0
+    assert (merged / "chat_template.jinja").is_file() and (merged / "config.json").is_file()
+    model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        merged_logits = model(ids).logits[0, -1]
+        base_logits = smollm2.model(ids).logits[0, -1]
+        new = model.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=saved.eos_token_id)[0, len(prompt):]
+    assert not torch.allclose(merged_logits, base_logits, atol=1e-3)  # the adapter is in the weights
+    assert saved.decode(new, skip_special_tokens=True).strip()
+
+    from peft import PeftModel
+
+    base = AutoModelForCausalLM.from_pretrained(info["base_model_path"], dtype=torch.float32)
+    with torch.inference_mode():
+        peft_logits = PeftModel.from_pretrained(base, str(out))(ids).logits[0, -1]
+    assert torch.allclose(merged_logits, peft_logits, atol=1e-3)  # merging changes nothing the adapter computes
