@@ -136,7 +136,7 @@ class Pipeline:
 
         with self.server(self.cfg.student_server, str(self.stage_dir("train")), "student_server") as srv:
             data = fill_server(self.cfg.eval, srv.base_url if srv else None)
-            data |= {"output_dir": str(self.stage_dir("eval")), "cache": str(self.run / "calls.sqlite")}
+            data |= {"output_dir": str(self.stage_dir("eval"))}  # per-method caches: latency stays honest
             results = evaluate(validate(EvalConfig, data, "eval (pipeline)"))
         return {"methods": sorted(results.get("methods", {}))}
 

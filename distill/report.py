@@ -477,7 +477,7 @@ def _hops_table(results: dict, key: str) -> list[str]:
             f"{groups[str(h)]['tokens_mean']:.0f} (n={groups[str(h)]['n']})" if str(h) in groups else "–"
             for h in columns
         ])
-    return _table(["method"] + [f"{h} hops" for h in columns], rows)
+    return _table(["method"] + [f"{h} hop" + ("" if h == 1 else "s") for h in columns], rows)
 
 
 def render_markdown(results: dict) -> str:

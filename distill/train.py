@@ -336,9 +336,11 @@ def train(cfg: TrainConfig, callbacks: list | None = None) -> dict:
         log.info("resuming from %s", resume)
     trainer = build_trainer(cfg, callbacks, resuming=resume is not None)
     trainer.train(resume_from_checkpoint=resume)
-    last_eval = max((e["step"] for e in trainer.state.log_history if "eval_loss" in e), default=None)
-    if trainer.eval_dataset is not None and trainer.args.eval_strategy != "no" and last_eval != trainer.state.global_step:
-        trainer.evaluate()
+    state = trainer.state
+    last_eval = max((e["step"] for e in state.log_history if "eval_loss" in e), default=None)
+    finished = state.global_step >= state.max_steps
+    if finished and trainer.eval_dataset is not None and trainer.args.eval_strategy != "no" and last_eval != state.global_step:
+        trainer.evaluate()  # e.g. eval_strategy epoch with max_steps ending mid-epoch: the curve still gets its end
     return write_outputs(trainer, cfg, started)
 
 

@@ -276,8 +276,8 @@ def test_distill_eval_end_to_end_recomputes_and_resumes(tmp_path, capsys):
     assert all(r["planner"] is None and r["plan"]["steps"] == [] for r in records["direct"])
     assert all(r["llm_calls"] == 1 for r in records["direct"])
     assert all(1 <= len(r["react"]["steps"]) <= 2 for r in records["react"])
-    teacher_prompt = records["teacher"][0]["planner"]["usage"]["prompt_tokens"]
-    assert teacher_prompt > records["base"][0]["planner"]["usage"]["prompt_tokens"]  # few-shot is longer
+    prompt_tokens = {m: [r["planner"]["usage"]["prompt_tokens"] for r in records[m]] for m in ("teacher", "base")}
+    assert min(prompt_tokens["teacher"]) > max(prompt_tokens["base"])  # the few-shot prompt is longer
 
     results = json.loads((out / "results.json").read_text())
     assert results == recompute(out)
@@ -287,7 +287,7 @@ def test_distill_eval_end_to_end_recomputes_and_resumes(tmp_path, capsys):
         assert results["per_method"][m]["n"] == 2
     assert set(results["paired"]) == {"base", "react", "direct"}
     assert all({"em", "f1", "n"} <= set(p) for p in results["paired"].values())
-    assert results["per_method"]["teacher"]["planner_prompt_tokens_mean"] == teacher_prompt
+    assert results["per_method"]["teacher"]["planner_prompt_tokens_mean"] == sum(prompt_tokens["teacher"]) / 2
     assert set(results["tokens_by_hops"]) == set(methods) and results["tokens_by_gold_hops"]["react"]["2"]["n"] == 2
     for name in results["plots"].values():
         assert (out / name).stat().st_size > 1000

@@ -36,20 +36,31 @@ class OpenAIChat:
         max_retries: int = 5,
         tokenizer: str | None = None,
     ):
-        from openai import AsyncOpenAI
-
-        key = _api_key(api_key_env)
-        urls = base_urls or [None]
+        self._key = _api_key(api_key_env)  # read now, so a missing key fails before any work starts
+        self._urls = base_urls or [None]
+        self._timeout_s, self._max_retries, self._max_concurrency = timeout_s, max_retries, max_concurrency
         self.name = model
         self.price = price
-        self._clients = [
-            AsyncOpenAI(base_url=url, api_key=key, timeout=timeout_s, max_retries=max_retries) for url in urls
-        ]
-        self._next = itertools.cycle(range(len(self._clients)))
-        self._inflight = [0] * len(self._clients)
-        self._sem = asyncio.Semaphore(max_concurrency)
+        self._loop = None
+        self._next = itertools.cycle(range(len(self._urls)))
+        self._inflight = [0] * len(self._urls)
+        self.sent = [0] * len(self._urls)  # requests per base URL, to see the load spread
         self._tokenizer_name = tokenizer
         self._tokenizer = None
+
+    def _bind(self) -> None:
+        """HTTP clients and the semaphore belong to one event loop; a new `asyncio.run` gets fresh ones."""
+        from openai import AsyncOpenAI
+
+        loop = asyncio.get_running_loop()
+        if loop is self._loop:
+            return
+        self._loop = loop
+        self._clients = [
+            AsyncOpenAI(base_url=url, api_key=self._key, timeout=self._timeout_s, max_retries=self._max_retries)
+            for url in self._urls
+        ]
+        self._sem = asyncio.Semaphore(self._max_concurrency)
 
     def _pick(self) -> int:
         """Least-loaded server, ties broken round-robin, so one slow server does not stall the run."""
@@ -69,9 +80,11 @@ class OpenAIChat:
     async def chat(self, messages, *, temperature=0.0, max_tokens=512, stop=None, seed=None) -> Completion:
         from openai import APIConnectionError, APIStatusError
 
+        self._bind()
         async with self._sem:
             i = self._pick()
             self._inflight[i] += 1
+            self.sent[i] += 1
             t0 = time.perf_counter()
             try:
                 resp = await self._clients[i].chat.completions.create(
