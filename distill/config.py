@@ -39,6 +39,7 @@ class ModelSpec(Strict):
     api_key_env: str | None = None  # the *name* of the env var that holds the key, never the key
     temperature: float = 0.0
     max_tokens: int = 512
+    stop: list[str] | None = None  # e.g. ["\nQuestion:"] so a few-shot planner stops after its plan
     max_concurrency: int = 8
     timeout_s: float = 120.0
     max_retries: int = 5
@@ -47,6 +48,7 @@ class ModelSpec(Strict):
     tokenizer: str | None = None  # counts tokens when a server returns no usage
     dtype: str = "float32"  # transformers backend
     device: str = "cpu"  # transformers backend: cpu, cuda, auto
+    max_batch_size: int = 16  # transformers backend: concurrent requests batched into one generate
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":

@@ -254,6 +254,7 @@ def build_method(cfg: EvalConfig, method: Method, cache=None):
         fewshot=method.prompt == "fewshot",
         planner_temperature=method.spec.temperature,
         planner_max_tokens=method.spec.max_tokens,
+        planner_stop=method.spec.stop,
         solver_max_tokens=cfg.solver.max_tokens,
         worker=worker,
         method=method.name,

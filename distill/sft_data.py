@@ -23,7 +23,6 @@ from distill.rewoo.prompts import planner_messages
 
 DEFAULT_TOOLS = ("Wikipedia", "LLM", "Calculator")
 PREVIEW_ROWS = 20
-COLUMNS = ("prompt", "completion", "id", "dataset", "sample")
 
 
 def tool_descriptions(names: Sequence[str]) -> dict[str, str]:
@@ -176,7 +175,7 @@ def summarize(dataset_dict, counts: Counter, tokenizer, tokenizer_name: str) -> 
 
 
 def format_summary(summary: dict) -> str:
-    lines = [f"records: " + ", ".join(f"{k} {v}" for k, v in summary["records"].items())]
+    lines = ["records: " + ", ".join(f"{k} {v}" for k, v in summary["records"].items())]
     for split, s in summary["splits"].items():
         per = ", ".join(f"{k} {v}" for k, v in s["per_dataset"].items()) or "-"
         lines.append(f"{split}: {s['examples']} examples, {s['questions']} questions ({per})")
@@ -220,9 +219,12 @@ def build_sft_data(
     dataset_dict = to_dataset_dict(train, val)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    dataset_dict.save_to_disk(str(out))
+    # One shard each: `datasets` writes an empty split as zero shards, which it then cannot load back.
+    dataset_dict.save_to_disk(str(out), num_shards={split: 1 for split in dataset_dict})
     write_jsonl(out / "preview.jsonl", (train + val)[:PREVIEW_ROWS])
     summary = summarize(dataset_dict, counts, load_tokenizer(tokenizer), tokenizer or "none")
-    summary.update({"source": str(kept_path), "tools": list(tool_descriptions(tools)), "val_fraction": val_fraction, "seed": seed})
+    summary.update(
+        {"source": str(kept_path), "tools": list(tool_descriptions(tools)), "val_fraction": val_fraction, "seed": seed}
+    )
     write_json(out / "summary.json", summary)
     return summary

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from distill.config import Strict, add_config_args, load_config
 from distill.errors import DistillError
@@ -77,6 +77,12 @@ class TrainConfig(Strict):
     dataloader_num_workers: int = Field(0, ge=0)
     resume: bool = True  # continue from the last checkpoint in output_dir when there is one
 
+    @field_validator("eval_strategy", "save_strategy", mode="before")
+    @classmethod
+    def _yaml_no(cls, value: Any) -> Any:
+        """YAML reads a bare `no` (as in `--set eval_strategy=no`) as false."""
+        return "no" if value is False else value
+
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
         if self.eval_strategy == "steps" and not self.eval_steps:
@@ -92,13 +98,18 @@ class TrainConfig(Strict):
 
 
 def world_size() -> int:
-    """Processes taking part in training, as accelerate sees them (WORLD_SIZE before accelerate is set up)."""
-    try:
-        from accelerate import PartialState
+    """Processes taking part, from the launcher's environment (accelerate launch and torchrun set WORLD_SIZE).
 
-        return int(PartialState().num_processes)
-    except ImportError:
-        return int(os.environ.get("WORLD_SIZE", "1"))
+    Read before accelerate's state exists on purpose: creating `PartialState()` here would fix its backend and
+    timeout before TrainingArguments could; `build_trainer` checks the two agree once they do exist."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _has_accelerator() -> bool:
+    import torch
+
+    xpu = hasattr(torch, "xpu") and torch.xpu.is_available()
+    return torch.cuda.is_available() or torch.backends.mps.is_available() or xpu
 
 
 def gradient_accumulation_steps(global_batch_size: int, per_device: int, processes: int) -> int:
@@ -146,7 +157,7 @@ def build_sft_config(cfg: TrainConfig, processes: int, has_eval: bool, resuming:
         logging_first_step=True,
         eval_strategy=eval_strategy,
         eval_steps=cfg.eval_steps,
-        eval_on_start=cfg.eval_on_start and has_eval and not resuming,
+        eval_on_start=cfg.eval_on_start and eval_strategy != "no" and not resuming,
         save_strategy=cfg.save_strategy,
         save_steps=cfg.save_steps or 500,
         save_total_limit=cfg.save_total_limit,
@@ -157,6 +168,7 @@ def build_sft_config(cfg: TrainConfig, processes: int, has_eval: bool, resuming:
         remove_unused_columns=True,
         ddp_find_unused_parameters=False,
         disable_tqdm=not sys.stderr.isatty(),
+        use_cpu=not _has_accelerator(),  # also what makes several CPU processes (gloo) train as one job
     )
 
 
@@ -223,7 +235,8 @@ def load_splits(dataset_dir: str):
     from datasets import load_from_disk
 
     if not (Path(dataset_dir) / "dataset_dict.json").exists():
-        raise DistillError(f"{dataset_dir}: not a dataset folder (run `distill sft-data KEPT.jsonl --out {dataset_dir}`)")
+        hint = f"run `distill sft-data KEPT.jsonl --out {dataset_dir}`"
+        raise DistillError(f"{dataset_dir}: not a dataset folder ({hint})")
     data = load_from_disk(dataset_dir)
     if "train" not in data or len(data["train"]) == 0:
         raise DistillError(f"{dataset_dir}: the train split is empty")
@@ -246,6 +259,8 @@ def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: boo
     train, val = load_splits(cfg.dataset_dir)
     processes = world_size()
     args = build_sft_config(cfg, processes, has_eval=val is not None, resuming=resuming)
+    if args.world_size != processes:
+        raise DistillError(f"WORLD_SIZE says {processes} process(es) but accelerate runs {args.world_size}")
     tokenizer = load_tokenizer(path, cfg.model_name_or_path)
     model = load_model(cfg, path)
     log.info(
@@ -339,7 +354,8 @@ def train(cfg: TrainConfig, callbacks: list | None = None) -> dict:
     state = trainer.state
     last_eval = max((e["step"] for e in state.log_history if "eval_loss" in e), default=None)
     finished = state.global_step >= state.max_steps
-    if finished and trainer.eval_dataset is not None and trainer.args.eval_strategy != "no" and last_eval != state.global_step:
+    evaluating = trainer.eval_dataset is not None and trainer.args.eval_strategy != "no"
+    if finished and evaluating and last_eval != state.global_step:
         trainer.evaluate()  # e.g. eval_strategy epoch with max_steps ending mid-epoch: the curve still gets its end
     return write_outputs(trainer, cfg, started)
 

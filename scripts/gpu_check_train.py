@@ -54,7 +54,8 @@ def synthetic_example(rng: random.Random, tools: dict[str, str]) -> dict:
     question = f"Which came first: the place where {a} {rng.choice(RELATIONS)}, or {b}?"
     steps = [Step("#E1", f"Find out about {a}.", "Wikipedia", a, ())]
     steps.append(Step("#E2", f"Find out about {b}.", "Wikipedia", b, ()))
-    steps.append(Step("#E3", "Extract the relevant dates.", "LLM", f"When did each happen? Given context: #E1 and #E2", ("#E1", "#E2")))
+    ask = "When did each happen? Given context: #E1 and #E2"
+    steps.append(Step("#E3", "Extract the relevant dates.", "LLM", ask, ("#E1", "#E2")))
     if rng.random() < 0.5:
         steps.append(Step("#E4", "Compute the difference in years.", "Calculator", "#E3", ("#E3",)))
     return {
@@ -149,7 +150,8 @@ def run(args: argparse.Namespace) -> dict:
     cfg = TrainConfig(
         model_name_or_path="random-qwen2.5-7b-shape", dataset_dir="(synthetic)", output_dir=args.output_dir,
         per_device_train_batch_size=args.batch_size, global_batch_size=args.batch_size * world_size(),
-        max_steps=args.steps, learning_rate=1e-4, warmup_ratio=0.03, bf16=cuda, torch_dtype="bfloat16" if cuda else "float32",
+        max_steps=args.steps, learning_rate=1e-4, warmup_ratio=0.03, bf16=cuda,
+        torch_dtype="bfloat16" if cuda else "float32",
         gradient_checkpointing=not args.no_gradient_checkpointing, max_length=args.max_length,
         attn_implementation=args.attn_implementation, logging_steps=max(1, args.steps // 10),
         eval_strategy="no", save_strategy="no", report_to="none", eval_on_start=False,

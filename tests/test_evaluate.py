@@ -95,7 +95,7 @@ def test_an_openai_planner_is_wired_to_its_server_and_says_when_it_is_unreachabl
                                        "solver": spec | {"model": "smollm2-135m-instruct"}, "tools": ["Calculator"]})
     agent = build_method(cfg, methods_of(cfg)[0])
     assert isinstance(agent.planner, OpenAIChat) and agent.planner.name == "planner" and not agent.fewshot
-    assert str(agent.planner._clients[0].base_url).rstrip("/") == f"http://127.0.0.1:{port}/v1"
+    assert agent.planner._urls == [f"http://127.0.0.1:{port}/v1"]
     assert agent.method == "student"
     example = load_eval_examples(cfg)[0]
     with pytest.raises(DistillError, match="cannot reach"):

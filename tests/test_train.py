@@ -71,7 +71,8 @@ def test_prompt_tokens_get_no_loss_in_the_trainer_batches(trainer, sft_dir):
     seen = 0
     for batch in _batches(trainer):
         assert set(batch) >= {"input_ids", "attention_mask", "labels"}
-        for ids, mask, labels in zip(batch["input_ids"].tolist(), batch["attention_mask"].tolist(), batch["labels"].tolist()):
+        rows = zip(batch["input_ids"].tolist(), batch["attention_mask"].tolist(), batch["labels"].tolist())
+        for ids, mask, labels in rows:
             length = sum(mask)
             assert mask == [1] * length + [0] * (len(mask) - length)  # right padding
             prompt_len = expected[tuple(ids[:length])]
@@ -99,6 +100,7 @@ def test_training_prompt_is_what_inference_sends(trainer, smollm2):
     assert len(matched) == 4
 
 
+@pytest.mark.slow  # two real optimiser steps: ~30 CPU-seconds
 def test_a_few_steps_change_the_adapter_and_not_the_base(trainer):
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     lora = [n for n in before if "lora_" in n]
@@ -139,7 +141,8 @@ def test_every_config_file_parses():
 def test_paper_hyperparameters_and_qlora():
     lora = load_config(TrainConfig, CONFIGS / "qwen2.5-7b_lora_gpu.yaml")
     assert (lora.lora_r, lora.lora_alpha, lora.lora_dropout, lora.learning_rate) == (8, 16, 0.05, 1e-4)
-    assert (lora.global_batch_size, lora.num_train_epochs, lora.lr_scheduler_type, lora.warmup_ratio) == (128, 10, "cosine", 0.03)
+    schedule = (lora.global_batch_size, lora.num_train_epochs, lora.lr_scheduler_type, lora.warmup_ratio)
+    assert schedule == (128, 10, "cosine", 0.03)
     assert lora.bf16 and lora.gradient_checkpointing and not lora.load_in_4bit
     qlora = load_config(TrainConfig, CONFIGS / "qwen2.5-7b_qlora_gpu.yaml")
     assert qlora.load_in_4bit and qlora.per_device_train_batch_size == 4 and qlora.global_batch_size == 128
@@ -178,6 +181,7 @@ def test_indivisible_batches_and_bad_configs_are_one_line_errors(tmp_path, capsy
         load_config(TrainConfig, SMOKE, ["lora_rank=4"])
     with pytest.raises(DistillError, match="eval_steps"):
         load_config(TrainConfig, SMOKE, ["eval_steps=null"])
+    assert load_config(TrainConfig, SMOKE, ["eval_strategy=no"]).eval_strategy == "no"  # YAML's `no` is false
     from distill.cli import main as cli_main
     from distill.train import main as train_main
 
@@ -289,3 +293,34 @@ def test_gpu_check_runs_tiny_on_cpu(tmp_path):
     # r x (in + out) for q, k, v, o, gate, up, down (hidden 64, kv 32, MLP 128), 2 layers
     assert result["n_lora_params"] == 2 * 8 * (128 + 96 + 96 + 128 + 192 + 192 + 192)
     assert 0 < result["mfu"] < 1e-3 and result["first_loss"] > 10  # random init: ~ln(49152) = 10.8
+
+
+@pytest.mark.slow
+def test_two_processes_keep_the_effective_batch(sft_dir, tmp_path):
+    """torchrun with 2 CPU processes (gloo) x accumulation 1 trains like 1 process x accumulation 2."""
+    import os
+    import subprocess
+    import sys
+
+    common = ["--config", str(SMOKE), "--set", f"dataset_dir={sft_dir}", "--set", "max_steps=2",
+              "--set", "eval_strategy=no", "--set", "save_strategy=no", "--set", "warmup_ratio=0"]
+    runs = {
+        "ddp": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                "-m", "distill.train"],
+        "single": [sys.executable, "-m", "distill.train"],
+    }
+    history = {}
+    for name, launcher in runs.items():
+        out = tmp_path / name
+        env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+        done = subprocess.run(launcher + common + ["--set", f"output_dir={out}"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        info = json.loads((out / "distill_adapter.json").read_text())
+        history[name] = json.loads((out / "loss_history.json").read_text())["train"]
+        processes = 2 if name == "ddp" else 1
+        assert (info["world_size"], info["gradient_accumulation_steps"]) == (processes, 2 // processes)
+        assert info["effective_batch_size"] == 4
+    losses = {name: [e["loss"] for e in h] for name, h in history.items()}
+    assert len(losses["ddp"]) == len(losses["single"]) == 2
+    assert losses["ddp"] == pytest.approx(losses["single"], abs=5e-3), losses

@@ -15,7 +15,9 @@ import argparse
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("kept", metavar="KEPT.jsonl", help="kept trajectory records (output of `distill filter`)")
     parser.add_argument("--out", required=True, help="dataset folder to write")
-    parser.add_argument("--tools", default="Wikipedia,LLM,Calculator", help="comma-separated tools of the student prompt")
+    parser.add_argument(
+        "--tools", default="Wikipedia,LLM,Calculator", help="comma-separated tools of the student prompt"
+    )
     parser.add_argument("--val-fraction", type=float, default=0.1, help="share of questions held out for validation")
     parser.add_argument("--seed", type=int, default=0, help="seed of the question split")
     parser.add_argument(

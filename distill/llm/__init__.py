@@ -23,9 +23,11 @@ def build_chat(spec, prices: dict | None = None, cache=None) -> ChatModel:
     if spec.backend == "transformers":
         from distill.llm.transformers_backend import TransformersChat
 
-        key = (spec.model, spec.dtype, spec.device, price)
+        key = (spec.model, spec.dtype, spec.device, price, spec.max_batch_size)
         if key not in _LOADED:
-            _LOADED[key] = TransformersChat(spec.model, price=price, dtype=spec.dtype, device=spec.device)
+            _LOADED[key] = TransformersChat(
+                spec.model, price=price, dtype=spec.dtype, device=spec.device, max_batch_size=spec.max_batch_size
+            )
         model = _LOADED[key]
     else:
         from distill.llm.openai_backend import OpenAIChat

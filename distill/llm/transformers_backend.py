@@ -1,7 +1,10 @@
 """In-process transformers backend: no server needed, so the embedded model works anywhere, offline.
 
-Generation runs in a worker thread under a lock: one model, one forward pass at a time, while the event loop
-keeps the tools of other questions moving.
+Concurrent requests are batched: callers await futures while one worker thread takes every pending request
+with the same sampling mode and runs them as one left-padded `generate`. On a CPU a batch of 16 costs little
+more than one sequence, so a Worker or a generation run with many questions in flight gets near-batch
+throughput without a server. The price: a sampled output depends on which requests shared its batch, so
+sampling is reproducible only through the call cache (`max_batch_size: 1` restores per-call seeding).
 """
 
 from __future__ import annotations
@@ -9,53 +12,126 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from dataclasses import dataclass, field
 
 from distill.llm.base import Completion, Price, Usage
 from distill.llm.embedded import resolve_model_path
 
 
+@dataclass
+class _Request:
+    ids: list[int]
+    temperature: float
+    max_tokens: int
+    stop: list[str] | None
+    seed: int | None
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future = field(repr=False)
+
+
 class TransformersChat:
-    def __init__(self, model: str, price: Price = Price(), dtype: str = "float32", device: str = "cpu"):
+    def __init__(
+        self, model: str, price: Price = Price(), dtype: str = "float32", device: str = "cpu", max_batch_size: int = 16
+    ):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = resolve_model_path(model)
         self.name = model
         self.price = price
+        self.max_batch_size = max(1, max_batch_size)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(
             path, dtype=getattr(torch, dtype), device_map=None if device == "cpu" else device
         )
         self.model.eval()
-        self._lock = threading.Lock()
+        self._pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self._cv = threading.Condition()
+        self._pending: list[_Request] = []
+        self._worker: threading.Thread | None = None
+        self.batches: list[int] = []  # sizes of the batches run, for benchmarks and tests
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         """The exact token ids the model sees: the chat template with the generation prompt appended."""
         out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
 
-    def _generate(self, messages, temperature, max_tokens, stop, seed) -> tuple[str, Usage]:
-        import torch
-
-        ids = torch.tensor([self.prompt_ids(messages)], device=self.model.device)
-        kwargs = dict(max_new_tokens=max_tokens, pad_token_id=self.tokenizer.eos_token_id)
-        if temperature > 0:
-            kwargs.update(do_sample=True, temperature=temperature, top_p=1.0, top_k=0)
-        else:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        if stop:
-            kwargs.update(stop_strings=stop, tokenizer=self.tokenizer)
-        with self._lock, torch.inference_mode():
-            if seed is not None:
-                torch.manual_seed(seed)
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
-        new = out[0][ids.shape[1]:]
-        text = self.tokenizer.decode(new, skip_special_tokens=True)
-        for s in stop or []:
-            text = text.split(s)[0]
-        return text, Usage(ids.shape[1], int(new.shape[0]))
-
     async def chat(self, messages, *, temperature=0.0, max_tokens=512, stop=None, seed=None) -> Completion:
         t0 = time.perf_counter()
-        text, usage = await asyncio.to_thread(self._generate, messages, temperature, max_tokens, stop, seed)
+        loop = asyncio.get_running_loop()
+        req = _Request(self.prompt_ids(messages), temperature, max_tokens, stop, seed, loop, loop.create_future())
+        with self._cv:
+            self._pending.append(req)
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._serve, name="transformers-batcher", daemon=True)
+                self._worker.start()
+            self._cv.notify()
+        text, usage = await req.future
         return Completion(text, usage, time.perf_counter() - t0, self.price.cost(usage), self.name)
+
+    def _take_batch(self) -> list[_Request]:
+        """Oldest request first, plus every pending one with the same sampling mode, up to the batch size."""
+        with self._cv:
+            while not self._pending:
+                self._cv.wait()
+            head = self._pending[0]
+            mode = (head.temperature > 0, head.temperature)
+            batch = [r for r in self._pending if (r.temperature > 0, r.temperature) == mode][: self.max_batch_size]
+            for r in batch:
+                self._pending.remove(r)
+            return batch
+
+    def _serve(self) -> None:
+        while True:
+            batch = self._take_batch()
+            try:
+                results = self._generate(batch)
+            except Exception as exc:  # every waiting caller gets the error, none hangs
+                for r in batch:
+                    r.loop.call_soon_threadsafe(_set_exception, r.future, exc)
+                continue
+            for r, res in zip(batch, results):
+                r.loop.call_soon_threadsafe(_set_result, r.future, res)
+
+    def _generate(self, batch: list[_Request]) -> list[tuple[str, Usage]]:
+        import torch
+
+        width = max(len(r.ids) for r in batch)
+        ids = torch.tensor([[self._pad] * (width - len(r.ids)) + r.ids for r in batch], device=self.model.device)
+        mask = torch.tensor([[0] * (width - len(r.ids)) + [1] * len(r.ids) for r in batch], device=self.model.device)
+        head = batch[0]
+        kwargs = dict(max_new_tokens=max(r.max_tokens for r in batch), pad_token_id=self._pad)
+        if head.temperature > 0:
+            kwargs.update(do_sample=True, temperature=head.temperature, top_p=1.0, top_k=0)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        stops = sorted({s for r in batch for s in r.stop or []})
+        if stops and len(batch) == 1:
+            kwargs.update(stop_strings=stops, tokenizer=self.tokenizer)
+        with torch.inference_mode():
+            if head.seed is not None:
+                torch.manual_seed(head.seed)
+            out = self.model.generate(ids, attention_mask=mask, **kwargs)
+        self.batches.append(len(batch))
+        results = []
+        for row, r in zip(out[:, width:].tolist(), batch):
+            row = row[: r.max_tokens]
+            if self.tokenizer.eos_token_id in row:
+                row = row[: row.index(self.tokenizer.eos_token_id)]
+            text = self.tokenizer.decode(row, skip_special_tokens=True)
+            cut = min((text.find(s) for s in r.stop or [] if s in text), default=-1)
+            if cut >= 0:  # count only what a server would have returned before the stop string
+                text = text[:cut]
+                row = self.tokenizer.encode(text, add_special_tokens=False)
+            results.append((text, Usage(len(r.ids), len(row))))
+        return results
+
+
+def _set_result(fut: asyncio.Future, value) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

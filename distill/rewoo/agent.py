@@ -58,6 +58,7 @@ class ReWOOAgent:
         fewshot: bool = True,
         planner_temperature: float = 0.0,
         planner_max_tokens: int = 512,
+        planner_stop: list[str] | None = None,
         solver_max_tokens: int = 64,
         worker: WorkerConfig | None = None,
         method: str = "rewoo",
@@ -69,6 +70,7 @@ class ReWOOAgent:
         self.fewshot = fewshot
         self.planner_temperature = planner_temperature
         self.planner_max_tokens = planner_max_tokens
+        self.planner_stop = planner_stop
         self.solver_max_tokens = solver_max_tokens
         self.worker = worker or WorkerConfig()
         self.method = method
@@ -77,7 +79,8 @@ class ReWOOAgent:
     async def plan(self, question: str, seed: int | None = None) -> tuple[list[dict], Completion]:
         messages = prompts.planner_messages(question, self.tool_descriptions, self.fewshot)
         out = await self.planner.chat(
-            messages, temperature=self.planner_temperature, max_tokens=self.planner_max_tokens, seed=seed
+            messages, temperature=self.planner_temperature, max_tokens=self.planner_max_tokens,
+            stop=self.planner_stop, seed=seed,
         )
         return messages, out
 
@@ -151,13 +154,13 @@ def build_wikipedia(cfg):
     return LocalWikipedia(cfg.wikipedia_corpus, top_k=cfg.wikipedia_top_k, max_chars=cfg.wikipedia_max_chars)
 
 
-def make_tools_for(cfg, llm_tool_model, cache=None) -> Callable[[Any], dict]:
+def make_tools_for(cfg, llm_tool_model, cache=None, wiki=None) -> Callable[[Any], dict]:
     """A per-question tool set: fresh LLM-tool call log, and Wikipedia scoped to the question when asked."""
     from distill.errors import DistillError
     from distill.llm.cached import CachedTool
     from distill.tools.registry import build_tools
 
-    wiki = build_wikipedia(cfg)
+    wiki = wiki if wiki is not None else build_wikipedia(cfg)
 
     def tools_for(example) -> dict:
         w, scope = wiki, ""
@@ -188,6 +191,7 @@ def build_agent(cfg, cache=None, *, planner=None, method: str = "rewoo", seed: i
     from distill.llm import build_chat
     from distill.tools.registry import TOOL_DESCRIPTIONS
 
+    wiki = build_wikipedia(cfg)  # before loading any model: a bad corpus path should fail in a second
     solver = build_chat(cfg.solver, cfg.prices, cache)
     planner = planner or build_chat(cfg.planner, cfg.prices, cache)
     llm_tool_model = build_chat(cfg.llm_tool, cfg.prices, cache) if cfg.llm_tool else solver
@@ -195,11 +199,12 @@ def build_agent(cfg, cache=None, *, planner=None, method: str = "rewoo", seed: i
     return ReWOOAgent(
         planner,
         solver,
-        make_tools_for(cfg, llm_tool_model, cache),
+        make_tools_for(cfg, llm_tool_model, cache, wiki),
         descriptions,
         fewshot=cfg.planner_prompt == "fewshot",
         planner_temperature=cfg.planner.temperature,
         planner_max_tokens=cfg.planner.max_tokens,
+        planner_stop=cfg.planner.stop,
         solver_max_tokens=cfg.solver.max_tokens,
         worker=WorkerConfig(
             max_concurrency=cfg.worker_max_concurrency,

@@ -109,13 +109,16 @@ def solver_messages(question: str, steps: Sequence, evidence: Sequence) -> list[
     return [{"role": "user", "content": content}]
 
 
-_PREFIX = re.compile(r"^(final answer|answer|response|the answer is)\s*[:\-]?\s*", re.I)
+_PREFIX = re.compile(
+    r"^(final answer|answer|response|the (final |correct )?answer( to (this|the) (question|task|problem))? is)\s*[:\-]?\s*",
+    re.I,
+)
 
 
 def extract_answer(text: str) -> str:
     """A short, direct answer: the first non-empty line, without 'Answer:' prefixes, quotes or a final period."""
     for line in text.strip().splitlines():
-        line = _PREFIX.sub("", line.strip().strip("*").strip())
+        line = _PREFIX.sub("", line.replace("**", "").strip())
         if line:
             line = line.strip().strip('"').strip("'").strip()
             return line[:-1].strip() if line.endswith(".") and not line.endswith("..") else line
