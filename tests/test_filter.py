@@ -66,3 +66,12 @@ def test_cli_bad_input_is_one_line_error(tmp_path, capsys):
     assert main(["filter", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "k.jsonl")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "\n" not in err
+
+
+def test_contained_answer_is_opt_in():
+    r = rec("1", em=0, f1=0.33)
+    r["prediction"], r["answers"] = "The Volga is longer than the Rhine", ["Volga"]
+    assert filter_records([r], FilterConfig())[0] == []
+    assert filter_records([r], FilterConfig(accept_contained_answer=True))[0] == [r]
+    r["prediction"] = "Volgograd"  # whole tokens only
+    assert filter_records([r], FilterConfig(accept_contained_answer=True))[0] == []

@@ -18,7 +18,7 @@ def reduced_demo(tmp_path: Path) -> Path:
     cfg["run_dir"] = str(tmp_path / "run")
     gen = cfg["generate"]
     gen["datasets"][0]["n"] = 4
-    gen["samples_per_question"] = 2
+    gen["samples_per_question"] = 3
     gen["planner"]["max_tokens"] = 128
     gen["solver"]["max_tokens"] = 12
     cfg["filter"] = {"min_f1": 0.0}  # keep every valid, fully run plan: this test is about the machinery
