@@ -68,7 +68,7 @@ def test_eval_with_student_served_by_vllm(tmp_path):
     out = tmp_path / "eval"
     results = json.loads((out / "results.json").read_text())
     assert set(results["methods"]) == {"student", "base", "react", "direct"}
-    for name, m in results["methods"].items():
+    for name, m in results["per_method"].items():
         for field in ("n", "em", "f1", "plan_valid_rate", "steps_mean", "tool_calls_mean", "llm_calls_mean",
                       "tokens_mean", "cost_per_question_usd", "cost_per_correct_usd", "latency_s"):
             assert field in m, (name, field)
