@@ -10,6 +10,7 @@ sampling is reproducible only through the call cache (`max_batch_size: 1` restor
 from __future__ import annotations
 
 import asyncio
+import atexit
 import threading
 import time
 from dataclasses import dataclass, field
@@ -49,7 +50,18 @@ class TransformersChat:
         self._cv = threading.Condition()
         self._pending: list[_Request] = []
         self._worker: threading.Thread | None = None
+        self._closing = False
         self.batches: list[int] = []  # sizes of the batches run, for benchmarks and tests
+        atexit.register(self.close)
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Stop the batching thread, cutting a running `generate` short: a process exiting (Ctrl-C included)
+        must not be torn down while torch is inside a forward pass on another thread."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        if self._worker is not None and self._worker is not threading.current_thread():
+            self._worker.join(timeout_s)
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         """The exact token ids the model sees: the chat template with the generation prompt appended."""
@@ -72,8 +84,10 @@ class TransformersChat:
     def _take_batch(self) -> list[_Request]:
         """Oldest request first, plus every pending one with the same sampling mode, up to the batch size."""
         with self._cv:
-            while not self._pending:
+            while not self._pending and not self._closing:
                 self._cv.wait()
+            if self._closing:
+                return []
             head = self._pending[0]
             mode = (head.temperature > 0, head.temperature)
             batch = [r for r in self._pending if (r.temperature > 0, r.temperature) == mode][: self.max_batch_size]
@@ -84,14 +98,16 @@ class TransformersChat:
     def _serve(self) -> None:
         while True:
             batch = self._take_batch()
+            if not batch:
+                return
             try:
                 results = self._generate(batch)
             except Exception as exc:  # every waiting caller gets the error, none hangs
                 for r in batch:
-                    r.loop.call_soon_threadsafe(_set_exception, r.future, exc)
+                    _deliver(r, _set_exception, exc)
                 continue
             for r, res in zip(batch, results):
-                r.loop.call_soon_threadsafe(_set_result, r.future, res)
+                _deliver(r, _set_result, res)
 
     def _generate(self, batch: list[_Request]) -> list[tuple[str, Usage]]:
         import torch
@@ -108,10 +124,20 @@ class TransformersChat:
         stops = sorted({s for r in batch for s in r.stop or []})
         if stops and len(batch) == 1:
             kwargs.update(stop_strings=stops, tokenizer=self.tokenizer)
+        from transformers import StoppingCriteria, StoppingCriteriaList
+
+        closing = self
+
+        class _OnClose(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kw):
+                return torch.full((input_ids.shape[0],), closing._closing, dtype=torch.bool, device=input_ids.device)
+
         with torch.inference_mode():
             if head.seed is not None:
                 torch.manual_seed(head.seed)
-            out = self.model.generate(ids, attention_mask=mask, **kwargs)
+            out = self.model.generate(
+                ids, attention_mask=mask, stopping_criteria=StoppingCriteriaList([_OnClose()]), **kwargs
+            )
         self.batches.append(len(batch))
         results = []
         for row, r in zip(out[:, width:].tolist(), batch):
@@ -125,6 +151,13 @@ class TransformersChat:
                 row = self.tokenizer.encode(text, add_special_tokens=False)
             results.append((text, Usage(len(r.ids), len(row))))
         return results
+
+
+def _deliver(req: _Request, setter, value) -> None:
+    try:
+        req.loop.call_soon_threadsafe(setter, req.future, value)
+    except RuntimeError:  # the caller's event loop is gone (interrupted run): nobody is waiting
+        pass
 
 
 def _set_result(fut: asyncio.Future, value) -> None:
