@@ -151,7 +151,9 @@ def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
         "planned_records": len(items),
         "questions": len(examples),
         "wall_s_this_run": round(time.perf_counter() - t0, 2),
-        "cache": None if cache is None else {"hits": cache.hits, "misses": cache.misses},
+        "cache": None if cache is None else {
+            "hits": cache.hits, "misses": cache.misses, "model_misses": cache.misses_by_kind.get("model", 0),
+        },
     }
     manifest.update(status="complete", finished_at=datetime.now(timezone.utc).isoformat(), totals=summary)
     write_json(out / "manifest.json", manifest)

@@ -135,12 +135,14 @@ class CallCache:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        self.misses_by_kind: dict[str, int] = {}
 
-    def get(self, key: str) -> Any | None:
+    def get(self, key: str, kind: str = "model") -> Any | None:
         with self._lock:
             row = self._db.execute("SELECT value FROM calls WHERE key = ?", (key,)).fetchone()
         if row is None:
             self.misses += 1
+            self.misses_by_kind[kind] = self.misses_by_kind.get(kind, 0) + 1
             return None
         self.hits += 1
         return json.loads(row[0])

@@ -38,6 +38,7 @@ def write_config(tmp_path: Path, n: int, samples: int, **extra) -> Path:
         "output_dir": str(tmp_path / "run"),
         "samples_per_question": samples,
         "concurrency": 2,
+        "tool_timeout_s": 600,  # a loaded CI machine must not turn an LLM-tool call into a timeout
     } | extra
     path = tmp_path / "gen.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -61,7 +62,9 @@ def test_generate_records_every_field_and_a_rerun_calls_no_model(tmp_path):
 
     (out / "trajectories.jsonl").unlink()
     again = generate(cfg)
-    assert again["cache"]["misses"] == 0  # every model and tool call came from the cache
+    # every model call came from the cache (a tool call that raised, e.g. Calculator[not arithmetic], is not
+    # cached and may run again: it is free and deterministic)
+    assert again["cache"]["model_misses"] == 0 and again["cache"]["hits"] > 0
     rerun = read_jsonl(out / "trajectories.jsonl")
     strip = lambda r: (r["id"], r["planner"]["output"], r["prediction"], [e["output"] for e in r["evidence"]])
     assert sorted(map(strip, rerun)) == sorted(map(strip, records))

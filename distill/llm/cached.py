@@ -37,7 +37,7 @@ class CachedTool:
 
     async def run(self, query: str) -> str:
         key = stable_hash({"tool": self.name, "scope": self.scope, "input": query})
-        hit = self.cache.get(key)
+        hit = self.cache.get(key, kind="tool")
         if hit is not None:
             return hit
         out = await self.inner.run(query)
