@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from distill.errors import DistillError
+from distill.store import read_jsonl
 
 HOTPOT = "hotpotqa"
 TRIVIA = "triviaqa"
@@ -392,25 +393,12 @@ def _load_file(path: Path, dataset: str | None, split: str) -> list[Example]:
     if not path.is_file():
         raise DistillError(f"data file not found: {path} (expected a .json or .jsonl file, or hub:<name>[:<config>])")
     if path.suffix == ".jsonl":
-        rows = _read_jsonl(path)
+        rows = read_jsonl(path)
     elif path.suffix == ".json":
         rows = _read_json(path)
     else:
         raise DistillError(f"{path}: unknown file type {path.suffix!r}; expected .json or .jsonl")
     return rows_to_examples(rows, dataset, split, origin=str(path))
-
-
-def _read_jsonl(path: Path) -> list[Any]:
-    rows = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise DistillError(f"{path}:{number}: invalid JSON ({exc.msg})") from exc
-    return rows
 
 
 def _read_json(path: Path) -> list[Any]:

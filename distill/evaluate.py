@@ -22,7 +22,6 @@ the same call on the same question see the same failure. A failed call becomes t
 from __future__ import annotations
 
 import hashlib
-import platform
 import re
 import time
 from dataclasses import dataclass
@@ -358,15 +357,9 @@ def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path) -> di
 
 
 def build_manifest(cfg: EvalConfig, config_path: str | None, methods: list[Method], examples: list) -> dict:
-    from distill.generate import code_version
+    from distill.generate import manifest_header
 
-    return {
-        "command": "eval",
-        "config_file": config_path,
-        "config": cfg.model_dump(mode="json"),
-        "code_version": code_version(),
-        "python": platform.python_version(),
-        "started_at": datetime.now(timezone.utc).isoformat(),
+    return manifest_header("eval", cfg, config_path) | {
         "methods": [{"name": m.name, "kind": m.kind, "prompt": m.prompt} for m in methods],
         "reference": methods[0].name,
         "bootstrap_samples": cfg.bootstrap_samples,

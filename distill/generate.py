@@ -60,6 +60,18 @@ def code_version() -> str:
     return f"{__version__}+{sha}" if sha else __version__
 
 
+def manifest_header(command: str, cfg, config_path: str | None) -> dict:
+    """What every run manifest starts with: enough to tell later what produced the records beside it."""
+    return {
+        "command": command,
+        "config_file": config_path,
+        "config": cfg.model_dump(mode="json"),
+        "code_version": code_version(),
+        "python": platform.python_version(),
+        "started_at": datetime.now(timezone.utc).isoformat(),
+    }
+
+
 def load_questions(cfg: GenerateConfig):
     from distill.data import check_no_leak, load_examples, question_set, sample_mix
 
@@ -122,16 +134,7 @@ def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
         return rec
 
     items = [((ex.id, s), (ex, s)) for ex in examples for s in range(cfg.samples_per_question)]
-    manifest = {
-        "command": "generate",
-        "config_file": config_path,
-        "config": cfg.model_dump(mode="json"),
-        "code_version": code_version(),
-        "python": platform.python_version(),
-        "started_at": datetime.now(timezone.utc).isoformat(),
-        "planned_records": len(items),
-        "status": "running",
-    }
+    manifest = manifest_header("generate", cfg, config_path) | {"planned_records": len(items), "status": "running"}
     write_json(out / "manifest.json", manifest)
     store = JsonlStore(out / TRAJECTORIES)
     if store.repaired:

@@ -34,8 +34,8 @@ def read_jsonl(path: str | Path) -> list[dict]:
                 continue
             try:
                 out.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise DistillError(f"{path}:{n}: not valid JSON") from None
+            except json.JSONDecodeError as exc:
+                raise DistillError(f"{path}:{n}: invalid JSON ({exc.msg})") from None
     return out
 
 
