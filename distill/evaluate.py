@@ -222,7 +222,7 @@ def build_method(cfg: EvalConfig, method: Method, cache=None):
     from distill.baselines import DirectAgent, ReActAgent
     from distill.llm import build_chat
     from distill.rewoo.agent import ReWOOAgent, make_tools_for
-    from distill.rewoo.worker import WorkerConfig
+    from distill.rewoo.agent import worker_config
 
     solver = build_chat(cfg.solver, cfg.prices, cache)
     if method.kind == "direct":
@@ -233,11 +233,7 @@ def build_method(cfg: EvalConfig, method: Method, cache=None):
     def tools_for(example) -> dict:
         return with_tool_failures(base_tools_for(example), cfg.tool_failure_rate, cfg.tool_failure_seed, example.id)
 
-    worker = WorkerConfig(
-        max_concurrency=cfg.worker_max_concurrency,
-        tool_timeout_s=cfg.tool_timeout_s,
-        evidence_max_chars=cfg.evidence_max_chars,
-    )
+    worker = worker_config(cfg)
     descriptions = tool_descriptions(cfg)
     if method.kind == "react":
         return ReActAgent(

@@ -186,6 +186,15 @@ def make_tools_for(cfg, llm_tool_model, cache=None, wiki=None) -> Callable[[Any]
     return tools_for
 
 
+def worker_config(cfg) -> WorkerConfig:
+    """The Worker settings of an AgentConfig (shared by ReWOO and the ReAct baseline)."""
+    return WorkerConfig(
+        max_concurrency=cfg.worker_max_concurrency,
+        tool_timeout_s=cfg.tool_timeout_s,
+        evidence_max_chars=cfg.evidence_max_chars,
+    )
+
+
 def build_agent(cfg, cache=None, *, planner=None, method: str = "rewoo", seed: int = 0) -> ReWOOAgent:
     """Wire models, tools and prompts from an AgentConfig; `planner` overrides the configured one (eval)."""
     from distill.llm import build_chat
@@ -206,11 +215,7 @@ def build_agent(cfg, cache=None, *, planner=None, method: str = "rewoo", seed: i
         planner_max_tokens=cfg.planner.max_tokens,
         planner_stop=cfg.planner.stop,
         solver_max_tokens=cfg.solver.max_tokens,
-        worker=WorkerConfig(
-            max_concurrency=cfg.worker_max_concurrency,
-            tool_timeout_s=cfg.tool_timeout_s,
-            evidence_max_chars=cfg.evidence_max_chars,
-        ),
+        worker=worker_config(cfg),
         method=method,
         seed=seed,
     )
