@@ -221,8 +221,7 @@ def build_method(cfg: EvalConfig, method: Method, cache=None):
     and HTTP clients belong to the loop they were first used in (in-process weights are shared anyway)."""
     from distill.baselines import DirectAgent, ReActAgent
     from distill.llm import build_chat
-    from distill.rewoo.agent import ReWOOAgent, make_tools_for
-    from distill.rewoo.agent import worker_config
+    from distill.rewoo.agent import ReWOOAgent, make_tools_for, worker_config
 
     solver = build_chat(cfg.solver, cfg.prices, cache)
     if method.kind == "direct":
