@@ -82,15 +82,15 @@ class TransformersChat:
         return Completion(text, usage, time.perf_counter() - t0, self.price.cost(usage), self.name)
 
     def _take_batch(self) -> list[_Request]:
-        """Oldest request first, plus every pending one with the same sampling mode, up to the batch size."""
+        """Oldest request first, plus every pending one with the same sampling mode and stop strings, up to the
+        batch size: one shared stop list lets a batch end as soon as every row has hit a stop."""
         with self._cv:
             while not self._pending and not self._closing:
                 self._cv.wait()
             if self._closing:
                 return []
             head = self._pending[0]
-            mode = (head.temperature > 0, head.temperature)
-            batch = [r for r in self._pending if (r.temperature > 0, r.temperature) == mode][: self.max_batch_size]
+            batch = [r for r in self._pending if _mode(r) == _mode(head)][: self.max_batch_size]
             for r in batch:
                 self._pending.remove(r)
             return batch
@@ -121,9 +121,8 @@ class TransformersChat:
             kwargs.update(do_sample=True, temperature=head.temperature, top_p=1.0, top_k=0)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        stops = sorted({s for r in batch for s in r.stop or []})
-        if stops and len(batch) == 1:
-            kwargs.update(stop_strings=stops, tokenizer=self.tokenizer)
+        if head.stop:  # every row of the batch has the same stops (_take_batch); a row stops alone
+            kwargs.update(stop_strings=list(head.stop), tokenizer=self.tokenizer)
         from transformers import StoppingCriteria, StoppingCriteriaList
 
         closing = self
@@ -151,6 +150,10 @@ class TransformersChat:
                 row = self.tokenizer.encode(text, add_special_tokens=False)
             results.append((text, Usage(len(r.ids), len(row))))
         return results
+
+
+def _mode(req: _Request) -> tuple:
+    return req.temperature, tuple(req.stop or ())
 
 
 def _deliver(req: _Request, setter, value) -> None:
