@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import stat
@@ -247,6 +248,13 @@ def test_scoped_wikipedia_searches_only_its_paragraphs() -> None:
     assert run(tool.run("Ed Wood")).startswith("Ed Wood: Edward Davis Wood Jr.")
     assert run(tool.run("superhero film 2016")).startswith("Doctor Strange (2016 film): ")
     assert run(tool.run("Marie Curie radium")) == ""
+
+
+def test_building_an_index_prints_no_bm25s_debug_lines(caplog) -> None:
+    """One index per question with a per-question scope: bm25s's own DEBUG logger would print a line each."""
+    with caplog.at_level(logging.DEBUG):
+        run(LocalWikipedia.scoped(CONTEXT).run("Ed Wood"))
+    assert not [r for r in caplog.records if r.name.startswith("bm25s") and r.levelno < logging.WARNING]
 
 
 def test_scoped_wikipedia_top_k_and_empty_context() -> None:

@@ -40,6 +40,15 @@ TOKENIZER = {"lib": "bm25s", "stopwords": "en", "stemmer": "english", "lower": T
 FINGERPRINT_FILE = "fingerprint.json"
 
 
+def _bm25s():
+    """bm25s, imported late (it is slow to import) and quieted: it sets its own logger to DEBUG on import,
+    which would print a line per index built (one per question with a per-question scope)."""
+    import bm25s
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    return bm25s
+
+
 @dataclass(frozen=True)
 class Paragraph:
     title: str
@@ -89,7 +98,7 @@ class _Bm25:
 
     @classmethod
     def build(cls, paragraphs: Sequence[Paragraph]) -> "_Bm25":
-        import bm25s
+        bm25s = _bm25s()
 
         # The title goes into the indexed text so that a query naming the page finds it.
         docs = [f"{p.title}. {p.text}" for p in paragraphs]
@@ -104,7 +113,7 @@ class _Bm25:
 
     def search(self, query: str, k: int) -> list[int]:
         """Indices of the k best documents with a positive score; a page whose title is the query comes first."""
-        import bm25s
+        bm25s = _bm25s()
         import numpy as np
 
         with self._lock:
@@ -196,7 +205,7 @@ def index_dirs(corpus: Path, fingerprint: dict[str, Any]) -> list[Path]:
 
 def _load_index(directory: Path, fingerprint: dict[str, Any], paragraphs: Sequence[Paragraph]) -> _Bm25 | None:
     """The persisted index in `directory` if it was built from this exact corpus, else None."""
-    import bm25s
+    bm25s = _bm25s()
 
     try:
         stored = json.loads((directory / FINGERPRINT_FILE).read_text())
