@@ -40,6 +40,26 @@ def test_concurrent_greedy_calls_share_a_batch_and_match_single_calls(chat):
         assert 0 < c.usage.completion_tokens <= 8
 
 
+def test_a_shared_prompt_prefix_is_computed_once_and_changes_no_answer(chat):
+    """The few-shot planner prompt is the same for every question: its keys/values are reused across rows and
+    batches, and greedy answers equal those of each prompt run alone without any reuse."""
+    from distill.rewoo.prompts import planner_messages
+    from distill.tools.registry import TOOL_DESCRIPTIONS
+
+    tools = {k: TOOL_DESCRIPTIONS[k] for k in ("Wikipedia", "LLM")}
+    prompts = [planner_messages(q, tools, fewshot=True) for q in QUESTIONS[:3]]
+    chat.min_prefix_tokens = 10**9  # reference: no reuse at all
+    alone = [asyncio.run(_all(chat, [(m, {"max_tokens": 10})]))[0] for m in prompts]
+    chat.min_prefix_tokens, chat.prefix_builds = 64, 0
+    chat.batches.clear()
+    together = asyncio.run(_all(chat, [(m, {"max_tokens": 10}) for m in prompts]))
+    again = asyncio.run(_all(chat, [(m, {"max_tokens": 10}) for m in prompts[:1]]))  # a lone call reuses it too
+    assert max(chat.batches) > 1 and chat.prefix_builds == 1, (chat.batches, chat.prefix_builds)
+    assert [c.text for c in together] == [c.text for c in alone]
+    assert [c.text for c in again] == [c.text for c in alone[:1]]
+    assert together[0].usage.prompt_tokens == len(chat.prompt_ids(prompts[0]))
+
+
 def test_sampling_modes_and_stop_lists_never_share_a_batch(chat):
     chat.batches.clear()
     requests = [(_ask(q), {"max_tokens": 4}) for q in QUESTIONS[:2]]

@@ -32,7 +32,13 @@ class _Request:
 
 class TransformersChat:
     def __init__(
-        self, model: str, price: Price = Price(), dtype: str = "float32", device: str = "cpu", max_batch_size: int = 16
+        self,
+        model: str,
+        price: Price = Price(),
+        dtype: str = "float32",
+        device: str = "cpu",
+        max_batch_size: int = 16,
+        min_prefix_tokens: int = 64,
     ):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -52,6 +58,9 @@ class TransformersChat:
         self._worker: threading.Thread | None = None
         self._closing = False
         self.batches: list[int] = []  # sizes of the batches run, for benchmarks and tests
+        self.min_prefix_tokens = min_prefix_tokens  # shorter shared prefixes are prefilled with the rest
+        self._prefix: tuple[tuple[int, ...], list] | None = None  # the last shared prefix and its keys/values
+        self.prefix_builds = 0
         atexit.register(self.close)
 
     def close(self, timeout_s: float = 60.0) -> None:
@@ -109,12 +118,60 @@ class TransformersChat:
             for r, res in zip(batch, results):
                 _deliver(r, _set_result, res)
 
+    def _inputs(self, batch: list[_Request]):
+        """Token ids, attention mask and a KV cache for one `generate`.
+
+        Prompts sharing a long prefix (the few-shot planner and ReAct system prompts, identical for every
+        question) are laid out as [prefix][padding][own suffix]: the prefix's keys and values are computed
+        once, kept for the next batch, and repeated across the rows, so only the suffixes are prefilled.
+        On a CPU, prefill of a ~500-token few-shot prompt is most of a planner call. Masked padding in the
+        middle is harmless: positions come from the attention mask's running sum."""
+        import torch
+
+        dev = self.model.device
+        n = self._reusable_prefix(batch)
+        if n < self.min_prefix_tokens:
+            width = max(len(r.ids) for r in batch)
+            ids = [[self._pad] * (width - len(r.ids)) + r.ids for r in batch]
+            mask = [[0] * (width - len(r.ids)) + [1] * len(r.ids) for r in batch]
+            return torch.tensor(ids, device=dev), torch.tensor(mask, device=dev), None
+        prefix = batch[0].ids[:n]
+        tail = max(len(r.ids) - n for r in batch)
+        ids = [prefix + [self._pad] * (tail - len(r.ids) + n) + r.ids[n:] for r in batch]
+        mask = [[1] * n + [0] * (tail - len(r.ids) + n) + [1] * (len(r.ids) - n) for r in batch]
+        return torch.tensor(ids, device=dev), torch.tensor(mask, device=dev), self._prefix_cache(prefix, len(batch))
+
+    def _reusable_prefix(self, batch: list[_Request]) -> int:
+        """Length of the prefix to take from the cache: the stored one when every row extends it, else the
+        batch's common prefix (never for a lone request: its whole prompt would evict a useful prefix)."""
+        if self._prefix is not None:
+            stored = self._prefix[0]
+            if all(len(r.ids) > len(stored) and tuple(r.ids[: len(stored)]) == stored for r in batch):
+                return len(stored)
+        if len(batch) < 2:
+            return 0
+        return min(_common_prefix([r.ids for r in batch]), min(len(r.ids) for r in batch) - 1)
+
+    def _prefix_cache(self, prefix: list[int], rows: int):
+        import torch
+        from transformers import DynamicCache
+
+        key = tuple(prefix)
+        with torch.inference_mode():
+            if self._prefix is None or self._prefix[0] != key:
+                out = self.model(torch.tensor([prefix], device=self.model.device), use_cache=True)
+                self._prefix = (key, [(layer.keys, layer.values) for layer in out.past_key_values.layers])
+                self.prefix_builds += 1
+            cache = DynamicCache()
+            for i, (k, v) in enumerate(self._prefix[1]):
+                cache.update(k.expand(rows, -1, -1, -1).contiguous(), v.expand(rows, -1, -1, -1).contiguous(), i)
+        return cache
+
     def _generate(self, batch: list[_Request]) -> list[tuple[str, Usage]]:
         import torch
 
-        width = max(len(r.ids) for r in batch)
-        ids = torch.tensor([[self._pad] * (width - len(r.ids)) + r.ids for r in batch], device=self.model.device)
-        mask = torch.tensor([[0] * (width - len(r.ids)) + [1] * len(r.ids) for r in batch], device=self.model.device)
+        ids, mask, cache = self._inputs(batch)
+        width = ids.shape[1]
         head = batch[0]
         kwargs = dict(max_new_tokens=max(r.max_tokens for r in batch), pad_token_id=self._pad)
         if head.temperature > 0:
@@ -135,7 +192,8 @@ class TransformersChat:
             if head.seed is not None:
                 torch.manual_seed(head.seed)
             out = self.model.generate(
-                ids, attention_mask=mask, stopping_criteria=StoppingCriteriaList([_OnClose()]), **kwargs
+                ids, attention_mask=mask, past_key_values=cache,
+                stopping_criteria=StoppingCriteriaList([_OnClose()]), **kwargs,
             )
         self.batches.append(len(batch))
         results = []
@@ -150,6 +208,14 @@ class TransformersChat:
                 row = self.tokenizer.encode(text, add_special_tokens=False)
             results.append((text, Usage(len(r.ids), len(row))))
         return results
+
+
+def _common_prefix(rows: list[list[int]]) -> int:
+    first, n = rows[0], min(len(r) for r in rows)
+    for i in range(n):
+        if any(r[i] != first[i] for r in rows):
+            return i
+    return n
 
 
 def _mode(req: _Request) -> tuple:
