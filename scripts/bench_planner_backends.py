@@ -53,7 +53,9 @@ def main() -> int:
 
             chat = TransformersChat(args.model, max_batch_size=len(prompts))
             asyncio.run(_run_all(chat, prompts[:1], 4))  # warm-up: first forward pass allocations
+            chat.batches.clear()
             rows[backend] = asyncio.run(_run_all(chat, prompts, args.max_tokens))
+            print(f"in-process batches: {chat.batches}, shared-prefix builds: {chat.prefix_builds}")
             chat.close()
         elif backend == "vllm":
             from distill.llm.openai_backend import OpenAIChat

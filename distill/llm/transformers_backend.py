@@ -39,6 +39,7 @@ class TransformersChat:
         device: str = "cpu",
         max_batch_size: int = 16,
         min_prefix_tokens: int = 64,
+        batch_window_s: float = 0.02,
     ):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -58,6 +59,7 @@ class TransformersChat:
         self._worker: threading.Thread | None = None
         self._closing = False
         self.batches: list[int] = []  # sizes of the batches run, for benchmarks and tests
+        self.batch_window_s = batch_window_s
         self.min_prefix_tokens = min_prefix_tokens  # shorter shared prefixes are prefilled with the rest
         self._prefix: tuple[tuple[int, ...], list] | None = None  # the last shared prefix and its keys/values
         self.prefix_builds = 0
@@ -96,6 +98,17 @@ class TransformersChat:
         with self._cv:
             while not self._pending and not self._closing:
                 self._cv.wait()
+            # Callers started together (asyncio.gather) arrive one by one, each after tokenizing its prompt:
+            # wait while they keep coming (up to 10 windows), else the first would run alone, and a lone
+            # 128-token generate costs about as much as a batch of 16.
+            deadline = time.monotonic() + 10 * self.batch_window_s
+            while len(self._pending) < self.max_batch_size and not self._closing:
+                seen, left = len(self._pending), deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(min(self.batch_window_s, left))
+                if len(self._pending) == seen:
+                    break
             if self._closing:
                 return []
             head = self._pending[0]
