@@ -90,6 +90,31 @@ def test_same_backend_works_across_event_loops_and_spreads_load(flaky_server):
         FlakyAPI.fail_first = 2
 
 
+def test_clients_of_a_finished_event_loop_are_dropped_without_errors_in_the_next(flaky_server):
+    """eval runs each method in its own asyncio.run: the previous loop's HTTP clients, collected during the
+    next method, must not try to close their sockets on the new loop ('Event loop is closed' tracebacks)."""
+    import gc
+
+    FlakyAPI.fail_first, FlakyAPI.protocol_version = 0, "HTTP/1.1"  # keep-alive, like vLLM: sockets stay open
+    try:
+        model = OpenAIChat("m", [flaky_server])
+        asyncio.run(model.chat([{"role": "user", "content": "x"}]))
+        errors = []
+
+        async def next_method():
+            asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: errors.append(ctx))
+            await model.chat([{"role": "user", "content": "x"}])  # rebinds: the old clients lose their last ref
+            gc.collect()
+            for _ in range(20):
+                await asyncio.sleep(0.01)
+            gc.collect()
+
+        asyncio.run(next_method())
+        assert not errors, [str(e.get("exception") or e.get("message")) for e in errors]
+    finally:
+        FlakyAPI.fail_first, FlakyAPI.protocol_version = 2, "HTTP/1.0"
+
+
 def test_missing_key_env_and_unreachable_server_are_clear_errors(monkeypatch):
     monkeypatch.delenv("DISTILL_TEST_KEY", raising=False)
     with pytest.raises(DistillError, match="DISTILL_TEST_KEY"):

@@ -49,15 +49,22 @@ class OpenAIChat:
         self._tokenizer = None
 
     def _bind(self) -> None:
-        """HTTP clients and the semaphore belong to one event loop; a new `asyncio.run` gets fresh ones."""
-        from openai import AsyncOpenAI
+        """HTTP clients and the semaphore belong to one event loop; a new `asyncio.run` gets fresh ones.
+
+        The clients get openai's plain `DefaultAsyncHttpxClient`: the wrapper it uses by default closes itself
+        from `__del__` on whatever loop is running then, so clients left by an earlier `asyncio.run` (eval runs
+        one per method) printed 'Event loop is closed' tracebacks in the next one."""
+        from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
         loop = asyncio.get_running_loop()
         if loop is self._loop:
             return
         self._loop = loop
         self._clients = [
-            AsyncOpenAI(base_url=url, api_key=self._key, timeout=self._timeout_s, max_retries=self._max_retries)
+            AsyncOpenAI(
+                base_url=url, api_key=self._key, timeout=self._timeout_s, max_retries=self._max_retries,
+                http_client=DefaultAsyncHttpxClient(),
+            )
             for url in self._urls
         ]
         self._sem = asyncio.Semaphore(self._max_concurrency)
