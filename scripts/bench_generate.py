@@ -38,8 +38,11 @@ def main() -> int:
     for level in [int(x) for x in args.levels.split(",")]:
         with tempfile.TemporaryDirectory() as tmp:
             cfg = validate(GenerateConfig, {
-                "planner": spec | {"temperature": 0.7, "max_tokens": 256},
+                # the teacher settings of configs/generate_smollm2_vllm.yaml
+                "planner": spec | {"temperature": 0.7, "max_tokens": 160, "stop": ["\nQuestion:"]},
                 "solver": spec | {"max_tokens": 32},
+                "llm_tool": spec | {"max_tokens": 64},
+                "tool_timeout_s": 300, "evidence_max_chars": 500,
                 "wikipedia_corpus": args.corpus,
                 "datasets": [{"name": "hotpotqa", "source": args.questions, "n": args.records}],
                 "output_dir": tmp, "concurrency": level, "cache": None, "samples_per_question": 1,
