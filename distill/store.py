@@ -134,14 +134,16 @@ class CallCache:
         self._db.execute("CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, kind TEXT, value TEXT)")
         self._lock = threading.Lock()
         self.hits = 0
-        self.misses = 0
         self.misses_by_kind: dict[str, int] = {}
+
+    @property
+    def misses(self) -> int:
+        return sum(self.misses_by_kind.values())
 
     def get(self, key: str, kind: str = "model") -> Any | None:
         with self._lock:
             row = self._db.execute("SELECT value FROM calls WHERE key = ?", (key,)).fetchone()
         if row is None:
-            self.misses += 1
             self.misses_by_kind[kind] = self.misses_by_kind.get(kind, 0) + 1
             return None
         self.hits += 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -141,18 +142,16 @@ class TransformersChat:
         middle is harmless: positions come from the attention mask's running sum."""
         import torch
 
-        dev = self.model.device
         n = self._reusable_prefix(batch)
         if n < self.min_prefix_tokens:
-            width = max(len(r.ids) for r in batch)
-            ids = [[self._pad] * (width - len(r.ids)) + r.ids for r in batch]
-            mask = [[0] * (width - len(r.ids)) + [1] * len(r.ids) for r in batch]
-            return torch.tensor(ids, device=dev), torch.tensor(mask, device=dev), None
+            n = 0  # plain left padding
         prefix = batch[0].ids[:n]
         tail = max(len(r.ids) - n for r in batch)
         ids = [prefix + [self._pad] * (tail - len(r.ids) + n) + r.ids[n:] for r in batch]
         mask = [[1] * n + [0] * (tail - len(r.ids) + n) + [1] * (len(r.ids) - n) for r in batch]
-        return torch.tensor(ids, device=dev), torch.tensor(mask, device=dev), self._prefix_cache(prefix, len(batch))
+        cache = self._prefix_cache(prefix, len(batch)) if n else None
+        dev = self.model.device
+        return torch.tensor(ids, device=dev), torch.tensor(mask, device=dev), cache
 
     def _reusable_prefix(self, batch: list[_Request]) -> int:
         """Length of the prefix to take from the cache: the stored one when every row extends it, else the
@@ -163,7 +162,8 @@ class TransformersChat:
                 return len(stored)
         if len(batch) < 2:
             return 0
-        return min(_common_prefix([r.ids for r in batch]), min(len(r.ids) for r in batch) - 1)
+        common = len(os.path.commonprefix([r.ids for r in batch]))  # works on any sequences
+        return min(common, min(len(r.ids) for r in batch) - 1)
 
     def _prefix_cache(self, prefix: list[int], rows: int):
         import torch
@@ -221,14 +221,6 @@ class TransformersChat:
                 row = self.tokenizer.encode(text, add_special_tokens=False)
             results.append((text, Usage(len(r.ids), len(row))))
         return results
-
-
-def _common_prefix(rows: list[list[int]]) -> int:
-    first, n = rows[0], min(len(r) for r in rows)
-    for i in range(n):
-        if any(r[i] != first[i] for r in rows):
-            return i
-    return n
 
 
 def _mode(req: _Request) -> tuple:

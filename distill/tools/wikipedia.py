@@ -14,6 +14,7 @@ that as empty evidence rather than the tool inventing something).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -40,9 +41,10 @@ TOKENIZER = {"lib": "bm25s", "stopwords": "en", "stemmer": "english", "lower": T
 FINGERPRINT_FILE = "fingerprint.json"
 
 
+@functools.cache
 def _bm25s():
-    """bm25s, imported late (it is slow to import) and quieted: it sets its own logger to DEBUG on import,
-    which would print a line per index built (one per question with a per-question scope)."""
+    """bm25s, imported late (it is slow to import) and quieted once: it sets its own logger to DEBUG on
+    import, which would print a line per index built (one per question with a per-question scope)."""
     import bm25s
 
     logging.getLogger("bm25s").setLevel(logging.WARNING)
