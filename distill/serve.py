@@ -63,7 +63,7 @@ class ServeConfig(Strict):
     tensor_parallel_size: int = Field(default=1, ge=1)
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     max_model_len: int | None = Field(default=None, ge=1)
-    dtype: str | None = None  # None: bfloat16 on CPU, vLLM's auto on GPU
+    dtype: str | None = None  # None: GPU: vLLM's auto; CPU: bfloat16 where it has bf16 instructions, else float32
     enforce_eager: bool | None = None  # None: on for CPU (no CUDA graphs there), off on GPU
     cpu_kvcache_space_gb: int = Field(default=2, ge=1)  # VLLM_CPU_KVCACHE_SPACE
     api_key_env: str | None = None  # name of the env var holding a key clients must send
@@ -323,6 +323,28 @@ def detect_platform() -> Platform:
     return "gpu" if torch.cuda.is_available() else "cpu"
 
 
+# CPU flags (Linux /proc/cpuinfo names) of native bfloat16 arithmetic: AVX512-BF16 and AMX on x86, BF16 on Arm.
+BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:  # not Linux: no flags known
+        return frozenset()
+    return frozenset(
+        f for line in text.splitlines() if line.split(":")[0].strip() in ("flags", "Features")
+        for f in line.split(":", 1)[1].split()
+    )
+
+
+def cpu_dtype(flags: frozenset[str] | None = None) -> str:
+    """Without native bf16 (AVX2-only x86), vllm-cpu emulates bfloat16 and batched decode over long prompts
+    runs ~4x slower than float32 (BENCHMARKS.md), so bfloat16 is only the default where the CPU has it."""
+    flags = cpu_flags() if flags is None else flags
+    return "bfloat16" if flags & BF16_CPU_FLAGS else "float32"
+
+
 def build_command(cfg: ServeConfig, platform: Platform) -> tuple[list[str], dict[str, str]]:
     """The vLLM server's argv and the environment variables to add to os.environ. Checks the adapter first."""
     if cfg.port == 0:
@@ -342,7 +364,7 @@ def build_command(cfg: ServeConfig, platform: Platform) -> tuple[list[str], dict
     template = choose_chat_template(cfg, adapter, model)
     if template:
         argv += ["--chat-template", template]
-    argv += ["--dtype", cfg.dtype or ("bfloat16" if cpu else "auto")]
+    argv += ["--dtype", cfg.dtype or (cpu_dtype() if cpu else "auto")]
     if cfg.enforce_eager if cfg.enforce_eager is not None else cpu:
         argv.append("--enforce-eager")
     if cfg.max_model_len:

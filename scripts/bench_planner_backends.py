@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--questions", default=str(ROOT / "data" / "demo" / "train.jsonl"))
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--backends", default="transformers,vllm")
+    p.add_argument("--dtype", default=None, help="vLLM --dtype (default: distill serve's choice for this machine)")
     return p
 
 
@@ -61,7 +62,8 @@ def main() -> int:
             from distill.llm.openai_backend import OpenAIChat
             from distill.serve import ServeConfig, VLLMServer
 
-            cfg = ServeConfig(base_model=args.model, served_model_name="bench", port=0, max_model_len=4096)
+            cfg = ServeConfig(base_model=args.model, served_model_name="bench", port=0, max_model_len=4096,
+                              dtype=args.dtype)
             with VLLMServer(cfg, log_path="/tmp/distill_bench_vllm.log") as server:
                 chat = OpenAIChat("bench", [server.base_url], None, max_concurrency=len(prompts), timeout_s=3600)
                 asyncio.run(_run_all(chat, prompts[:1], 4))

@@ -27,6 +27,8 @@ from distill.serve import (
     VLLMServer,
     allowed_lora_ranks,
     build_command,
+    cpu_dtype,
+    cpu_flags,
     canonical_model,
     check_adapter_base,
     format_command,
@@ -135,10 +137,29 @@ def test_allowed_ranks_are_read_from_the_installed_vllm() -> None:
 def test_cpu_flags(base: Path, adapter: Path) -> None:
     cfg = ServeConfig(base_model=str(base), adapter=str(adapter), cpu_kvcache_space_gb=3)
     argv, env = build_command(cfg, "cpu")
-    assert flag(argv, "--dtype") == "bfloat16"
+    assert flag(argv, "--dtype") == cpu_dtype()
     assert "--enforce-eager" in argv
     assert "--gpu-memory-utilization" not in argv and "--tensor-parallel-size" not in argv
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+
+
+def test_cpu_dtype_follows_native_bf16_support(tmp_path: Path) -> None:
+    avx2 = tmp_path / "avx2"
+    avx2.write_text("processor\t: 0\nflags\t\t: fpu sse avx avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu avx2\n")
+    sapphire = tmp_path / "spr"
+    sapphire.write_text("processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n")
+    graviton = tmp_path / "arm"
+    graviton.write_text("processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n")
+    assert cpu_flags(str(avx2)) == {"fpu", "sse", "avx", "avx2", "fma"}
+    assert cpu_dtype(cpu_flags(str(avx2))) == "float32"
+    assert cpu_dtype(cpu_flags(str(sapphire))) == "bfloat16"
+    assert cpu_dtype(cpu_flags(str(graviton))) == "bfloat16"
+    assert cpu_dtype(cpu_flags(str(tmp_path / "missing"))) == "float32"
+
+
+def test_explicit_dtype_wins(base: Path, adapter: Path) -> None:
+    argv, _ = build_command(ServeConfig(base_model=str(base), adapter=str(adapter), dtype="bfloat16"), "cpu")
+    assert flag(argv, "--dtype") == "bfloat16"
 
 
 def test_gpu_flags(base: Path, adapter: Path) -> None:
