@@ -201,13 +201,18 @@ def canonical_model(name: str) -> str:
     return name
 
 
-def _arch(folder: str) -> dict | None:
+def _text_config(folder: str) -> dict | None:
+    """A local model folder's config.json, the language model's part of it for multimodal configs."""
     config = Path(folder) / "config.json"
     if not config.is_file():
         return None
     data = _read_json(config)
-    data = data.get("text_config", data) if "hidden_size" not in data else data
-    return {key: data.get(key) for key in ARCH_KEYS}
+    return data.get("text_config", data) if "hidden_size" not in data else data
+
+
+def _arch(folder: str) -> dict | None:
+    data = _text_config(folder)
+    return None if data is None else {key: data.get(key) for key in ARCH_KEYS}
 
 
 def check_adapter_base(adapter_base: str | None, base_model: str) -> None:
@@ -346,12 +351,8 @@ def cpu_dtype(flags: frozenset[str] | None = None) -> str:
     return "bfloat16" if flags & BF16_CPU_FLAGS else "float32"
 
 
-def _model_max_len(model: str) -> int | None:
-    config = Path(model) / "config.json"
-    if not config.is_file():
-        return None
-    data = _read_json(config)
-    return data.get("max_position_embeddings") or data.get("text_config", {}).get("max_position_embeddings")
+# vLLM's per-step token budget for its CPU OpenAI server (`max_num_batched_tokens` default in arg_utils.py).
+VLLM_CPU_BATCHED_TOKENS = 2048
 
 
 def whole_prompt_prefill_args(cfg: ServeConfig, model: str) -> list[str]:
@@ -362,13 +363,13 @@ def whole_prompt_prefill_args(cfg: ServeConfig, model: str) -> list[str]:
     args = ["--no-enable-chunked-prefill"]
     if any(a.split("=")[0] == "--max-num-batched-tokens" for a in cfg.extra_args):
         return args
-    length = cfg.max_model_len or _model_max_len(model)
+    length = cfg.max_model_len or (_text_config(model) or {}).get("max_position_embeddings")
     if length is None:
         raise DistillError(
             f"set max_model_len: without chunked prefill (off on CPU) vLLM needs a token budget of at least the "
             f"model's context length, and {model} has no local config.json that says it"
         )
-    return args + ["--max-num-batched-tokens", str(max(length, 2048))]
+    return args + ["--max-num-batched-tokens", str(max(length, VLLM_CPU_BATCHED_TOKENS))]
 
 
 def build_command(cfg: ServeConfig, platform: Platform) -> tuple[list[str], dict[str, str]]:
