@@ -38,17 +38,21 @@ FINISH = "Finish"
 
 
 def load_records(output_dir: str | Path) -> dict[str, list[dict]]:
-    """Records grouped by their `method` field, in file order; the file name is not trusted."""
-    from distill.store import read_jsonl
+    """Records grouped by their `method` field, in file order, the first per key kept (as the run's own store
+    keeps it), so a question answered twice is counted once; the file name is not trusted."""
+    from distill.evaluate import record_key
+    from distill.store import dedupe, read_jsonl
 
     folder = Path(output_dir) / RECORDS_DIR
     files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
     if not files:
         raise DistillError(f"no per-example records under {folder}; run `distill eval` first")
+    records, duplicates = dedupe((rec for path in files for rec in read_jsonl(path)), record_key, str(folder))
+    if duplicates:
+        print(f"note: {folder} holds {duplicates} duplicate record(s); the first of each is used")
     by_method: dict[str, list[dict]] = defaultdict(list)
-    for path in files:
-        for rec in read_jsonl(path):
-            by_method[rec["method"]].append(rec)
+    for rec in records:
+        by_method[rec["method"]].append(rec)
     return dict(by_method)
 
 

@@ -6,13 +6,15 @@ skips what is on disk, and a line torn by a crash is cut off and redone rather t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import sqlite3
 import threading
+import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import IO, Any, Callable, Hashable, Iterable, Iterator
 
 from distill.errors import DistillError
 
@@ -23,53 +25,147 @@ def stable_hash(obj: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for every non-blank line; the first bad line stops with one line naming file:line.
+
+    Lines are split on `\n` bytes only and decoded one by one, so a U+2028 inside a JSON string (which
+    `ensure_ascii=False` writes raw) stays in its line and bad bytes are reported where they are.
+    """
+    path = Path(path)
+    try:
+        handle = path.open("rb")
+    except FileNotFoundError:
+        raise DistillError(f"file not found: {path}") from None
+    except OSError as exc:
+        raise DistillError(f"cannot read {path}: {exc.strerror or exc}") from None
+    with handle:
+        for number, raw in enumerate(handle, 1):
+            if number == 1 and raw.startswith(_BOM):
+                raw = raw[len(_BOM):]
+            if raw.strip():
+                yield number, parse_line(raw, f"{path}:{number}")
+
+
 def read_jsonl(path: str | Path) -> list[dict]:
-    path = Path(path)
-    if not path.exists():
-        raise DistillError(f"file not found: {path}")
-    out = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise DistillError(f"{path}:{n}: invalid JSON ({exc.msg})") from None
-    return out
+    return [record for _, record in iter_jsonl(path)]
 
 
-def write_jsonl(path: str | Path, records) -> None:
-    """Write a whole file atomically (temp file + rename), for outputs that are rebuilt, not appended."""
+def parse_line(raw: bytes, where: str) -> dict:
+    """One JSONL line to one object. Model output ends up in these files, so nothing in a line is trusted:
+    bad bytes, bad JSON, nesting deep enough to exhaust the parser's recursion and non-objects are all one
+    `DistillError` naming `where`, never a traceback."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DistillError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start + 1} of the line)") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DistillError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise DistillError(f"{where}: JSON nested too deeply to read") from None
+    if not isinstance(value, dict):
+        raise DistillError(f"{where}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def dedupe(records: Iterable[dict], key: Callable[[dict], Hashable], origin: str = "records") -> tuple[list[dict], int]:
+    """The first record per key, in order, and how many later ones were dropped.
+
+    Two runs on one folder (or a crash between a write and its bookkeeping) can leave the same question
+    answered twice; the first copy is the one a resumed run already counted, so it is the one kept.
+    """
+    kept, seen, dropped = [], set(), 0
+    for n, record in enumerate(records, 1):
+        try:
+            k = key(record)
+        except (KeyError, TypeError, IndexError) as exc:
+            raise DistillError(f"{origin}: record {n} has no key field {exc}") from None
+        if k in seen:
+            dropped += 1
+            continue
+        seen.add(k)
+        kept.append(record)
+    return kept, dropped
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename or a new file survive power loss; a platform that cannot open folders just skips it."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _replace(path: str | Path, write: Callable[[IO[str]], None]) -> None:
+    """Write beside the target, fsync, rename over it, fsync the folder: readers see the old file or the
+    whole new one, never half, and the target may also be the input that was just read."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for rec in records:
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tmp.open("w", encoding="utf-8") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise DistillError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise
+    _fsync_dir(path.parent)
+
+
+def write_jsonl(path: str | Path, records: Iterable[dict]) -> None:
+    """Write a whole file atomically and durably, for outputs that are rebuilt, not appended."""
+
+    def write(handle: IO[str]) -> None:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    _replace(path, write)
 
 
 def write_json(path: str | Path, obj: Any) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
-    tmp.replace(path)
+    _replace(path, lambda handle: handle.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n"))
 
 
 class JsonlStore:
-    """Append-only JSONL with resume. Opening it repairs a torn last line; `append` is durable on return."""
+    """Append-only JSONL with resume. Opening it repairs a torn last line; `append` is durable on return.
 
-    def __init__(self, path: str | Path):
+    With `key`, the store holds at most one record per key: loading keeps the first and counts the rest in
+    `duplicates`, and `append` of a key already held writes nothing and returns False. Ignoring rather than
+    raising, because the record already on disk is the answer the run counted: stopping a paid run (and
+    losing the answers in flight) over a copy of something already safe would be the worse failure.
+    """
+
+    def __init__(self, path: str | Path, key: Callable[[dict], Hashable] | None = None):
         self.path = Path(path)
+        self.key = key
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.repaired = False
-        self._records = self._load_and_repair()
+        self.duplicates = 0
+        records = self._load_and_repair()
+        if key is not None:
+            records, self.duplicates = dedupe(records, key, origin=str(self.path))
+        self._records = records
+        self._keys = {key(r) for r in records} if key is not None else set()
         self._lock = threading.Lock()
+        created = not self.path.exists()
         self._fh = self.path.open("a", encoding="utf-8")
+        if created:
+            _fsync_dir(self.path.parent)
 
     def _load_and_repair(self) -> list[dict]:
         if not self.path.exists():
@@ -79,15 +175,14 @@ class JsonlStore:
         lines = raw.split(b"\n")
         for i, line in enumerate(lines):
             end = pos + len(line) + 1
-            is_last = i == len(lines) - 1
             if line.strip():
                 try:
-                    if is_last:  # no trailing newline: written partly, whatever it parses as
-                        raise ValueError("torn")
-                    records.append(json.loads(line))
-                except ValueError:
-                    if not is_last and any(l.strip() for l in lines[i + 1 :]):
-                        raise DistillError(f"{self.path}: line {i + 1} is corrupt (not the last line; fix by hand)")
+                    if i == len(lines) - 1:  # no trailing newline: written partly, whatever it parses as
+                        raise DistillError("torn")
+                    records.append(parse_line(line, f"{self.path}:{i + 1}"))
+                except DistillError as exc:
+                    if any(rest.strip() for rest in lines[i + 1 :]):
+                        raise DistillError(f"{exc} (not the last line, so not a torn write: fix by hand)") from None
                     with self.path.open("r+b") as f:
                         f.truncate(good_end)
                     self.repaired = True
@@ -102,16 +197,27 @@ class JsonlStore:
     def records(self) -> list[dict]:
         return list(self._records)
 
-    def keys(self, key: Callable[[dict], Any]) -> set:
+    def keys(self, key: Callable[[dict], Any] | None = None) -> set:
+        if key is None:
+            if self.key is None:
+                raise TypeError("JsonlStore.keys() needs a key function when the store has none")
+            return set(self._keys)
         return {key(r) for r in self._records}
 
-    def append(self, record: dict) -> None:
+    def append(self, record: dict) -> bool:
+        """Write one record durably; False (nothing written) when the store already holds its key."""
         line = json.dumps(record, ensure_ascii=False) + "\n"
         with self._lock:
+            if self.key is not None:
+                k = self.key(record)
+                if k in self._keys:
+                    return False
+                self._keys.add(k)
             self._fh.write(line)
             self._fh.flush()
             os.fsync(self._fh.fileno())
             self._records.append(record)
+        return True
 
     def close(self) -> None:
         self._fh.close()
@@ -124,42 +230,77 @@ class JsonlStore:
 
 
 class CallCache:
-    """Content-addressed cache of model and tool calls, so a rerun repeats no paid call."""
+    """Content-addressed cache of model and tool calls, so a rerun repeats no paid call.
 
-    def __init__(self, path: str | Path):
+    Several processes may share one cache file (a generation and an evaluation, two runs side by side), so
+    a write that finds the file locked waits `busy_timeout_s` inside SQLite, then is retried `retries` times
+    with doubling pauses from `backoff_s`, and only then fails as one line naming the file. `lock_retries`
+    counts the retries that were needed.
+    """
+
+    def __init__(self, path: str | Path, *, busy_timeout_s: float = 30.0, retries: int = 3, backoff_s: float = 0.5):
         self.path = Path(path)
+        self.busy_timeout_s, self.retries, self.backoff_s = busy_timeout_s, retries, backoff_s
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, kind TEXT, value TEXT)")
         self._lock = threading.Lock()
         self.hits = 0
+        self.lock_retries = 0
         self.misses_by_kind: dict[str, int] = {}
+        try:
+            self._db = sqlite3.connect(
+                self.path, timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
+            )
+        except sqlite3.Error as exc:
+            raise DistillError(f"cannot open call cache {self.path}: {exc}") from None
+        try:
+            self._execute("PRAGMA journal_mode=WAL")
+            self._execute("CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, kind TEXT, value TEXT)")
+        except DistillError:
+            self._db.close()
+            raise
+
+    def _execute(self, sql: str, args: tuple = ()) -> list[tuple]:
+        attempt = 0
+        while True:
+            try:
+                with self._lock:
+                    return self._db.execute(sql, args).fetchall()
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise DistillError(f"call cache {self.path}: {exc}") from None
+                if attempt >= self.retries:
+                    raise DistillError(
+                        f"call cache {self.path} stayed locked by another process "
+                        f"({self.retries + 1} tries, {self.busy_timeout_s:g} s wait each); "
+                        "let that run finish or give this one its own cache"
+                    ) from None
+            except sqlite3.Error as exc:
+                raise DistillError(f"call cache {self.path}: {exc}") from None
+            time.sleep(self.backoff_s * 2**attempt)
+            attempt += 1
+            self.lock_retries += 1
 
     @property
     def misses(self) -> int:
         return sum(self.misses_by_kind.values())
 
     def get(self, key: str, kind: str = "model") -> Any | None:
-        with self._lock:
-            row = self._db.execute("SELECT value FROM calls WHERE key = ?", (key,)).fetchone()
-        if row is None:
+        rows = self._execute("SELECT value FROM calls WHERE key = ?", (key,))
+        if not rows:
             self.misses_by_kind[kind] = self.misses_by_kind.get(kind, 0) + 1
             return None
         self.hits += 1
-        return json.loads(row[0])
+        return json.loads(rows[0][0])
 
     def put(self, key: str, value: Any, kind: str = "model") -> None:
-        with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO calls (key, kind, value) VALUES (?, ?, ?)",
-                (key, kind, json.dumps(value, ensure_ascii=False)),
-            )
+        self._execute(
+            "INSERT OR REPLACE INTO calls (key, kind, value) VALUES (?, ?, ?)",
+            (key, kind, json.dumps(value, ensure_ascii=False)),
+        )
 
     def count(self, kind: str | None = None) -> int:
         q, args = ("SELECT COUNT(*) FROM calls", ()) if kind is None else ("SELECT COUNT(*) FROM calls WHERE kind=?", (kind,))
-        with self._lock:
-            return self._db.execute(q, args).fetchone()[0]
+        return self._execute(q, args)[0][0]
 
     def close(self) -> None:
         self._db.close()

@@ -44,19 +44,31 @@ def main(args: argparse.Namespace) -> int:
 
 
 def read_text(file: str) -> str:
+    """The plan as text, read as bytes first: a planner's output or a pasted file can hold any bytes, and
+    bytes that are not UTF-8 are one line naming where, not a traceback from the text layer."""
     if file == "-":
-        return sys.stdin.read()
+        stream = getattr(sys.stdin, "buffer", None)
+        if stream is None:  # stdin replaced by a text stream (an embedding program, a test): already text
+            return sys.stdin.read()
+        return _decode(stream.read(), "plan on stdin")
     path = Path(file)
     try:
-        return path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise DistillError(f"plan file not found: {path}") from None
     except IsADirectoryError:
         raise DistillError(f"plan file is a directory: {path}") from None
-    except UnicodeDecodeError as exc:
-        raise DistillError(f"plan file is not UTF-8 text: {path} ({exc.reason} at byte {exc.start})") from None
     except OSError as exc:
         raise DistillError(f"cannot read plan file {path}: {exc.strerror or exc}") from None
+    return _decode(data, f"plan file {path}")
+
+
+def _decode(data: bytes, what: str) -> str:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DistillError(f"{what} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # the newlines text mode would have given
 
 
 def format_plan(plan: Plan) -> str:

@@ -8,10 +8,8 @@ Each line needs `prediction` (null counts as no answer) and `answers` (a list, o
 from __future__ import annotations
 
 import argparse
-import json
-import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from distill.errors import DistillError
 
@@ -22,59 +20,43 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="write each input line plus `em` and `f1` here")
 
 
-def score_lines(lines: list[str], dataset: str, origin: str) -> list[dict[str, Any]]:
-    """Score every non-blank line; the first bad one stops the run with its line number."""
+def score_records(numbered: Iterable[tuple[int, dict[str, Any]]], dataset: str, origin: str) -> list[dict[str, Any]]:
+    """Score (line number, record) pairs from `store.iter_jsonl`; the first bad one stops the run with its line."""
     from distill.metrics import score
 
     records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        record, prediction, answers = _parse_line(line, number, origin)
+    for number, record in numbered:
+        prediction, answers = _fields(record, f"{origin}:{number}")
         result = score(dataset, prediction, answers)
         records.append({**record, "em": int(result["em"]), "f1": float(result["f1"])})
     return records
 
 
-def _parse_line(line: str, number: int, origin: str) -> tuple[dict[str, Any], str | None, list[str]]:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise DistillError(f"{origin}:{number}: invalid JSON ({exc.msg})") from exc
-    if not isinstance(record, dict):
-        raise DistillError(f"{origin}:{number}: expected a JSON object")
+def _fields(record: dict[str, Any], where: str) -> tuple[str | None, list[str]]:
     for field in ("prediction", "answers"):
         if field not in record:
-            raise DistillError(f"{origin}:{number}: missing field `{field}`")
+            raise DistillError(f"{where}: missing field `{field}`")
     prediction, answers = record["prediction"], record["answers"]
     if prediction is not None and not isinstance(prediction, str):
-        raise DistillError(f"{origin}:{number}: `prediction` must be a string or null")
+        raise DistillError(f"{where}: `prediction` must be a string or null")
     if isinstance(answers, str):
         answers = [answers]
     if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
-        raise DistillError(f"{origin}:{number}: `answers` must be a string or a non-empty list of strings")
-    return record, prediction, answers
-
-
-def _write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
-    """Write beside the target and rename, so --out may be the input file and a crash leaves no half file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+        raise DistillError(f"{where}: `answers` must be a string or a non-empty list of strings")
+    return prediction, answers
 
 
 def main(args: argparse.Namespace) -> int:
+    from distill.store import iter_jsonl, write_jsonl
+
     path: Path = args.file
     if not path.is_file():
         raise DistillError(f"predictions file not found: {path}")
-    records = score_lines(path.read_text(encoding="utf-8").splitlines(), args.dataset, str(path))
+    records = score_records(iter_jsonl(path), args.dataset, str(path))
     if not records:
         raise DistillError(f"{path}: no predictions to score")
     if args.out:
-        _write_jsonl(args.out, records)
+        write_jsonl(args.out, records)  # atomic and fsynced, so --out may be the input file itself
     n = len(records)
     em = sum(r["em"] for r in records) / n
     f1 = sum(r["f1"] for r in records) / n
