@@ -67,7 +67,7 @@ def _decode(data: bytes, what: str) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DistillError(f"{what} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        raise DistillError(f"{what} is not UTF-8 text ({exc.reason} at byte {exc.start + 1})") from None
     return text.replace("\r\n", "\n").replace("\r", "\n")  # the newlines text mode would have given
 
 
