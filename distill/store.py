@@ -26,6 +26,8 @@ def stable_hash(obj: Any) -> str:
 
 
 _BOM = b"\xef\xbb\xbf"
+_JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+               type(None): "null"}
 
 
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
@@ -68,7 +70,7 @@ def parse_line(raw: bytes, where: str) -> dict:
     except RecursionError:
         raise DistillError(f"{where}: JSON nested too deeply to read") from None
     if not isinstance(value, dict):
-        raise DistillError(f"{where}: expected a JSON object, got {type(value).__name__}")
+        raise DistillError(f"{where}: expected a JSON object, got {_JSON_TYPES.get(type(value), 'a value')}")
     return value
 
 

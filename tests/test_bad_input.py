@@ -39,7 +39,8 @@ def _one_error_line(proc: subprocess.CompletedProcess) -> str:
     [
         (b'{"prediction": "caf\xe9", "answers": ["x"]}', "p.jsonl:2: not UTF-8 text"),
         (b"\xff\xfe{}", "p.jsonl:2: not UTF-8 text"),
-        (b'{"prediction": "x", "answers": ' + b"[" * 200_000 + b"]" * 200_000 + b"}", "p.jsonl:2: JSON nested too deeply"),
+        (b'{"prediction": "x", "answers": ' + b"[" * 200_000 + b"]" * 200_000 + b"}",
+         "p.jsonl:2: JSON nested too deeply"),
         (b'{"a": ' * 500_000, "p.jsonl:2: JSON nested too deeply"),
     ],
 )

@@ -86,12 +86,14 @@ def _key(rec: dict) -> tuple[str, int]:
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        (b'{"id": "b", "text": "caf\xe9"}', r"t\.jsonl:2: not UTF-8 text \(invalid continuation byte at byte 25 of the line\)"),
+        (b'{"id": "b", "text": "caf\xe9"}',
+         r"t\.jsonl:2: not UTF-8 text \(invalid continuation byte at byte 25 of the line\)"),
         (b"[" * 100_000 + b"]" * 100_000, r"t\.jsonl:2: JSON nested too deeply"),
         (b"[" * 1_000_000, r"t\.jsonl:2: JSON nested too deeply"),
-        (b'["a", "b"]', r"t\.jsonl:2: expected a JSON object, got list"),
-        (b"null", r"t\.jsonl:2: expected a JSON object, got NoneType"),
-        (b'{"id": "b",}', r"t\.jsonl:2: invalid JSON \(Expecting property name enclosed in double quotes at column 12\)"),
+        (b'["a", "b"]', r"t\.jsonl:2: expected a JSON object, got an array"),
+        (b"null", r"t\.jsonl:2: expected a JSON object, got null"),
+        (b'{"id": "b",}',
+         r"t\.jsonl:2: invalid JSON \(Expecting property name enclosed in double quotes at column 12\)"),
     ],
 )
 def test_read_jsonl_names_file_and_line_of_any_bad_line(tmp_path, line, message):
