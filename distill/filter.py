@@ -2,22 +2,32 @@
 
     distill filter runs/teacher/trajectories.jsonl --out runs/teacher/kept.jsonl [--config configs/filter.yaml]
 
-A record is kept when its plan parsed with no errors, every step ran, and the answer is correct; of the
-passing samples of one question only the best is kept. The report accounts for every input record: each is
-either kept or dropped for exactly one (the first failing) reason.
+A record is kept when its plan parsed with no errors, every step ran, and it passes the criterion; of the
+passing samples of one question only the best is kept. The criterion is the paper's (`answer`: the Solver's
+answer is correct), or one that judges the plan alone (`evidence`: every gold supporting page was retrieved,
+whatever a weak Solver then said), or both. Questions without gold pages (TriviaQA) fall back to `answer`
+under `evidence`, since there is nothing else to judge their plans by. The report accounts for every input
+record: each is either kept or dropped for exactly one (the first failing) reason, and says how many each
+criterion would keep.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Literal
 
 from distill.config import Strict
 
-REASONS = ("invalid_plan", "step_failed", "too_many_steps", "unused_evidence", "incorrect", "not_best_sample")
+REASONS = (
+    "invalid_plan", "step_failed", "too_many_steps", "unused_evidence", "evidence_missed", "incorrect",
+    "not_best_sample",
+)
+CRITERIA = ("answer", "evidence", "answer_and_evidence")
 
 
 class FilterConfig(Strict):
+    criterion: Literal["answer", "evidence", "answer_and_evidence"] = "answer"
     min_f1: float = 0.8  # HotpotQA: correct when EM on any alias or F1 >= min_f1
     f1_datasets: list[str] = ["hotpotqa"]  # datasets where the F1 rule applies; elsewhere EM only
     use_judge: bool = False  # correct when the stored judge verdict says so (needs a judged run)
@@ -65,7 +75,12 @@ def first_failure(rec: dict, cfg: FilterConfig) -> str | None:
         return "too_many_steps"
     if cfg.reject_unused_evidence and unused_evidence(rec):
         return "unused_evidence"
-    if not is_correct(rec, cfg):
+    recall = rec.get("evidence_recall")
+    judge_evidence = cfg.criterion != "answer" and recall is not None
+    if judge_evidence and not recall.get("all"):
+        return "evidence_missed"
+    judge_answer = cfg.criterion != "evidence" or recall is None
+    if judge_answer and not is_correct(rec, cfg):
         return "incorrect"
     return None
 
@@ -96,7 +111,22 @@ def filter_records(records: list[dict], cfg: FilterConfig) -> tuple[list[dict], 
     return kept, dropped
 
 
-def build_report(records: list[dict], kept: list[dict], dropped: list[tuple[dict, str]]) -> dict:
+def recall_summary(records: list[dict]) -> dict[str, dict]:
+    """Mean evidence recall and the share with every gold page, per dataset, over records that have gold pages."""
+    acc: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])
+    for r in records:
+        recall = r.get("evidence_recall")
+        if recall is None:
+            continue
+        a = acc[r.get("dataset", "?")]
+        a[0] += 1
+        a[1] += recall["recall"]
+        a[2] += bool(recall["all"])
+    return {k: {"n": n, "recall": s / n, "all": full / n} for k, (n, s, full) in sorted(acc.items())}
+
+
+def build_report(records: list[dict], kept: list[dict], dropped: list[tuple[dict, str]],
+                 cfg: FilterConfig | None = None) -> dict:
     def steps_of(r: dict) -> int:
         return len((r.get("plan") or {}).get("steps") or [])
 
@@ -116,6 +146,10 @@ def build_report(records: list[dict], kept: list[dict], dropped: list[tuple[dict
         "by_dataset": {k: dict(v) for k, v in sorted(table["dataset"].items())},
         "by_steps": {k: dict(v) for k, v in sorted(table["steps"].items(), key=lambda kv: int(kv[0]))},
         "accounted": len(kept) + len(dropped) == len(records),
+        "evidence_recall": {"input": recall_summary(records), "kept": recall_summary(kept)},
+        "kept_by_criterion": None if cfg is None else {
+            c: len(filter_records(records, cfg.model_copy(update={"criterion": c}))[0]) for c in CRITERIA
+        },
     }
 
 
@@ -129,6 +163,10 @@ def format_report(report: dict) -> str:
             lines.append(
                 f"{name:<12}" + "".join(f"{counts.get(c, 0):>16}" for c in cols) + f"{sum(counts.values()):>8}"
             )
+    if report.get("kept_by_criterion"):
+        lines += ["", "kept by criterion: " + ", ".join(f"{c} {n}" for c, n in report["kept_by_criterion"].items())]
+    for name, r in (report.get("evidence_recall") or {}).get("input", {}).items():
+        lines.append(f"evidence recall {name}: {r['recall']:.3f} (all gold pages {r['all']:.3f}, n={r['n']})")
     return "\n".join(lines)
 
 
@@ -137,7 +175,7 @@ def run_filter(inp: str | Path, out: str | Path, cfg: FilterConfig) -> dict:
 
     records = read_jsonl(inp)
     kept, dropped = filter_records(records, cfg)
-    report = build_report(records, kept, dropped)
+    report = build_report(records, kept, dropped, cfg)
     write_jsonl(out, kept)
     write_json(Path(out).with_suffix(".report.json"), report | {"config": cfg.model_dump()})
     return report

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import string
+import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -95,6 +96,56 @@ def score(dataset: str, prediction: str | None, answers: str | Sequence[str]) ->
     if dataset == "triviaqa":
         return trivia_em_f1(prediction, answers)
     return hotpot_em_f1(prediction, answers)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Evidence recall: a Planner metric that needs no Solver
+
+RETRIEVAL_TOOLS = ("Wikipedia",)
+_TITLE_HEAD = 300  # a paragraph's title sits before its first ": "-like colon, well within this many characters
+
+
+def title_key(title: str) -> str:
+    """Page titles compare after NFKC, case folding, underscores as spaces and folded whitespace, so
+    `Ed_Wood`, `ed wood` and the resolved online title `Ed Wood` are one page."""
+    return " ".join(unicodedata.normalize("NFKC", title).replace("_", " ").casefold().split())
+
+
+def retrieved_titles(evidence: Sequence[dict]) -> set[str]:
+    """Title keys of every paragraph a retrieval step returned (`Title: text` paragraphs, blank-line separated).
+
+    A title may itself hold a colon ("Star Wars: A New Hope"), so every colon in a paragraph's head yields a
+    candidate; a gold title matches when it is one of them. Linear in the evidence's length."""
+    found: set[str] = set()
+    for ev in evidence:
+        if ev.get("tool") not in RETRIEVAL_TOOLS or ev.get("status") != "ok":
+            continue
+        for paragraph in (ev.get("output") or "").split("\n\n"):
+            head = paragraph[:_TITLE_HEAD]
+            start = 0
+            while (pos := head.find(":", start)) != -1:
+                found.add(title_key(head[:pos]))
+                start = pos + 1
+    return found
+
+
+def gold_titles(supporting_facts: Sequence[Sequence[Any]] | None) -> list[str]:
+    """The distinct supporting pages of a HotpotQA question, in first-mention order."""
+    seen: dict[str, str] = {}
+    for fact in supporting_facts or []:
+        seen.setdefault(title_key(str(fact[0])), str(fact[0]))
+    return list(seen.values())
+
+
+def evidence_recall(golds: Sequence[str], evidence: Sequence[dict]) -> dict[str, Any] | None:
+    """Share of the gold supporting pages whose paragraphs the plan's evidence holds, and whether it holds all.
+
+    None when the question has no gold pages (TriviaQA), so a missing value never reads as zero."""
+    if not golds:
+        return None
+    have = retrieved_titles(evidence)
+    hits = [g for g in golds if title_key(g) in have]
+    return {"recall": len(hits) / len(golds), "all": len(hits) == len(golds), "gold": list(golds), "found": hits}
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -75,3 +75,33 @@ def test_contained_answer_is_opt_in():
     assert filter_records([r], FilterConfig(accept_contained_answer=True))[0] == [r]
     r["prediction"] = "Volgograd"  # whole tokens only
     assert filter_records([r], FilterConfig(accept_contained_answer=True))[0] == []
+
+
+def with_recall(r, found, gold=("A", "B")):
+    r["evidence_recall"] = {"recall": len(found) / len(gold), "all": len(found) == len(gold), "gold": list(gold),
+                            "found": list(found)}
+    return r
+
+
+def test_each_criterion_on_records_built_to_pass_or_fail_it():
+    both = with_recall(rec("1"), ["A", "B"])  # right answer, every gold page
+    answer_only = with_recall(rec("2"), ["A"])  # right answer, a page missed
+    evidence_only = with_recall(rec("3", em=0, f1=0.0), ["A", "B"])  # every page, the Solver still wrong
+    neither = with_recall(rec("4", em=0, f1=0.0), [])
+    trivia_right = rec("5", dataset="triviaqa")  # no gold pages: judged by its answer under every criterion
+    trivia_wrong = rec("6", dataset="triviaqa", em=0, f1=0.0)
+    records = [both, answer_only, evidence_only, neither, trivia_right, trivia_wrong]
+
+    def kept_ids(criterion):
+        kept, dropped = filter_records(records, FilterConfig(criterion=criterion))
+        return [r["id"] for r in kept], {r["id"]: why for r, why in dropped}
+
+    assert kept_ids("answer")[0] == ["1", "2", "5"]
+    ids, why = kept_ids("evidence")
+    assert ids == ["1", "3", "5"] and why == {"2": "evidence_missed", "4": "evidence_missed", "6": "incorrect"}
+    ids, why = kept_ids("answer_and_evidence")
+    assert ids == ["1", "5"] and why["3"] == "incorrect" and why["2"] == "evidence_missed"
+    report = build_report(records, *filter_records(records, FilterConfig()), FilterConfig())
+    assert report["kept_by_criterion"] == {"answer": 3, "evidence": 3, "answer_and_evidence": 2}
+    assert report["evidence_recall"]["input"]["hotpotqa"] == {"n": 4, "recall": (1 + 0.5 + 1 + 0) / 4, "all": 0.5}
+    assert "triviaqa" not in report["evidence_recall"]["input"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from distill.llm.base import Completion, Usage
+from distill.metrics import evidence_recall, gold_titles
 from distill.rewoo import prompts
 from distill.rewoo.plan import parse_plan
 from distill.rewoo.worker import WorkerConfig, run_plan
@@ -94,6 +95,7 @@ class ReWOOAgent:
         s_messages = prompts.solver_messages(example.question, plan.steps, evidence)
         s_out = await self.solver.chat(s_messages, temperature=0.0, max_tokens=self.solver_max_tokens, seed=seed)
         prediction = prompts.extract_answer(s_out.text)
+        record_evidence = [e.to_dict() for e in evidence]
         tool_calls = [c for t in tools.values() for c in getattr(t, "calls", [])]
         tool_usage = sum((c.usage for c in tool_calls), Usage())
         record = {
@@ -106,10 +108,11 @@ class ReWOOAgent:
             "sample": sample,
             "planner": call_record(p_messages, p_out),
             "plan": plan.to_dict(),
-            "evidence": [e.to_dict() for e in evidence],
+            "evidence": record_evidence,
             "solver": call_record(s_messages, s_out),
             "prediction": prediction,
             "scores": score_record(example, prediction),
+            "evidence_recall": evidence_recall(gold_titles(example.supporting_facts), record_evidence),
             "tool_usage": {"prompt_tokens": tool_usage.prompt_tokens, "completion_tokens": tool_usage.completion_tokens},
             "tokens": {
                 "planner": p_out.usage.total_tokens,
