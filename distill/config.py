@@ -79,7 +79,7 @@ class AgentConfig(Strict):
     # online backend: a URL or email for the User-Agent (Wikimedia's policy asks for one); requests in flight;
     # retries on rate limits and server faults; seconds per request; the longest wait between two tries
     wikipedia_contact: str | None = None
-    wikipedia_max_concurrency: int = 2
+    wikipedia_max_concurrency: int = 4
     wikipedia_max_retries: int = 5
     wikipedia_timeout_s: float = 10.0
     wikipedia_max_wait_s: float = 20.0

@@ -229,6 +229,7 @@ def test_retry_after_is_honoured(fake: FakeMediaWiki) -> None:
     assert tool.retries == 1
 
 
+@pytest.mark.timeout(60)
 def test_retry_after_beyond_the_cap_waits_only_the_cap(fake: FakeMediaWiki) -> None:
     fake.faults = ["429:3600"]
     tool = client(fake, max_wait_s=0.2)

@@ -267,7 +267,7 @@ class OnlineWikipedia:
         contact: str | None = None,
         timeout_s: float = 10.0,
         max_retries: int = 5,
-        max_concurrency: int = 2,
+        max_concurrency: int = 4,
         backoff_s: float = 0.5,
         max_wait_s: float = 20.0,
         top_k: int = 1,
@@ -316,8 +316,8 @@ class OnlineWikipedia:
         if loop is self._loop:
             return
         self._loop = loop
-        limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
-        self._client = httpx.AsyncClient(headers={"User-Agent": self.user_agent}, timeout=self.timeout_s, limits=limits)
+        # No pool limit: the semaphore is the cap, and it queues without the pool's timeout.
+        self._client = httpx.AsyncClient(headers={"User-Agent": self.user_agent}, timeout=self.timeout_s)
         self._sem = asyncio.Semaphore(self.max_concurrency)
         self._closer = _close_when_loop_ends(self._client)
         await self._closer.asend(None)
