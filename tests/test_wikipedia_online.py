@@ -84,9 +84,8 @@ class _Handler(BaseHTTPRequestHandler):
         fake = self.server
         params = dict(parse_qsl(urlsplit(self.path).query))
         with fake.lock:
-            fake.requests.append(
-                {"t": time.monotonic(), "path": urlsplit(self.path).path, "params": params, "headers": dict(self.headers)}
-            )
+            path = urlsplit(self.path).path
+            fake.requests.append({"t": time.monotonic(), "path": path, "params": params, "headers": dict(self.headers)})
             fake.connections.add(self.client_address)
             fake.inflight += 1
             fake.max_inflight = max(fake.max_inflight, fake.inflight)
@@ -169,8 +168,8 @@ def test_searches_then_fetches_intro_extracts_with_an_etiquette_user_agent(fake:
     assert all(r["path"] == "/w/api.php" for r in fake.requests)
     user_agents = {r["headers"]["User-Agent"] for r in fake.requests}
     assert user_agents == {tool.user_agent}
-    assert tool.user_agent.startswith(f"distill/{__version__} (") and "https://example.org/distill-tests" in tool.user_agent
-    assert "httpx/" in tool.user_agent
+    assert tool.user_agent.startswith(f"distill/{__version__} (")
+    assert "https://example.org/distill-tests" in tool.user_agent and "httpx/" in tool.user_agent
     expected = {"action": "query", "list": "search", "srsearch": "Curie physicist", "srlimit": "2", "format": "json"}
     assert {k: search["params"].get(k) for k in expected} == expected
     assert {k: extracts["params"].get(k) for k in ("prop", "exintro", "explaintext", "redirects", "exsentences")} == {
@@ -290,13 +289,48 @@ def test_a_refusal_is_not_retried(fake: FakeMediaWiki, fault: str) -> None:
     assert tool.retries == 0 and len(fake.requests) == 1
 
 
-def test_a_rate_limit_that_outlasts_the_retries_is_a_tool_error_the_filter_drops(fake: FakeMediaWiki) -> None:
-    """Not a silent "No evidence found": the Worker records the error, and the trajectory is a step failure."""
-    fake.always = "429:0"
-    tool = client(fake, max_retries=1)
+def test_the_budget_ends_a_call_with_its_fault_instead_of_waiting_past_it(fake: FakeMediaWiki) -> None:
+    fake.faults = ["429:5"]
+    tool = client(fake, budget_s=0.5, max_wait_s=10)
+    with pytest.raises(DistillError, match=r"HTTP 429 Too Many Requests$"):
+        asyncio.run(tool.run("Curie physicist"))
+    assert tool.retries == 0 and len(fake.requests) == 1
+    fake.faults, fake.slow_s = ["503", "slow"], 2.0
+    tool = client(fake, budget_s=0.5, timeout_s=5.0)
+    with pytest.raises(DistillError, match=r"HTTP 503 Service Unavailable, then no answer within the 0.5s budget"):
+        asyncio.run(tool.run("Curie physicist"))
+    assert tool.retries == 1
+
+
+def test_the_agent_config_settings_reach_the_client() -> None:
+    from distill.config import AgentConfig
+    from distill.rewoo.agent import build_wikipedia
+
+    cfg = AgentConfig(
+        wikipedia_backend="online", wikipedia_contact="ops@example.org", wikipedia_max_concurrency=3,
+        wikipedia_max_retries=7, wikipedia_timeout_s=4.0, wikipedia_max_wait_s=9.0, wikipedia_top_k=2,
+        tool_timeout_s=20.0,
+    )
+    tool = build_wikipedia(cfg)
+    assert isinstance(tool, OnlineWikipedia) and "ops@example.org" in tool.user_agent
+    settings = (tool.max_concurrency, tool.max_retries, tool.timeout_s, tool.max_wait_s, tool.top_k)
+    assert settings == (3, 7, 4.0, 9.0, 2)
+    assert tool.budget_s < cfg.tool_timeout_s  # the client names its fault before the Worker's timeout fires
+
+
+@pytest.mark.parametrize(
+    ("fault", "settings"),
+    [("429:0", {"max_retries": 1}), ("429:5", {"budget_s": 0.9, "max_wait_s": 10})],
+    ids=["retries-run-out", "retry-after-past-the-worker-timeout"],
+)
+def test_a_rate_limit_is_a_tool_error_the_filter_drops(fake: FakeMediaWiki, fault: str, settings: dict) -> None:
+    """Not a silent "No evidence found", nor a bare timeout: the Worker records the API's fault as the step's
+    error, and the filter counts the trajectory as a step failure."""
+    fake.always = fault
+    tool = client(fake, **settings)
     plan = parse_plan("Plan: Look her up.\n#E1 = Wikipedia[Marie Curie]", tools=["Wikipedia"])
     assert plan.valid
-    (evidence,) = asyncio.run(run_plan(plan, {"Wikipedia": tool}, WorkerConfig(tool_timeout_s=10)))
+    (evidence,) = asyncio.run(run_plan(plan, {"Wikipedia": tool}, WorkerConfig(tool_timeout_s=1.0)))
     assert evidence.status == "error" and evidence.output == NO_EVIDENCE
     assert "Wikipedia API" in evidence.error and "HTTP 429" in evidence.error
     record = {"plan": plan.to_dict(), "evidence": [evidence.to_dict()], "scores": {"em": 1.0, "f1": 1.0}}

@@ -28,6 +28,7 @@ from typing import Any, AsyncIterator, Sequence
 
 import httpx
 
+from distill import __version__
 from distill.errors import DistillError
 from distill.store import read_jsonl
 from distill.tools.registry import TOOL_DESCRIPTIONS
@@ -249,7 +250,9 @@ class OnlineWikipedia:
     retried with exponential backoff and jitter, waiting as long as `Retry-After` asks (up to `max_wait_s`).
     When the retries run out the call raises one `DistillError` line naming the API and the fault, which the
     Worker records as a tool error, so the filter drops that trajectory instead of keeping one built on a
-    silent "No evidence found". `retries` counts the retries made, for the run summary.
+    silent "No evidence found". `budget_s` bounds one `run` (retries and waits included) and ends it the same
+    way; built from a config it sits just inside the Worker's tool timeout, so the record names the fault
+    rather than a bare timeout. `retries` counts the retries made, for the run summary.
 
     One pooled HTTP client and one semaphore (at most `max_concurrency` requests in flight, as the API
     etiquette asks of clients) per event loop: both belong to the loop that made them, and `run_plan_sync`
@@ -270,6 +273,7 @@ class OnlineWikipedia:
         max_concurrency: int = 4,
         backoff_s: float = 0.5,
         max_wait_s: float = 20.0,
+        budget_s: float | None = None,
         top_k: int = 1,
         sentences: int | None = None,
         max_chars: int | None = DEFAULT_MAX_CHARS,
@@ -285,12 +289,10 @@ class OnlineWikipedia:
                 "online Wikipedia without a contact: set wikipedia_contact to a URL or email, as the Wikimedia "
                 "User-Agent policy asks (https://meta.wikimedia.org/wiki/User-Agent_policy)"
             )
-        from distill import __version__
-
         about = f"ReWOO planner distillation; {contact}" if contact else "ReWOO planner distillation"
         self.user_agent = f"distill/{__version__} ({about}) httpx/{httpx.__version__}"
         self.timeout_s, self.max_retries, self.max_concurrency = timeout_s, max_retries, max_concurrency
-        self.backoff_s, self.max_wait_s = backoff_s, max_wait_s
+        self.backoff_s, self.max_wait_s, self.budget_s = backoff_s, max_wait_s, budget_s
         self.top_k = top_k
         self.sentences = sentences
         self.max_chars = max_chars
@@ -307,6 +309,8 @@ class OnlineWikipedia:
             max_retries=cfg.wikipedia_max_retries,
             max_concurrency=cfg.wikipedia_max_concurrency,
             max_wait_s=cfg.wikipedia_max_wait_s,
+            # A little inside the Worker's own timeout, so that a call which runs out names its fault.
+            budget_s=0.9 * cfg.tool_timeout_s,
             top_k=cfg.wikipedia_top_k,
             max_chars=cfg.wikipedia_max_chars,
         )
@@ -323,24 +327,34 @@ class OnlineWikipedia:
         await self._closer.asend(None)
 
     async def run(self, query: str) -> str:
-        titles = await self._search(query)
+        await self._bind()
+        deadline = None if self.budget_s is None else self._loop.time() + self.budget_s
+        titles = await self._search(query, deadline)
         if not titles:
             return ""
-        return format_paragraphs(await self._extracts(titles), self.max_chars)
+        return format_paragraphs(await self._extracts(titles, deadline), self.max_chars)
 
-    async def _get(self, params: dict[str, str]) -> dict[str, Any]:
-        await self._bind()
+    async def _get(self, params: dict[str, str], deadline: float | None) -> dict[str, Any]:
         params = {"format": "json", "formatversion": "2", **params}
+        fault: _Fault | None = None
         for attempt in range(self.max_retries + 1):
             try:
-                async with self._sem:
+                async with asyncio.timeout_at(deadline), self._sem:
                     return await self._attempt(params)
-            except _Fault as fault:
-                if not fault.retry or attempt == self.max_retries:
-                    tries = f" (after {attempt + 1} attempts)" if attempt else ""
-                    raise DistillError(f"Wikipedia API {self.api_url}: {fault}{tries}") from None
-                self.retries += 1
-                await asyncio.sleep(self._delay(attempt, fault.retry_after))
+            except TimeoutError:
+                last = f"{fault}, then " if fault else ""
+                raise DistillError(
+                    f"Wikipedia API {self.api_url}: {last}no answer within the {self.budget_s:g}s budget"
+                ) from None
+            except _Fault as exc:
+                fault = exc
+            delay = self._delay(attempt, fault.retry_after)
+            past_budget = deadline is not None and self._loop.time() + delay > deadline
+            if not fault.retry or attempt == self.max_retries or past_budget:
+                tries = f" (after {attempt + 1} attempts)" if attempt else ""
+                raise DistillError(f"Wikipedia API {self.api_url}: {fault}{tries}")
+            self.retries += 1
+            await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
@@ -379,12 +393,12 @@ class OnlineWikipedia:
             raise _Fault(f"error {code}: {_one_line(info)}", retry=code in self.RETRY_API_CODES, retry_after=wait)
         return data
 
-    async def _search(self, query: str) -> list[str]:
+    async def _search(self, query: str, deadline: float | None) -> list[str]:
         params = {"action": "query", "list": "search", "srsearch": query, "srlimit": str(self.top_k), "srprop": ""}
-        hits = _items(await self._get(params), "search")
+        hits = _items(await self._get(params, deadline), "search")
         return [hit["title"] for hit in hits if isinstance(hit.get("title"), str)]
 
-    async def _extracts(self, titles: list[str]) -> list[Paragraph]:
+    async def _extracts(self, titles: list[str], deadline: float | None) -> list[Paragraph]:
         params = {
             "action": "query",
             "prop": "extracts",
@@ -396,13 +410,13 @@ class OnlineWikipedia:
         }
         if self.sentences:
             params["exsentences"] = str(self.sentences)
-        data = await self._get(params)
-        pages = {p["title"]: p for p in _items(data, "pages") if isinstance(p.get("title"), str) and not p.get("missing")}
+        data = await self._get(params, deadline)
+        pages = {p["title"]: p for p in _items(data, "pages") if isinstance(p.get("title"), str)}
         renamed = {r.get("from"): r.get("to") for r in _items(data, "normalized") + _items(data, "redirects")}
         found = []
         for title in titles:  # keep the search ranking; the API returns pages in its own order
             page = pages.get(renamed.get(title, title))
-            extract = page.get("extract") if page else None
+            extract = page.get("extract") if page and not page.get("missing") else None
             if isinstance(extract, str) and extract.strip():
                 found.append(Paragraph(page["title"], " ".join(extract.split())))
         return found
