@@ -76,6 +76,13 @@ class AgentConfig(Strict):
     wikipedia_scope: Literal["corpus", "question"] = "corpus"  # question: only the example's own paragraphs
     wikipedia_top_k: int = 1
     wikipedia_max_chars: int = 800
+    # online backend: a URL or email for the User-Agent (Wikimedia's policy asks for one); requests in flight;
+    # retries on rate limits and server faults; seconds per request; the longest wait between two tries
+    wikipedia_contact: str | None = None
+    wikipedia_max_concurrency: int = 4
+    wikipedia_max_retries: int = 5
+    wikipedia_timeout_s: float = 10.0
+    wikipedia_max_wait_s: float = 20.0
     worker_max_concurrency: int = 8
     tool_timeout_s: float = 30.0
     evidence_max_chars: int = 1500

@@ -1,17 +1,15 @@
-"""Tools: calculator results and refusals, local and scoped BM25 Wikipedia, the online API client, LLM tool,
-registry."""
+"""Tools: calculator results and refusals, local and scoped BM25 Wikipedia, LLM tool, registry.
+
+The online Wikipedia client has its own file, test_wikipedia_online.py, with its fake MediaWiki server."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import os
 import shutil
-import stat
 from pathlib import Path
 
-import httpx
 import pytest
 
 from distill.errors import DistillError
@@ -21,13 +19,12 @@ from distill.tools import (
     Calculator,
     LLMTool,
     LocalWikipedia,
-    OnlineWikipedia,
     ScopedWikipedia,
     Tool,
     build_tools,
 )
 from distill.tools.calculator import evaluate
-from distill.tools.wikipedia import FINGERPRINT_FILE, Paragraph, format_paragraphs
+from distill.tools.wikipedia import Paragraph, format_paragraphs
 
 FIXTURE = Path(__file__).parent / "fixtures" / "mini_corpus.jsonl"
 
@@ -137,95 +134,60 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         ("largest river by discharge", "Amazon River"),
     ],
 )
-def test_local_wikipedia_finds_the_right_paragraph(corpus: Path, cache: Path, query: str, title: str) -> None:
+def test_local_wikipedia_finds_the_right_paragraph(corpus: Path, query: str, title: str) -> None:
     out = run(LocalWikipedia(corpus).run(query))
     assert out.startswith(f"{title}: ")
     assert "\n\n" not in out  # top_k=1: one paragraph
 
 
-def test_local_wikipedia_returns_top_k_paragraphs_best_first(corpus: Path, cache: Path) -> None:
+def test_local_wikipedia_returns_top_k_paragraphs_best_first(corpus: Path) -> None:
     out = run(LocalWikipedia(corpus, top_k=2, max_chars=None).run("Titanic"))
     titles = sorted(part.split(":")[0] for part in out.split("\n\n"))
     assert titles == ["RMS Titanic", "Titanic (1997 film)"]
 
 
 @pytest.mark.parametrize("query", ["", "the of and a", "zzxqv"])
-def test_local_wikipedia_returns_nothing_when_nothing_matches(corpus: Path, cache: Path, query: str) -> None:
+def test_local_wikipedia_returns_nothing_when_nothing_matches(corpus: Path, query: str) -> None:
     assert run(LocalWikipedia(corpus).run(query)) == ""
 
 
-def test_local_wikipedia_caps_output_length(corpus: Path, cache: Path) -> None:
+def test_local_wikipedia_caps_output_length(corpus: Path) -> None:
     out = run(LocalWikipedia(corpus, max_chars=60).run("Marie Curie"))
     assert len(out) <= 60 and out.endswith("…") and out.startswith("Marie Curie: ")
 
 
-def test_index_is_persisted_beside_the_corpus_and_reused(corpus: Path, cache: Path) -> None:
-    first = LocalWikipedia(corpus)
-    assert first.index_built and first.index_dir == corpus.with_name("mini_corpus.jsonl.bm25s")
-    stamp = (first.index_dir / FINGERPRINT_FILE).stat().st_mtime_ns
-    second = LocalWikipedia(corpus)
-    assert not second.index_built and second.index_dir == first.index_dir
-    assert (first.index_dir / FINGERPRINT_FILE).stat().st_mtime_ns == stamp
-    stored = json.loads((first.index_dir / FINGERPRINT_FILE).read_text())
-    assert stored["size"] == corpus.stat().st_size and len(stored["sha256"]) == 64
+def test_the_index_lives_in_memory_and_nothing_is_written(corpus: Path, cache: Path) -> None:
+    """No index folder beside the user's corpus, none in the cache: the corpus folder is left as it was."""
+    tool = LocalWikipedia(corpus)
+    assert run(tool.run("Tenzing Norgay")).startswith("Tenzing Norgay: ")
+    assert sorted(p.name for p in corpus.parent.iterdir()) == ["mini_corpus.jsonl"]
     assert not cache.exists()
 
 
-def test_index_is_rebuilt_when_the_corpus_changes(corpus: Path, cache: Path) -> None:
-    assert LocalWikipedia(corpus).index_built
+def test_a_new_instance_sees_a_changed_corpus(corpus: Path) -> None:
+    assert run(LocalWikipedia(corpus).run("archipelago East Africa")) == ""
     record = {"title": "Zanzibar", "text": "Zanzibar is an archipelago off the coast of East Africa."}
     with corpus.open("a") as f:
         f.write(json.dumps(record) + "\n")
-    changed = LocalWikipedia(corpus)
-    assert changed.index_built
-    assert run(changed.run("archipelago East Africa")).startswith("Zanzibar: ")
-    assert not LocalWikipedia(corpus).index_built
+    assert run(LocalWikipedia(corpus).run("archipelago East Africa")).startswith("Zanzibar: ")
 
 
-def test_a_damaged_index_is_rebuilt(corpus: Path, cache: Path) -> None:
-    index_dir = LocalWikipedia(corpus).index_dir
-    assert index_dir is not None
-    for path in index_dir.glob("*.npy"):
-        path.write_bytes(b"not an array")
-    again = LocalWikipedia(corpus)
-    assert again.index_built
-    assert run(again.run("Ada Lovelace")).startswith("Ada Lovelace: ")
-    assert not LocalWikipedia(corpus).index_built
-
-
-def test_a_touched_but_unchanged_corpus_keeps_its_index(corpus: Path, cache: Path) -> None:
-    LocalWikipedia(corpus)
-    os.utime(corpus, (1, 1))
-    assert not LocalWikipedia(corpus).index_built
-
-
-def test_read_only_corpus_folder_puts_the_index_in_the_cache(corpus: Path, cache: Path) -> None:
-    folder = corpus.parent
-    folder.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP)
-    try:
-        first = LocalWikipedia(corpus)
-        second = LocalWikipedia(corpus)
-        assert sorted(p.name for p in folder.iterdir()) == ["mini_corpus.jsonl"]
-    finally:
-        folder.chmod(stat.S_IRWXU)
-    assert first.index_built and not second.index_built
-    assert first.index_dir is not None and first.index_dir.parent == cache / "bm25"
-    assert run(second.run("Tenzing Norgay")).startswith("Tenzing Norgay: ")
-
-
-def test_a_corpus_with_a_bad_line_is_a_clear_error(tmp_path: Path, cache: Path) -> None:
+def test_a_corpus_with_a_bad_line_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text('{"title": "A", "text": "a"}\n{"title": "B"\n')
-    with pytest.raises(DistillError, match=r"bad.jsonl:2: not JSON"):
+    with pytest.raises(DistillError, match=r"bad.jsonl:2: .*JSON"):
         LocalWikipedia(path)
-    path.write_text('{"title": "A", "body": "a"}\n')
-    with pytest.raises(DistillError, match="'title' and 'text'"):
+    path.write_text('{"title": "A", "text": "a"}\n\n{"title": "B", "body": "b"}\n')
+    with pytest.raises(DistillError, match="record 2: .*'title' and 'text'"):
         LocalWikipedia(path)
-    with pytest.raises(DistillError, match="cannot read"):
+    path.write_text("\n")
+    with pytest.raises(DistillError, match="no records"):
+        LocalWikipedia(path)
+    with pytest.raises(DistillError, match="missing.jsonl"):
         LocalWikipedia(tmp_path / "missing.jsonl")
 
 
-def test_local_wikipedia_is_a_tool(corpus: Path, cache: Path) -> None:
+def test_local_wikipedia_is_a_tool(corpus: Path) -> None:
     tool = LocalWikipedia(corpus)
     assert isinstance(tool, Tool) and tool.name == "Wikipedia"
     assert tool.description == TOOL_DESCRIPTIONS["Wikipedia"]
@@ -267,75 +229,6 @@ def test_scoped_wikipedia_top_k_and_empty_context() -> None:
 def test_format_paragraphs_cuts_at_a_word() -> None:
     text = format_paragraphs([Paragraph("T", "one two three four five six seven")], 20)
     assert text == "T: one two three…"
-
-
-# -------------------------------------------------------------------------------------- online wikipedia
-
-
-def fake_mediawiki(requests: list[httpx.Request], *, hits: list[str], pages: dict[str, str]):
-    """An in-process stand-in for the MediaWiki API, because the remote API cannot be reached from here.
-
-    It answers the two calls OnlineWikipedia makes (list=search, then prop=extracts) in the API's
-    formatversion=2 JSON layout, and records each request so the test can check what was sent.
-    """
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        requests.append(request)
-        params = request.url.params
-        if params.get("list") == "search":
-            return httpx.Response(200, json={"query": {"search": [{"ns": 0, "title": t} for t in hits]}})
-        if params.get("prop") == "extracts":
-            asked = params["titles"].split("|")
-            # The real API does not keep the order of `titles`; answering in reverse checks the tool re-ranks.
-            found = [{"ns": 0, "title": t, "extract": pages[t]} for t in reversed(asked) if t in pages]
-            missing = [{"ns": 0, "title": t, "missing": True} for t in asked if t not in pages]
-            return httpx.Response(200, json={"batchcomplete": True, "query": {"pages": found + missing}})
-        return httpx.Response(400, json={"error": {"code": "badparams", "info": "unexpected call"}})
-
-    return httpx.MockTransport(handler)
-
-
-def test_online_wikipedia_searches_then_fetches_intro_extracts() -> None:
-    """The MediaWiki API is faked in-process (MockTransport) because the remote API cannot be reached here."""
-    requests: list[httpx.Request] = []
-    pages = {
-        "Marie Curie": "Marie Curie was a physicist\nand chemist.",
-        "Pierre Curie": "Pierre Curie was a physicist.",
-    }
-    transport = fake_mediawiki(requests, hits=["Marie Curie", "Pierre Curie"], pages=pages)
-    tool = OnlineWikipedia(user_agent="distill-test/1.0", top_k=2, sentences=3, transport=transport, max_chars=None)
-    out = run(tool.run("Curie radium"))
-    assert out == "Marie Curie: Marie Curie was a physicist and chemist.\n\nPierre Curie: Pierre Curie was a physicist."
-    search, extracts = requests
-    assert all(r.headers["User-Agent"] == "distill-test/1.0" for r in requests)
-    assert search.url.host == "en.wikipedia.org" and search.url.path == "/w/api.php"
-    expected = {"action": "query", "list": "search", "srsearch": "Curie radium", "srlimit": "2", "format": "json"}
-    assert {k: search.url.params.get(k) for k in expected} == expected
-    assert {k: extracts.url.params[k] for k in ("prop", "exintro", "explaintext", "redirects", "exsentences")} == {
-        "prop": "extracts",
-        "exintro": "1",
-        "explaintext": "1",
-        "redirects": "1",
-        "exsentences": "3",
-    }
-    assert extracts.url.params["titles"] == "Marie Curie|Pierre Curie"
-
-
-def test_online_wikipedia_returns_nothing_without_hits() -> None:
-    """Faked MediaWiki API (MockTransport): the remote API cannot be reached here."""
-    requests: list[httpx.Request] = []
-    out = run(OnlineWikipedia(transport=fake_mediawiki(requests, hits=[], pages={})).run("qwxz"))
-    assert out == "" and len(requests) == 1
-
-
-def test_online_wikipedia_raises_on_api_and_http_errors() -> None:
-    """Faked MediaWiki API (MockTransport): the remote API cannot be reached here."""
-    api_error = httpx.MockTransport(lambda r: httpx.Response(200, json={"error": {"code": "maxlag", "info": "lagged"}}))
-    with pytest.raises(RuntimeError, match="maxlag"):
-        run(OnlineWikipedia(transport=api_error).run("x"))
-    server_error = httpx.MockTransport(lambda r: httpx.Response(503, text="unavailable"))
-    with pytest.raises(httpx.HTTPStatusError):
-        run(OnlineWikipedia(transport=server_error).run("x"))
 
 
 # --------------------------------------------------------------------------------------------- LLM tool

@@ -145,7 +145,7 @@ def build_wikipedia(cfg):
     if cfg.wikipedia_backend == "online":
         from distill.tools.wikipedia import OnlineWikipedia
 
-        return OnlineWikipedia(max_chars=cfg.wikipedia_max_chars)
+        return OnlineWikipedia.from_config(cfg)
     from pathlib import Path
 
     from distill.tools.wikipedia import LocalWikipedia

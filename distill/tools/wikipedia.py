@@ -3,7 +3,7 @@
 - `OnlineWikipedia`: the MediaWiki API (search, then the intro extract of the best pages), as in the ReWOO
   paper. Needs the internet.
 - `LocalWikipedia`: BM25 (bm25s) over a JSONL corpus of `{title, text}` paragraphs, so runs are offline and
-  reproducible. The index is built once and persisted, keyed by a fingerprint of the corpus contents.
+  reproducible. The index is built in memory each run.
 - `ScopedWikipedia` (`LocalWikipedia.scoped(...)`): BM25 over one question's own paragraphs (the HotpotQA
   distractor setting), in memory.
 
@@ -14,31 +14,29 @@ that as empty evidence rather than the tool inventing something).
 from __future__ import annotations
 
 import asyncio
+import datetime
+import email.utils
 import functools
-import hashlib
-import json
 import logging
 import os
-import shutil
-import stat
-import tempfile
+import random
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, AsyncIterator, Sequence
 
 import httpx
 
+from distill import __version__
 from distill.errors import DistillError
+from distill.store import read_jsonl
 from distill.tools.registry import TOOL_DESCRIPTIONS
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CHARS = 800
-INDEX_FORMAT = 1  # bump when the tokenizer or on-disk layout changes, so old indexes are rebuilt
-TOKENIZER = {"lib": "bm25s", "stopwords": "en", "stemmer": "english", "lower": True, "doc": "title. text"}
-FINGERPRINT_FILE = "fingerprint.json"
+TOKENIZER = {"stopwords": "en", "stemmer": "english"}
 
 
 @functools.cache
@@ -136,109 +134,19 @@ def _title_key(text: str) -> str:
     return " ".join(text.casefold().split())
 
 
-# -------------------------------------------------------------------------------------- corpus and index
+# ------------------------------------------------------------------------------------------------ corpus
 
 
-def read_corpus(path: Path) -> tuple[list[Paragraph], bytes]:
-    """Parse a JSONL corpus; return its paragraphs and raw bytes (the bytes are hashed for the fingerprint)."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise DistillError(f"cannot read Wikipedia corpus {path}: {exc.strerror}") from exc
+def read_corpus(path: Path) -> list[Paragraph]:
+    """The paragraphs of a JSONL corpus, read by the project's one JSONL reader."""
     paragraphs: list[Paragraph] = []
-    for lineno, line in enumerate(raw.decode("utf-8").splitlines(), 1):
-        if line.strip():
-            paragraphs.append(_parse_record(line, path, lineno))
+    for n, record in enumerate(read_jsonl(path), 1):
+        if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("title", "text")):
+            raise DistillError(f"{path}: record {n}: a corpus record needs string fields 'title' and 'text'")
+        paragraphs.append(Paragraph(record["title"], record["text"]))
     if not paragraphs:
         raise DistillError(f"Wikipedia corpus {path} has no records")
-    return paragraphs, raw
-
-
-def _parse_record(line: str, path: Path, lineno: int) -> Paragraph:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise DistillError(f"{path}:{lineno}: not JSON ({exc.msg})") from exc
-    if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("title", "text")):
-        raise DistillError(f"{path}:{lineno}: a corpus record needs string fields 'title' and 'text'")
-    return Paragraph(record["title"], record["text"])
-
-
-def corpus_fingerprint(path: Path, raw: bytes) -> dict[str, Any]:
-    """What an index was built from: the sha256 decides validity; size and mtime are there for people."""
-    st = path.stat()
-    return {
-        "format": INDEX_FORMAT,
-        "tokenizer": TOKENIZER,
-        "size": st.st_size,
-        "mtime": st.st_mtime,
-        "sha256": hashlib.sha256(raw).hexdigest(),
-    }
-
-
-def _same_index(stored: dict[str, Any], current: dict[str, Any]) -> bool:
-    return all(stored.get(key) == current[key] for key in ("format", "tokenizer", "sha256"))
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("DISTILL_CACHE", Path.home() / ".cache" / "distill"))
-
-
-def _writable(directory: Path) -> bool:
-    """Whether we may write in `directory`.
-
-    The mode bits are checked as well as os.access because root passes os.access everywhere, and a folder
-    marked read-only (the shared data folder) must be left alone even by root.
-    """
-    try:
-        mode = directory.stat().st_mode
-    except OSError:
-        return False
-    return os.access(directory, os.W_OK) and bool(mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
-
-
-def index_dirs(corpus: Path, fingerprint: dict[str, Any]) -> list[Path]:
-    """Where the index may live, in order of preference: beside the corpus, else in the user cache."""
-    key = hashlib.sha256(json.dumps(fingerprint["tokenizer"], sort_keys=True).encode()).hexdigest()[:8]
-    cached = cache_root() / "bm25" / f"{fingerprint['sha256'][:24]}-{fingerprint['format']}-{key}"
-    beside = corpus.with_name(corpus.name + ".bm25s")
-    return [beside, cached] if _writable(corpus.parent) else [cached]
-
-
-def _load_index(directory: Path, fingerprint: dict[str, Any], paragraphs: Sequence[Paragraph]) -> _Bm25 | None:
-    """The persisted index in `directory` if it was built from this exact corpus, else None."""
-    bm25s = _bm25s()
-
-    try:
-        stored = json.loads((directory / FINGERPRINT_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    if not _same_index(stored, fingerprint):
-        return None
-    try:
-        retriever = bm25s.BM25.load(str(directory), load_corpus=False, show_progress=False)
-    except (OSError, ValueError, KeyError) as exc:
-        log.warning("the BM25 index in %s is unreadable (%s: %s); rebuilding it", directory, type(exc).__name__, exc)
-        return None
-    if int(retriever.scores["num_docs"]) != len(paragraphs):
-        return None
-    return _Bm25(retriever, [p.title for p in paragraphs])
-
-
-def _save_index(index: _Bm25, directory: Path, fingerprint: dict[str, Any]) -> None:
-    """Write into a temporary sibling and rename it into place, so a reader never sees half an index."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the index is as readable as the corpus it came from
-    try:
-        index.retriever.save(str(tmp), show_progress=False)
-        (tmp / FINGERPRINT_FILE).write_text(json.dumps(fingerprint, indent=1) + "\n")
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(tmp, directory)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    return paragraphs
 
 
 # ------------------------------------------------------------------------------------------------ tools
@@ -269,10 +177,8 @@ class ScopedWikipedia:
 class LocalWikipedia:
     """BM25 over a JSONL corpus of `{title, text}` records (extra fields are ignored).
 
-    The index is persisted beside the corpus (`<corpus>.bm25s/`) or, when the corpus folder is read-only,
-    under `$DISTILL_CACHE/bm25/<fingerprint>/`; it is rebuilt only when the corpus contents change.
-    `index_built` tells whether this instance had to build it, `index_dir` where it lives (None if it could
-    not be saved anywhere).
+    The index is built in memory on every run: that takes seconds even for the 18k-paragraph HotpotQA pool,
+    and a persisted copy would need fingerprints to stay correct and a folder to write beside the user's data.
     """
 
     name = "Wikipedia"
@@ -286,12 +192,10 @@ class LocalWikipedia:
         self.corpus_path = Path(corpus_path)
         self.top_k = top_k
         self.max_chars = max_chars
-        self.paragraphs, raw = read_corpus(self.corpus_path)
-        self.fingerprint = corpus_fingerprint(self.corpus_path, raw)
-        self.index_built = False
-        self.index_dir: Path | None = None
-        self.build_seconds: float | None = None
-        self.index = self._load_or_build()
+        self.paragraphs = read_corpus(self.corpus_path)
+        start = time.perf_counter()
+        self.index = _Bm25.build(self.paragraphs)
+        log.info("built BM25 index over %d paragraphs in %.1fs", len(self.paragraphs), time.perf_counter() - start)
 
     @classmethod
     def scoped(
@@ -304,89 +208,197 @@ class LocalWikipedia:
         hits = await asyncio.to_thread(self.index.search, query, self.top_k)
         return format_paragraphs([self.paragraphs[i] for i in hits], self.max_chars)
 
-    def _load_or_build(self) -> _Bm25:
-        candidates = index_dirs(self.corpus_path, self.fingerprint)
-        for directory in candidates:
-            index = _load_index(directory, self.fingerprint, self.paragraphs)
-            if index is not None:
-                self.index_dir = directory
-                return index
-        start = time.perf_counter()
-        index = _Bm25.build(self.paragraphs)
-        self.build_seconds = time.perf_counter() - start
-        self.index_built = True
-        log.info("built BM25 index over %d paragraphs in %.1fs", len(self.paragraphs), self.build_seconds)
-        self.index_dir = self._persist(index, candidates)
-        return index
 
-    def _persist(self, index: _Bm25, candidates: list[Path]) -> Path | None:
-        for directory in candidates:
-            try:
-                _save_index(index, directory, self.fingerprint)
-                return directory
-            except OSError as exc:
-                log.warning("could not save the BM25 index to %s (%s); trying the next place", directory, exc)
-        log.warning("the BM25 index for %s was not saved; it will be rebuilt next time", self.corpus_path)
+# ------------------------------------------------------------------------------------------- online API
+
+
+class _Fault(Exception):
+    """One failed API attempt: what went wrong, whether another attempt may help, and the server's wait."""
+
+    def __init__(self, message: str, *, retry: bool, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry = retry
+        self.retry_after = retry_after
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """`Retry-After` as seconds from now: either delta-seconds or an HTTP date; None when absent or unreadable."""
+    if not value:
         return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class OnlineWikipedia:
     """Search the MediaWiki API, then return the plain-text intro of the best pages.
 
-    A new HTTP client per call, because the Worker may run under a fresh event loop each time
-    (`run_plan_sync`) and a client is bound to the loop that opened it. `transport` lets tests answer
-    the HTTP requests in-process.
+    A teacher run makes thousands of these calls, so the API's rate limits are a matter of course, not an
+    accident: 429, 5xx, timeouts, dropped connections and the API's own `ratelimited`/`maxlag` errors are
+    retried with exponential backoff and jitter, waiting as long as `Retry-After` asks (up to `max_wait_s`).
+    When the retries run out the call raises one `DistillError` line naming the API and the fault, which the
+    Worker records as a tool error, so the filter drops that trajectory instead of keeping one built on a
+    silent "No evidence found". `budget_s` bounds one `run` (retries and waits included) and ends it the same
+    way; built from a config it sits just inside the Worker's tool timeout, so the record names the fault
+    rather than a bare timeout. `retries` counts the retries made, for the run summary.
+
+    One pooled HTTP client and one semaphore (at most `max_concurrency` requests in flight, as the API
+    etiquette asks of clients) per event loop: both belong to the loop that made them, and `run_plan_sync`
+    or an evaluation may start a new loop for each run, which then gets its own.
     """
 
     name = "Wikipedia"
     description = TOOL_DESCRIPTIONS["Wikipedia"]
     API_URL = "https://en.wikipedia.org/w/api.php"
-    USER_AGENT = "distill-rewoo/0.1 (research; ReWOO planner distillation)"
+    RETRY_API_CODES = frozenset({"ratelimited", "maxlag"})
 
     def __init__(
         self,
         *,
-        user_agent: str = USER_AGENT,
+        contact: str | None = None,
         timeout_s: float = 10.0,
+        max_retries: int = 5,
+        max_concurrency: int = 4,
+        backoff_s: float = 0.5,
+        max_wait_s: float = 20.0,
+        budget_s: float | None = None,
         top_k: int = 1,
         sentences: int | None = None,
         max_chars: int | None = DEFAULT_MAX_CHARS,
         api_url: str = API_URL,
-        transport: httpx.AsyncBaseTransport | None = None,
     ):
-        self.user_agent = user_agent
-        self.timeout_s = timeout_s
+        if max_concurrency < 1 or max_retries < 0 or timeout_s <= 0:
+            raise DistillError(
+                "online Wikipedia needs max_concurrency >= 1, max_retries >= 0 and timeout_s > 0, got "
+                f"{max_concurrency}, {max_retries}, {timeout_s}"
+            )
+        if not contact:
+            log.warning(
+                "online Wikipedia without a contact: set wikipedia_contact to a URL or email, as the Wikimedia "
+                "User-Agent policy asks (https://meta.wikimedia.org/wiki/User-Agent_policy)"
+            )
+        about = f"ReWOO planner distillation; {contact}" if contact else "ReWOO planner distillation"
+        self.user_agent = f"distill/{__version__} ({about}) httpx/{httpx.__version__}"
+        self.timeout_s, self.max_retries, self.max_concurrency = timeout_s, max_retries, max_concurrency
+        self.backoff_s, self.max_wait_s, self.budget_s = backoff_s, max_wait_s, budget_s
         self.top_k = top_k
         self.sentences = sentences
         self.max_chars = max_chars
         self.api_url = api_url
-        self.transport = transport
+        self.retries = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "OnlineWikipedia":
+        """Built from an AgentConfig's `wikipedia_*` settings."""
+        return cls(
+            contact=cfg.wikipedia_contact,
+            timeout_s=cfg.wikipedia_timeout_s,
+            max_retries=cfg.wikipedia_max_retries,
+            max_concurrency=cfg.wikipedia_max_concurrency,
+            max_wait_s=cfg.wikipedia_max_wait_s,
+            # A little inside the Worker's own timeout, so that a call which runs out names its fault.
+            budget_s=0.9 * cfg.tool_timeout_s,
+            top_k=cfg.wikipedia_top_k,
+            max_chars=cfg.wikipedia_max_chars,
+        )
+
+    async def _bind(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is self._loop:
+            return
+        self._loop = loop
+        # No pool limit: the semaphore is the cap, and it queues without the pool's timeout.
+        self._client = httpx.AsyncClient(headers={"User-Agent": self.user_agent}, timeout=self.timeout_s)
+        self._sem = asyncio.Semaphore(self.max_concurrency)
+        self._closer = _close_when_loop_ends(self._client)
+        await self._closer.asend(None)
 
     async def run(self, query: str) -> str:
-        headers = {"User-Agent": self.user_agent}
-        async with httpx.AsyncClient(transport=self.transport, headers=headers, timeout=self.timeout_s) as client:
-            titles = await self._search(client, query)
-            if not titles:
-                return ""
-            paragraphs = await self._extracts(client, titles)
-        return format_paragraphs(paragraphs, self.max_chars)
+        await self._bind()
+        deadline = None if self.budget_s is None else self._loop.time() + self.budget_s
+        titles = await self._search(query, deadline)
+        if not titles:
+            return ""
+        return format_paragraphs(await self._extracts(titles, deadline), self.max_chars)
 
-    async def _get(self, client: httpx.AsyncClient, params: dict[str, Any]) -> dict[str, Any]:
+    async def _get(self, params: dict[str, str], deadline: float | None) -> dict[str, Any]:
         params = {"format": "json", "formatversion": "2", **params}
-        response = await client.get(self.api_url, params=params)
-        response.raise_for_status()
-        data = response.json()
-        if "error" in data:
-            error = data["error"]
-            raise RuntimeError(f"Wikipedia API error {error.get('code')}: {error.get('info')}")
+        fault: _Fault | None = None
+        for attempt in range(self.max_retries + 1):
+            try:
+                async with asyncio.timeout_at(deadline), self._sem:
+                    return await self._attempt(params)
+            except TimeoutError:
+                last = f"{fault}, then " if fault else ""
+                raise DistillError(
+                    f"Wikipedia API {self.api_url}: {last}no answer within the {self.budget_s:g}s budget"
+                ) from None
+            except _Fault as exc:
+                fault = exc
+            delay = self._delay(attempt, fault.retry_after)
+            past_budget = deadline is not None and self._loop.time() + delay > deadline
+            if not fault.retry or attempt == self.max_retries or past_budget:
+                tries = f" (after {attempt + 1} attempts)" if attempt else ""
+                raise DistillError(f"Wikipedia API {self.api_url}: {fault}{tries}")
+            self.retries += 1
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        """Seconds to wait before the next attempt, capped at `max_wait_s`, with jitter so that callers refused
+        together do not all come back together: at least the server's `Retry-After` when it gives one (never
+        sooner than it asked, unless past the cap), else half to all of an exponentially growing backoff."""
+        if retry_after is not None:
+            return min(retry_after, self.max_wait_s) + random.uniform(0, self.backoff_s)
+        backoff = min(self.backoff_s * 2**attempt, self.max_wait_s)
+        return backoff / 2 + random.uniform(0, backoff / 2)
+
+    async def _attempt(self, params: dict[str, str]) -> dict[str, Any]:
+        try:
+            response = await self._client.get(self.api_url, params=params)
+        except httpx.TimeoutException:
+            raise _Fault(f"no answer within {self.timeout_s:g}s", retry=True) from None
+        except httpx.TransportError as exc:
+            raise _Fault(f"connection failed ({type(exc).__name__}: {_one_line(exc)})", retry=True) from None
+        status = response.status_code
+        if status == 429 or status >= 500:
+            wait = retry_after_seconds(response.headers.get("Retry-After"))
+            raise _Fault(f"HTTP {status} {response.reason_phrase}", retry=True, retry_after=wait)
+        if status != 200:
+            raise _Fault(f"HTTP {status} {response.reason_phrase}", retry=False)
+        try:
+            data = response.json()
+        except ValueError:  # an overloaded proxy answers with an HTML page
+            raise _Fault("answered 200 with a body that is not JSON", retry=True) from None
+        if not isinstance(data, dict):
+            raise _Fault("answered 200 with JSON that is not an object", retry=True)
+        error = data.get("error")
+        if error is not None:
+            code = error.get("code") if isinstance(error, dict) else None
+            info = error.get("info") if isinstance(error, dict) else error
+            wait = retry_after_seconds(response.headers.get("Retry-After"))
+            raise _Fault(f"error {code}: {_one_line(info)}", retry=code in self.RETRY_API_CODES, retry_after=wait)
         return data
 
-    async def _search(self, client: httpx.AsyncClient, query: str) -> list[str]:
+    async def _search(self, query: str, deadline: float | None) -> list[str]:
         params = {"action": "query", "list": "search", "srsearch": query, "srlimit": str(self.top_k), "srprop": ""}
-        data = await self._get(client, params)
-        return [hit["title"] for hit in data.get("query", {}).get("search", [])]
+        hits = _items(await self._get(params, deadline), "search")
+        return [hit["title"] for hit in hits if isinstance(hit.get("title"), str)]
 
-    async def _extracts(self, client: httpx.AsyncClient, titles: list[str]) -> list[Paragraph]:
+    async def _extracts(self, titles: list[str], deadline: float | None) -> list[Paragraph]:
         params = {
             "action": "query",
             "prop": "extracts",
@@ -398,12 +410,29 @@ class OnlineWikipedia:
         }
         if self.sentences:
             params["exsentences"] = str(self.sentences)
-        query = (await self._get(client, params)).get("query", {})
-        pages = {page["title"]: page for page in query.get("pages", []) if not page.get("missing")}
-        renamed = {r["from"]: r["to"] for r in query.get("normalized", []) + query.get("redirects", [])}
+        data = await self._get(params, deadline)
+        pages = {p["title"]: p for p in _items(data, "pages") if isinstance(p.get("title"), str)}
+        renamed = {r.get("from"): r.get("to") for r in _items(data, "normalized") + _items(data, "redirects")}
         found = []
         for title in titles:  # keep the search ranking; the API returns pages in its own order
             page = pages.get(renamed.get(title, title))
-            if page and page.get("extract", "").strip():
-                found.append(Paragraph(page["title"], " ".join(page["extract"].split())))
+            extract = page.get("extract") if page and not page.get("missing") else None
+            if isinstance(extract, str) and extract.strip():
+                found.append(Paragraph(page["title"], " ".join(extract.split())))
         return found
+
+
+async def _close_when_loop_ends(client: httpx.AsyncClient) -> AsyncIterator[None]:
+    """Parked at its `yield` until the loop's end: `asyncio.run` closes every open async generator before it
+    closes the loop, which closes the kept-alive connections while their loop can still do it."""
+    try:
+        yield
+    finally:
+        await client.aclose()
+
+
+def _items(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """`data["query"][key]` as a list of objects, whatever the API left out."""
+    query = data.get("query")
+    items = query.get(key) if isinstance(query, dict) else None
+    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
