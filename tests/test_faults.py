@@ -154,3 +154,130 @@ def test_retry_after_is_honoured_up_to_the_cap() -> None:
     assert 0 <= model._backoff(3, _Fault("503", "", True)) <= 0.5 * 2**3  # no header: jittered backoff
     assert retry_after_s("12") == 12 and retry_after_s("soon") is None and retry_after_s(None) is None
     assert 50 < retry_after_s(time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 60))) <= 61
+
+
+# ---------------------------------------------------------------- slow: a fault-injecting proxy before real vLLM
+
+PROXY_FAULTS = ("429 retry-after", "429", "500", "503", "dropped", "slow", "no choices", "null content", "html")
+
+
+class FaultProxy:
+    """HTTP proxy on 127.0.0.1 in front of a real server. Every `every`-th chat request gets the next fault of
+    a seeded shuffle of PROXY_FAULTS instead of an answer; the rest are forwarded. It counts what it did."""
+
+    def __init__(self, upstream: str, every: int = 3, seed: int = 0, slow_s: float = 8.0):
+        self.upstream, self.every, self.slow_s = upstream.rstrip("/"), every, slow_s
+        rng = random.Random(seed)
+        self._order = list(PROXY_FAULTS)
+        rng.shuffle(self._order)
+        self.injected: Counter[str] = Counter()
+        self.chat_requests = 0
+        self.forwarded = 0
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def __enter__(self) -> "FaultProxy":
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def _serve(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        import httpx
+
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        self._client = httpx.AsyncClient(timeout=300)
+        server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        async with server:
+            await self._stop.wait()
+        await self._client.aclose()
+
+    def _next_fault(self) -> str | None:
+        self.chat_requests += 1
+        if self.chat_requests % self.every:
+            return None
+        fault = self._order[(self.chat_requests // self.every - 1) % len(self._order)]
+        self.injected[fault] += 1
+        return fault
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            method, path, _ = lines[0].split(" ", 2)
+            headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+            length = int({k.lower(): v for k, v in headers.items()}.get("content-length", 0))
+            body = await reader.readexactly(length) if length else b""
+            fault = self._next_fault() if path.endswith("/chat/completions") else None
+            if fault == "dropped":
+                return  # closed without a word
+            if fault == "slow":
+                await asyncio.sleep(self.slow_s)  # past the client's timeout_s
+                return
+            if fault:
+                status, extra, payload, _ = FAULTS[fault]
+                if fault == "429 retry-after":
+                    extra = {"Retry-After": "1"}
+            else:
+                resp = await self._client.request(method, self.upstream + path, content=body,
+                                                  headers={"Content-Type": "application/json"})
+                self.forwarded += path.endswith("/chat/completions")
+                status, extra, payload = resp.status_code, {}, resp.content
+            out = [f"HTTP/1.1 {status} X", "Content-Type: application/json", f"Content-Length: {len(payload)}",
+                   "Connection: close", *(f"{k}: {v}" for k, v in extra.items())]
+            writer.write(("\r\n".join(out) + "\r\n\r\n").encode() + payload)
+            await writer.drain()
+        except (OSError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass  # the client left (its timeout), or the proxy is stopping
+        finally:
+            writer.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_generation_through_a_faulty_proxy_keeps_every_record(tmp_path: Path) -> None:
+    import yaml
+
+    from distill.serve import ServeConfig, VLLMServer
+
+    serve = ServeConfig(served_model_name="teacher", port=0, max_model_len=4096, health_timeout_s=240)
+    with VLLMServer(serve, log_path=tmp_path / "vllm.log") as server, FaultProxy(server.url, every=2, slow_s=21) as proxy:
+        spec = {"backend": "openai", "model": "teacher", "base_url": f"http://127.0.0.1:{proxy.port}/v1",
+                "timeout_s": 20, "max_retries": 6, "max_retry_after_s": 2, "max_concurrency": 8}
+        cfg = {
+            "planner": spec | {"max_tokens": 96, "temperature": 0.7, "stop": ["\nQuestion:"]},
+            "solver": spec | {"max_tokens": 16},
+            "llm_tool": spec | {"max_tokens": 24},
+            "tools": ["Wikipedia", "LLM"],
+            "wikipedia_corpus": str(ROOT / "data" / "demo" / "corpus.jsonl"),
+            "tool_timeout_s": 120,
+            "datasets": [{"name": "hotpotqa", "source": str(ROOT / "data" / "demo" / "train.jsonl"), "split": "train", "n": 6}],
+            "output_dir": str(tmp_path / "run"),
+            "concurrency": 6,
+        }
+        (tmp_path / "gen.yaml").write_text(yaml.safe_dump(cfg))
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "distill.cli", "generate", "--config", str(tmp_path / "gen.yaml")],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        wall = time.monotonic() - started
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert sorted(r["id"] for r in records) == sorted({r["id"] for r in records}) and len(records) == 6
+    injected = sum(proxy.injected.values())
+    print(f"\nproxy: {proxy.chat_requests} chat requests, {proxy.forwarded} answered, {injected} faults injected "
+          f"{dict(sorted(proxy.injected.items()))}, retries {proxy.chat_requests - proxy.forwarded}, records {len(records)}/6, "
+          f"generate wall {wall:.0f}s")
+    assert set(proxy.injected) == set(PROXY_FAULTS)  # every kind, at the set rate of one request in two
+    assert injected == proxy.chat_requests // proxy.every
+    # every injected fault cost exactly one retry, and every call that reached the model got through
+    retries = proxy.chat_requests - proxy.forwarded
+    assert retries == injected and proxy.forwarded == summary["cache"]["model_misses"]
