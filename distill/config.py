@@ -42,7 +42,8 @@ class ModelSpec(Strict):
     stop: list[str] | None = None  # e.g. ["\nQuestion:"] so a few-shot planner stops after its plan
     max_concurrency: int = 8
     timeout_s: float = 120.0
-    max_retries: int = 5
+    max_retries: int = 5  # per call, on 429/5xx/timeouts/dropped connections/bad 200 bodies
+    max_retry_after_s: float = 60.0  # a server's Retry-After is honoured up to this; beyond it, this is waited
     prompt_per_mtok: float | None = None  # price override, dollars per million tokens
     completion_per_mtok: float | None = None
     tokenizer: str | None = None  # counts tokens when a server returns no usage

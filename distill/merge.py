@@ -14,21 +14,36 @@ from distill.errors import DistillError
 ADAPTER_INFO = "distill_adapter.json"
 
 
-def adapter_base(adapter_dir: str | Path) -> str:
-    """The base the adapter was trained on: distill's own record first (it keeps the embedded alias, which is
-    portable across machines), then PEFT's adapter_config.json."""
+def _json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DistillError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise DistillError(f"{path}: expected a JSON object")
+    return data
+
+
+def trained_base(adapter_dir: str | Path) -> str | None:
+    """The base the adapter was trained on, for merge and serve alike: distill's own record first (it keeps
+    the embedded alias, which is portable across machines), then PEFT's adapter_config.json; None if neither
+    says. The one reader of ADAPTER_INFO besides the trainer that writes it."""
     adapter_dir = Path(adapter_dir)
-    info = adapter_dir / ADAPTER_INFO
-    if info.exists():
-        base = json.loads(info.read_text()).get("base_model")
-        if base:
-            return base
-    config = adapter_dir / "adapter_config.json"
-    if not config.exists():
+    for name, key in ((ADAPTER_INFO, "base_model"), ("adapter_config.json", "base_model_name_or_path")):
+        if (adapter_dir / name).is_file():
+            base = _json(adapter_dir / name).get(key)
+            if isinstance(base, str) and base:
+                return base
+    return None
+
+
+def adapter_base(adapter_dir: str | Path) -> str:
+    adapter_dir = Path(adapter_dir)
+    if not (adapter_dir / "adapter_config.json").exists():
         raise DistillError(f"{adapter_dir}: no adapter_config.json (not a LoRA adapter folder)")
-    base = json.loads(config.read_text()).get("base_model_name_or_path")
+    base = trained_base(adapter_dir)
     if not base:
-        raise DistillError(f"{config}: base_model_name_or_path is empty; pass --base")
+        raise DistillError(f"{adapter_dir / 'adapter_config.json'}: base_model_name_or_path is empty; pass --base")
     return base
 
 

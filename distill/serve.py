@@ -31,18 +31,18 @@ from pydantic import Field, model_validator
 from distill.config import Strict
 from distill.errors import DistillError
 from distill.llm.embedded import EMBEDDED_NAME, cache_root, is_embedded, resolve_model_path
+from distill.merge import trained_base
 
 log = logging.getLogger(__name__)
 
 Platform = Literal["cpu", "gpu"]
 
-# vLLM only accepts these values for --max-lora-rank (`MaxLoRARanks` in vllm/config/lora.py). The installed
-# source is read when present, since the list has grown between releases; this is the fallback.
-DEFAULT_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Config keys that fix the shapes a LoRA adapter was trained against.
 ARCH_KEYS = ("model_type", "hidden_size", "num_hidden_layers")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
+# Environment entries whose values are masked wherever a command line or log line is shown.
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET", re.IGNORECASE)
 # Interpreter-exit chatter (triton's nanobind leak report) that would push the real error out of the log tail.
 EXIT_NOISE = re.compile(r"^(nanobind: |\s+- (leaked |\.\.\. skipped)|See https://nanobind)")
 
@@ -68,6 +68,7 @@ class ServeConfig(Strict):
     chunked_prefill: bool | None = None  # None: off on CPU (see `whole_prompt_prefill_args`), vLLM's default on GPU
     cpu_kvcache_space_gb: int = Field(default=2, ge=1)  # VLLM_CPU_KVCACHE_SPACE
     api_key_env: str | None = None  # name of the env var holding a key clients must send
+    allow_unauthenticated: bool = False  # a host other machines can reach needs api_key_env unless this is set
     extra_args: list[str] = Field(default_factory=list)  # appended to vLLM's command line as is
     env: dict[str, str] = Field(default_factory=dict)  # extra environment for the server
     health_timeout_s: float = Field(default=300.0, gt=0)
@@ -141,26 +142,20 @@ def read_adapter(path: str | Path) -> AdapterInfo:
     rank = max([rank, *(v for v in pattern.values() if isinstance(v, int))])
     if not any((path / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")):
         raise DistillError(f"{path} has adapter_config.json but no adapter_model.safetensors")
-    return AdapterInfo(path, rank, cfg.get("base_model_name_or_path") or None, _adapter_chat_template(path))
+    return AdapterInfo(path, rank, trained_base(path), _adapter_chat_template(path))
 
 
 @lru_cache(maxsize=1)
-def allowed_lora_ranks() -> tuple[int, ...]:
-    """The ranks the installed vLLM accepts, read from its source (importing vllm takes seconds)."""
-    import importlib.util
+def allowed_lora_ranks() -> tuple[int, ...] | None:
+    """The ranks the installed vLLM accepts (`MaxLoRARanks`, a list that has grown between releases); None
+    without vLLM here, and vLLM, wherever it runs, judges the rank itself. Importing it takes seconds."""
+    import typing
 
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        return DEFAULT_LORA_RANKS
-    source = Path(next(iter(spec.submodule_search_locations))) / "config" / "lora.py"
     try:
-        match = re.search(r"MaxLoRARanks\s*=\s*Literal\[([^\]]*)\]", source.read_text())
-    except OSError:
-        return DEFAULT_LORA_RANKS
-    if not match:
-        return DEFAULT_LORA_RANKS
-    ranks = sorted(int(v) for v in re.findall(r"\d+", match.group(1)))
-    return tuple(ranks) or DEFAULT_LORA_RANKS
+        from vllm.config.lora import MaxLoRARanks
+    except ImportError:
+        return None
+    return tuple(sorted(typing.get_args(MaxLoRARanks))) or None
 
 
 def lora_rank_for(adapter_rank: int, requested: int | None, allowed: tuple[int, ...] | None = None) -> int:
@@ -172,6 +167,8 @@ def lora_rank_for(adapter_rank: int, requested: int | None, allowed: tuple[int, 
             "raise max_lora_rank or set it to null to use the adapter's rank"
         )
     need = max(adapter_rank, requested or 0)
+    if allowed is None:
+        return need
     for rank in allowed:
         if rank >= need:
             return rank
@@ -405,7 +402,53 @@ def build_command(cfg: ServeConfig, platform: Platform) -> tuple[list[str], dict
     if not cpu or cfg.tensor_parallel_size > 1:
         argv += ["--tensor-parallel-size", str(cfg.tensor_parallel_size)]
     argv += list(cfg.extra_args)
-    return argv, _server_env(cfg, cpu)
+    env = _server_env(cfg, cpu)
+    keyed = "VLLM_API_KEY" in env or any(a == "--api-key" or a.startswith("--api-key=") for a in argv)
+    if not is_loopback(cfg.host) and not keyed and not cfg.allow_unauthenticated:
+        raise DistillError(
+            f"host {cfg.host!r} lets other machines reach the server: set api_key_env to the name of an "
+            "environment variable holding the key clients must send, or allow_unauthenticated: true"
+        )
+    return argv, env
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _is_secret(name: str) -> bool:
+    return bool(SECRET_NAME.search(name))
+
+
+def masked_argv(argv: list[str]) -> list[str]:
+    """argv with every `--api-key` value replaced by ***."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--api-key" and i + 1 < len(out):
+            out[i + 1] = "***"
+        elif arg.startswith("--api-key="):
+            out[i] = "--api-key=***"
+    return out
+
+
+def secret_values(argv: list[str], env: dict[str, str]) -> set[str]:
+    """The values never to show, to scrub from the server's own log lines (vLLM prints its arguments).
+    Values under 4 characters are left: they are no secret, and replacing them would garble every line."""
+    found = {v for k, v in env.items() if _is_secret(k)}
+    found |= {a for a, m in zip(argv, masked_argv(argv)) if a != m}
+    found = {v.split("=", 1)[1] if v.startswith("--api-key=") else v for v in found}
+    return {v for v in found if len(v) >= 4}
+
+
+def mask(text: str, secrets: set[str]) -> str:
+    for value in sorted(secrets, key=len, reverse=True):
+        text = text.replace(value, "***")
+    return text
 
 
 def _server_env(cfg: ServeConfig, cpu: bool) -> dict[str, str]:
@@ -422,9 +465,9 @@ def _server_env(cfg: ServeConfig, cpu: bool) -> dict[str, str]:
 
 
 def format_command(argv: list[str], env: dict[str, str]) -> str:
-    """A shell line to rerun the server by hand (the API key is masked)."""
-    shown = {k: ("***" if k == "VLLM_API_KEY" else v) for k, v in env.items() if k != "PYTHONUNBUFFERED"}
-    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in shown.items()), shlex.join(argv)])
+    """A shell line to rerun the server by hand, with keys, tokens and secrets masked."""
+    shown = {k: ("***" if _is_secret(k) else shlex.quote(v)) for k, v in env.items() if k != "PYTHONUNBUFFERED"}
+    return " ".join([*(f"{k}={v}" for k, v in shown.items()), shlex.join(masked_argv(argv))])
 
 
 # ---------------------------------------------------------------- the process
@@ -512,6 +555,7 @@ class VLLMServer:
         self._pump: threading.Thread | None = None
         self._log: IO[str] | None = None
         self._tail: collections.deque[str] = collections.deque(maxlen=40)
+        self._secrets: set[str] = set()  # scrubbed from every server log line we keep or echo
 
     # -- addresses
     @property
@@ -559,10 +603,9 @@ class VLLMServer:
             raise DistillError(
                 f"port {port} on {self.cfg.host} is in use; pick another with --set port=N (0 = any free port)"
             )
-        if self.cfg.host not in {"127.0.0.1", "localhost", "::1"} and "VLLM_API_KEY" not in env:
-            log.warning("vLLM listens on %s without an API key (set api_key_env)", self.cfg.host)
         log.info("starting vLLM: %s", format_command(argv, env))
         self.port, self.argv = port, argv
+        self._secrets = secret_values(argv, env)
         self._launch(argv, env)
         try:
             self._wait_ready(timeout_s or self.cfg.health_timeout_s)
@@ -593,7 +636,7 @@ class VLLMServer:
     def _copy_output(self, stream: IO[bytes]) -> None:
         """Drain the server's output (a full pipe would stall it) into the tail, the log file and stderr."""
         for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", errors="replace")
+            line = mask(raw.decode("utf-8", errors="replace"), self._secrets)
             if not EXIT_NOISE.match(line):
                 self._tail.append(line.rstrip("\n"))
             if self._log is not None and not self._log.closed:

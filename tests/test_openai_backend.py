@@ -122,3 +122,62 @@ def test_missing_key_env_and_unreachable_server_are_clear_errors(monkeypatch):
     model = OpenAIChat("m", ["http://127.0.0.1:9/v1"], max_retries=0, timeout_s=2)
     with pytest.raises(DistillError, match="cannot reach"):
         asyncio.run(model.chat([{"role": "user", "content": "x"}]))
+
+
+class ServedModels(FlakyAPI):
+    """A stand-in for vLLM's /v1/models: `planner` is a LoRA module whose `root` is the adapter folder."""
+
+    root = ""
+
+    def do_GET(self):  # noqa: N802
+        body = json.dumps({"object": "list", "data": [
+            {"id": "base", "object": "model", "root": "base", "parent": None},
+            {"id": "planner", "object": "model", "root": type(self).root, "parent": "base"},
+        ]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _save_adapter(folder, seed: int) -> None:
+    """A real safetensors adapter file; another seed is another training run's weights."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    save_file({"lora_A.weight": torch.randn(8, 64, generator=gen), "lora_B.weight": torch.randn(64, 8, generator=gen)},
+              str(folder / "adapter_model.safetensors"))
+
+
+def test_a_retrained_adapter_served_under_the_same_name_misses_the_old_cache(tmp_path):
+    from distill.llm.cached import CachedChat
+    from distill.store import CallCache
+
+    ServedModels.calls, ServedModels.fail_first, ServedModels.root = 0, 0, str(tmp_path / "adapter")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ServedModels)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    cache = CallCache(tmp_path / "calls.sqlite")
+    msgs = [{"role": "user", "content": "Capital of France?"}]
+
+    def ask(base_url=url):
+        model = CachedChat(OpenAIChat("planner", [base_url]), cache)  # a new run: identity asked afresh
+        out = asyncio.run(model.chat(msgs))
+        return out.cached, asyncio.run(model.identity())
+
+    try:
+        _save_adapter(tmp_path / "adapter", seed=0)
+        cached, first = ask()
+        assert not cached and first["servers"][0]["root"] == str(tmp_path / "adapter")
+        assert ask() == (True, first)  # same server, same weights: answered from the cache
+        _save_adapter(tmp_path / "adapter", seed=1)  # retrained, served again as `planner`
+        cached, second = ask()
+        assert not cached and second["servers"][0]["weights"] != first["servers"][0]["weights"]
+        assert not ask(url.replace("127.0.0.1", "localhost"))[0]  # another endpoint is another model
+        assert ServedModels.calls == 3
+    finally:
+        server.shutdown()
+        ServedModels.fail_first = 2

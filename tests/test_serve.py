@@ -22,7 +22,6 @@ import pytest
 
 from distill.errors import DistillError
 from distill.serve import (
-    DEFAULT_LORA_RANKS,
     ServeConfig,
     VLLMServer,
     allowed_lora_ranks,
@@ -37,9 +36,11 @@ from distill.serve import (
     model_name,
     port_is_free,
     read_adapter,
+    secret_values,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.11's MaxLoRARanks, for rounding tests
 ARCH = {"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30, "max_position_embeddings": 8192}
 
 
@@ -107,7 +108,7 @@ def test_lora_name_is_configurable(base: Path, adapter: Path) -> None:
     ("r", "requested", "expected"), [(8, None, 8), (12, None, 16), (2, None, 8), (16, 40, 64), (64, 64, 64)]
 )
 def test_max_lora_rank_rounds_up_to_a_rank_vllm_accepts(r: int, requested: int | None, expected: int) -> None:
-    assert lora_rank_for(r, requested, DEFAULT_LORA_RANKS) == expected
+    assert lora_rank_for(r, requested, VLLM_RANKS) == expected
 
 
 def test_rank_pattern_raises_the_rank(tmp_path: Path, base: Path) -> None:
@@ -125,13 +126,29 @@ def test_rank_above_an_explicit_max_is_refused(tmp_path: Path, base: Path) -> No
 
 def test_rank_above_what_vllm_serves_is_refused() -> None:
     with pytest.raises(DistillError, match="largest rank vLLM serves"):
-        lora_rank_for(1024, None, DEFAULT_LORA_RANKS)
+        lora_rank_for(1024, None, VLLM_RANKS)
 
 
 def test_allowed_ranks_are_read_from_the_installed_vllm() -> None:
     ranks = allowed_lora_ranks()
     assert ranks == tuple(sorted(ranks))
     assert {8, 16, 32, 64}.issubset(ranks)
+
+
+def test_without_vllm_the_rank_is_left_to_vllm_itself() -> None:
+    import distill.serve as serve
+
+    serve.allowed_lora_ranks.cache_clear()
+    try:
+        saved, sys.modules["vllm.config.lora"] = sys.modules.get("vllm.config.lora"), None  # import fails
+        assert serve.allowed_lora_ranks() is None
+        assert lora_rank_for(12, None) == 12 and lora_rank_for(12, 40) == 40
+    finally:
+        if saved is None:
+            del sys.modules["vllm.config.lora"]
+        else:
+            sys.modules["vllm.config.lora"] = saved
+        serve.allowed_lora_ranks.cache_clear()
 
 
 def test_cpu_flags(base: Path, adapter: Path) -> None:
@@ -392,6 +409,66 @@ def test_api_key_goes_through_the_environment_not_argv(base: Path, adapter: Path
     monkeypatch.delenv("PLANNER_KEY")
     with pytest.raises(DistillError, match="PLANNER_KEY"):
         build_command(cfg, "cpu")
+
+
+def test_keys_tokens_and_secrets_are_masked_everywhere_shown(base: Path, adapter: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PLANNER_KEY", "k-123456")
+    cfg = ServeConfig(
+        base_model=str(base), adapter=str(adapter), api_key_env="PLANNER_KEY",
+        env={"HF_TOKEN": "hf_abcdef", "MY_SECRET": "pssst!", "OPENAI_API_KEY": "sk-xyz987", "VLLM_LOGGING_LEVEL": "INFO"},
+        extra_args=["--api-key", "argkey-1", "--api-key=argkey-2"],
+    )
+    argv, env = build_command(cfg, "cpu")
+    shown = format_command(argv, env)
+    for secret in ("k-123456", "hf_abcdef", "pssst!", "sk-xyz987", "argkey-1", "argkey-2"):
+        assert secret not in shown
+    assert "HF_TOKEN=*** " in shown and "--api-key '***'" in shown
+    assert "VLLM_LOGGING_LEVEL=INFO" in shown and "--api-key=***" in shown
+    assert env["HF_TOKEN"] == "hf_abcdef" and "argkey-1" in argv  # vLLM itself still gets them
+
+    server = VLLMServer(cfg)  # its log pump scrubs the values from what vLLM prints about its arguments
+    server._secrets = secret_values(argv, env)
+    r, w = os.pipe()
+    os.write(w, b"INFO non-default args: {'api_key': ['argkey-1'], 'hf_token': 'hf_abcdef'}\n")
+    os.close(w)
+    with os.fdopen(r, "rb") as stream:
+        server._copy_output(stream)
+    assert server.tail() == ["INFO non-default args: {'api_key': ['***'], 'hf_token': '***'}"]
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5", "example.org"])
+def test_a_host_others_can_reach_needs_a_key_or_an_explicit_opt_in(
+    base: Path, adapter: Path, host: str, monkeypatch, capsys
+) -> None:
+    cfg = ServeConfig(base_model=str(base), adapter=str(adapter), host=host)
+    with pytest.raises(DistillError, match=r"api_key_env .* or allow_unauthenticated: true"):
+        build_command(cfg, "cpu")
+    build_command(cfg.model_copy(update={"allow_unauthenticated": True}), "cpu")
+    monkeypatch.setenv("PLANNER_KEY", "k-123456")
+    build_command(cfg.model_copy(update={"api_key_env": "PLANNER_KEY"}), "cpu")
+    from distill.cli import main
+
+    code = main(["serve", "--dry-run", "--set", f"base_model={base}", "--set", f"adapter={adapter}", "--set", f"host='{host}'"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "allow_unauthenticated" in err
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost", "::1"])
+def test_loopback_hosts_need_no_key(base: Path, adapter: Path, host: str) -> None:
+    build_command(ServeConfig(base_model=str(base), adapter=str(adapter), host=host), "cpu")
+
+
+def test_the_base_an_adapter_was_trained_on_is_read_from_distill_adapter_json_first(tmp_path: Path, base: Path) -> None:
+    from distill.merge import adapter_base
+
+    path = make_adapter(tmp_path / "a", "/elsewhere/checkpoint-folder")
+    (path / "distill_adapter.json").write_text(json.dumps({"base_model": str(base)}))
+    assert read_adapter(path).base_model == str(base) == adapter_base(path)
+    build_command(ServeConfig(base_model=str(base), adapter=str(path)), "cpu")  # the PEFT field alone: refused
+    (path / "distill_adapter.json").unlink()
+    assert read_adapter(path).base_model == "/elsewhere/checkpoint-folder" == adapter_base(path)
+    with pytest.raises(DistillError, match="trained on /elsewhere/checkpoint-folder"):
+        build_command(ServeConfig(base_model=str(base), adapter=str(path)), "cpu")
 
 
 @pytest.mark.parametrize("name", ["serve_planner.yaml", "serve_planner_merged.yaml"])

@@ -34,7 +34,7 @@ def build_chat(spec, prices: dict | None = None, cache=None) -> ChatModel:
 
         model = OpenAIChat(
             spec.model, spec.base_urls, spec.api_key_env, price, spec.max_concurrency, spec.timeout_s,
-            spec.max_retries, spec.tokenizer,
+            spec.max_retries, spec.tokenizer, spec.max_retry_after_s,
         )
     if cache is not None:
         from distill.llm.cached import CachedChat

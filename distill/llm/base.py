@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 
@@ -58,3 +61,60 @@ class ChatModel(Protocol):
         stop: list[str] | None = None,
         seed: int | None = None,
     ) -> Completion: ...
+
+
+# Weight files that say which model a folder holds; a retrained adapter changes its adapter_model file.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
+# Past this size a file is fingerprinted by its size, mtime and both ends: hashing a 15 GB merged 7B model
+# would cost half a minute per run, while a retrained file of the same name never keeps all four.
+FULL_HASH_MAX_BYTES = 2 << 30
+_FINGERPRINTS: dict[tuple, str] = {}
+
+
+def _file_digest(path: Path) -> str:
+    stat = path.stat()
+    key = (str(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _FINGERPRINTS:
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            if stat.st_size <= FULL_HASH_MAX_BYTES:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+            else:
+                digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
+                digest.update(f.read(16 << 20))
+                f.seek(-(16 << 20), 2)
+                digest.update(f.read())
+        _FINGERPRINTS[key] = digest.hexdigest()
+    return _FINGERPRINTS[key]
+
+
+def weights_fingerprint(location: str | None) -> str | None:
+    """A hash of the weight files under a local folder (or of one file); None when it is not readable here
+    (a hub id, a path on the server's machine), in which case the caller's identity keeps only the name."""
+    if not location:
+        return None
+    path = Path(location).expanduser()
+    try:
+        files = sorted(p for p in path.iterdir() if p.suffix in WEIGHT_SUFFIXES) if path.is_dir() else [path]
+        if not files or not all(p.is_file() for p in files):
+            return None
+        digest = hashlib.sha256()
+        for p in files:
+            digest.update(f"{p.name}:{_file_digest(p)}\n".encode())
+        return digest.hexdigest()
+    except OSError:
+        return None
+
+
+async def identity_of(model) -> dict:
+    """What a cache key must hold so that another model, or retrained weights under the same name, is never
+    answered from an old entry. Backends that know more (a server's adapter) define `async identity()`."""
+    own = getattr(model, "identity", None)
+    if own is not None:
+        return await own()
+    from distill.llm.embedded import resolve_model_path
+
+    path = resolve_model_path(model.name)
+    weights = await asyncio.to_thread(weights_fingerprint, path)
+    return {"model": model.name, "path": str(Path(path).resolve()) if weights else path, "weights": weights}

@@ -1,8 +1,14 @@
-"""Cache wrappers: a model or tool call seen before (same model, messages, sampling, seed) is not paid twice."""
+"""Cache wrappers: a model or tool call seen before (same model, messages, sampling, seed) is not paid twice.
+
+A model's key holds its identity (`identity_of`: the server, and the adapter and weights served there), not
+just its name, so a retrained adapter served again under the same name is never answered from the old cache.
+"""
 
 from __future__ import annotations
 
-from distill.llm.base import Completion, Usage
+import asyncio
+
+from distill.llm.base import Completion, Usage, identity_of
 from distill.store import CallCache, stable_hash
 
 
@@ -12,10 +18,27 @@ class CachedChat:
         self.name = inner.name
         self.cache = cache
         self.calls = 0  # calls that reached the model
+        self._identity: dict | None = None
+        self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+
+    @property
+    def retries(self) -> int:
+        return getattr(self.inner, "retries", 0)
+
+    async def identity(self) -> dict:
+        """Computed once (it may ask the server and hash weights); concurrent first calls wait for one."""
+        if self._identity is None:
+            loop = asyncio.get_running_loop()
+            if self._lock is None or self._lock[0] is not loop:
+                self._lock = (loop, asyncio.Lock())
+            async with self._lock[1]:
+                if self._identity is None:
+                    self._identity = await identity_of(self.inner)
+        return self._identity
 
     async def chat(self, messages, *, temperature=0.0, max_tokens=512, stop=None, seed=None) -> Completion:
         key = stable_hash(
-            {"model": self.name, "messages": messages, "temperature": temperature, "max_tokens": max_tokens,
+            {"model": await self.identity(), "messages": messages, "temperature": temperature, "max_tokens": max_tokens,
              "stop": stop, "seed": seed}
         )
         hit = self.cache.get(key)

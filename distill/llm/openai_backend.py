@@ -1,18 +1,45 @@
-"""OpenAI-compatible HTTP backend (vLLM, OpenAI, any compatible server) through the official `openai` SDK.
+"""OpenAI-compatible HTTP backend (vLLM, OpenAI, any compatible server) over plain httpx.
 
-The SDK already retries 429/5xx/timeouts with exponential backoff and jitter (`max_retries`), so we do not
-wrap our own loop around it; we add a concurrency cap and spread requests over several base URLs.
+The retry loop is ours, not the SDK's: the SDK retries 429/5xx but cannot see a 200 whose body is HTML,
+truncated JSON, `choices: []` or `content: null`, which overloaded proxies and servers do send, and it caps
+`Retry-After` where it likes. Every failure, once retries are spent, is one `DistillError` naming the server,
+the model and the fault. A concurrency cap bounds requests in flight; several base URLs share the load.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import itertools
+import json
 import os
+import random
 import time
+from collections import Counter
 
 from distill.errors import DistillError
-from distill.llm.base import Completion, Price, Usage
+from distill.llm.base import Completion, Price, Usage, weights_fingerprint
+
+# Statuses that mean "not now" rather than "never": rate limits, timeouts and server errors.
+RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+BACKOFF_MAX_S = 30.0
+
+
+class ServerError(DistillError):
+    """A model server failed for good; `retryable` tells a caller whether it was the server's fault (and
+    might pass) or a refusal of the request (4xx)."""
+
+    def __init__(self, message: str, kind: str, retryable: bool):
+        super().__init__(message)
+        self.kind, self.retryable = kind, retryable
+
+
+class _Fault(Exception):
+    """One failed attempt: `kind` counts it, `retry` says whether another attempt may help."""
+
+    def __init__(self, kind: str, detail: str, retry: bool, wait_s: float | None = None):
+        super().__init__(detail)
+        self.kind, self.detail, self.retry, self.wait_s = kind, detail, retry, wait_s
 
 
 def _api_key(env_name: str | None) -> str:
@@ -22,6 +49,57 @@ def _api_key(env_name: str | None) -> str:
     if not key:
         raise DistillError(f"environment variable {env_name} is not set (it should hold the API key)")
     return key
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """`Retry-After` as seconds (delta-seconds or an HTTP date); None when absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time()) if when is not None else None
+
+
+def _snippet(text: str, n: int = 80) -> str:
+    return " ".join(text[:n].split()) + ("..." if len(text) > n else "")
+
+
+def _error_message(resp) -> str:
+    try:
+        err = resp.json().get("error")
+        msg = err.get("message") if isinstance(err, dict) else err
+        if isinstance(msg, str) and msg:
+            return _snippet(msg, 200)
+    except (ValueError, AttributeError):
+        pass
+    return _snippet(resp.text, 200)
+
+
+def _parse_json(resp):
+    try:
+        return resp.json()
+    except ValueError:
+        raise _Fault("malformed body", f"malformed body (not JSON: {_snippet(resp.text)!r})", retry=True) from None
+
+
+def _parse_chat(resp) -> tuple[str, dict | None]:
+    """The reply text and usage from a 200; a body that is not a chat completion is a retryable fault."""
+    body = _parse_json(resp)
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or not choices:
+        raise _Fault("no choices", "no choices in the reply", retry=True)
+    message = choices[0].get("message") if isinstance(choices[0], dict) else None
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, str):
+        raise _Fault("null content", "the reply's message has no text content", retry=True)
+    usage = body.get("usage")
+    return content, usage if isinstance(usage, dict) else None
 
 
 class OpenAIChat:
@@ -35,45 +113,96 @@ class OpenAIChat:
         timeout_s: float = 120.0,
         max_retries: int = 5,
         tokenizer: str | None = None,
+        max_retry_after_s: float = 60.0,
+        backoff_s: float = 0.5,
     ):
         self._key = _api_key(api_key_env)  # read now, so a missing key fails before any work starts
-        self._urls = base_urls or [None]
+        default_url = os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1")
+        self._urls = [u.rstrip("/") for u in (base_urls or [default_url])]
         self._timeout_s, self._max_retries, self._max_concurrency = timeout_s, max_retries, max_concurrency
+        self._max_retry_after_s, self._backoff_s = max_retry_after_s, backoff_s
         self.name = model
         self.price = price
         self._loop = None
         self._next = itertools.cycle(range(len(self._urls)))
         self._inflight = [0] * len(self._urls)
         self.sent = [0] * len(self._urls)  # requests per base URL, to see the load spread
+        self.retries = 0  # attempts beyond the first, for a run's summary
+        self.faults: Counter[str] = Counter()  # failed attempts by kind ("503", "timeout", "no choices", ...)
+        self._identity: dict | None = None
         self._tokenizer_name = tokenizer
         self._tokenizer = None
 
     def _bind(self) -> None:
-        """HTTP clients and the semaphore belong to one event loop; a new `asyncio.run` gets fresh ones.
-
-        The clients get openai's plain `DefaultAsyncHttpxClient`: the wrapper it uses by default closes itself
-        from `__del__` on whatever loop is running then, so clients left by an earlier `asyncio.run` (eval runs
-        one per method) printed 'Event loop is closed' tracebacks in the next one."""
-        from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+        """The HTTP client and the semaphore belong to one event loop; a new `asyncio.run` gets fresh ones."""
+        import httpx
 
         loop = asyncio.get_running_loop()
         if loop is self._loop:
             return
         self._loop = loop
-        self._clients = [
-            AsyncOpenAI(
-                base_url=url, api_key=self._key, timeout=self._timeout_s, max_retries=self._max_retries,
-                http_client=DefaultAsyncHttpxClient(),
-            )
-            for url in self._urls
-        ]
+        self._client = httpx.AsyncClient(
+            timeout=self._timeout_s,
+            headers={"Authorization": f"Bearer {self._key}"},
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=self._max_concurrency),
+        )
         self._sem = asyncio.Semaphore(self._max_concurrency)
 
     def _pick(self) -> int:
         """Least-loaded server, ties broken round-robin, so one slow server does not stall the run."""
         start = next(self._next)
-        order = [(start + i) % len(self._clients) for i in range(len(self._clients))]
+        order = [(start + i) % len(self._urls) for i in range(len(self._urls))]
         return min(order, key=lambda i: self._inflight[i])
+
+    def _backoff(self, attempt: int, fault: _Fault) -> float:
+        """Full-jitter exponential backoff; a server's `Retry-After` wins, but never past the cap."""
+        if fault.wait_s is not None:
+            return min(fault.wait_s, self._max_retry_after_s)
+        return random.uniform(0, min(BACKOFF_MAX_S, self._backoff_s * 2**attempt))
+
+    async def _attempt(self, i: int, method: str, path: str, body: dict | None, parse):
+        import httpx
+
+        url = self._urls[i]
+        async with self._sem:
+            self._inflight[i] += 1
+            self.sent[i] += 1
+            try:
+                resp = await self._client.request(method, f"{url}{path}", json=body)
+            except httpx.TimeoutException:
+                raise _Fault("timeout", f"no answer within {self._timeout_s:g}s (timeout_s)", retry=True) from None
+            except httpx.ConnectError as exc:
+                raise _Fault("connect", f"cannot reach it ({_snippet(str(exc), 120)})", retry=True) from None
+            except httpx.HTTPError as exc:  # reset, dropped mid-reply, bad HTTP
+                detail = _snippet(str(exc) or type(exc).__name__, 120)
+                raise _Fault("dropped", f"connection dropped ({detail})", retry=True) from None
+            finally:
+                self._inflight[i] -= 1
+        if resp.status_code != 200:
+            status = resp.status_code
+            retry = status in RETRY_STATUS or status >= 500
+            wait = retry_after_s(resp.headers.get("retry-after")) if retry else None
+            raise _Fault(str(status), f"HTTP {status}: {_error_message(resp)}", retry=retry, wait_s=wait)
+        return parse(resp)
+
+    async def _call(self, method: str, path: str, body: dict | None, parse, server: int | None = None):
+        """One request with bounded retries; a new attempt may go to another base URL unless `server` fixes it."""
+        self._bind()
+        for attempt in range(self._max_retries + 1):
+            i = self._pick() if server is None else server
+            try:
+                return await self._attempt(i, method, path, body, parse)
+            except _Fault as fault:
+                self.faults[fault.kind] += 1
+                if not fault.retry or attempt == self._max_retries:
+                    tries = "" if not fault.retry else f" after {attempt + 1} attempt{'s' * bool(attempt)}"
+                    raise ServerError(
+                        f"model server {self._urls[i]} (model {self.name}): {fault.detail}{tries}",
+                        fault.kind, fault.retry,
+                    ) from None
+                self.retries += 1
+                await asyncio.sleep(self._backoff(attempt, fault))
+        raise AssertionError("unreachable")
 
     def _count(self, text: str) -> int:
         if self._tokenizer_name and self._tokenizer is None:
@@ -85,35 +214,40 @@ class OpenAIChat:
         return max(1, round(len(text) / 4))  # rough; only when the server reports no usage and no tokenizer is set
 
     async def chat(self, messages, *, temperature=0.0, max_tokens=512, stop=None, seed=None) -> Completion:
-        from openai import APIConnectionError, APIStatusError
+        body = {"model": self.name, "messages": messages, "temperature": temperature, "max_tokens": max_tokens}
+        if stop:
+            body["stop"] = stop
+        if seed is not None:
+            body["seed"] = seed
+        t0 = time.perf_counter()
+        text, usage = await self._call("POST", "/chat/completions", body, _parse_chat)
+        latency = time.perf_counter() - t0
+        try:
+            used = Usage(int(usage["prompt_tokens"]), int(usage["completion_tokens"]))
+        except (TypeError, KeyError, ValueError):
+            used = Usage(sum(self._count(str(m.get("content") or "")) for m in messages), self._count(text))
+        return Completion(text, used, latency, self.price.cost(used), self.name)
 
-        self._bind()
-        async with self._sem:
-            i = self._pick()
-            self._inflight[i] += 1
-            self.sent[i] += 1
-            t0 = time.perf_counter()
-            try:
-                resp = await self._clients[i].chat.completions.create(
-                    model=self.name,
-                    messages=messages,
-                    temperature=temperature,
-                    max_tokens=max_tokens,
-                    stop=stop or None,
-                    seed=seed,
-                )
-            except APIConnectionError as exc:
-                raise DistillError(f"cannot reach {self._clients[i].base_url}: {exc}") from exc
-            except APIStatusError as exc:
-                if exc.status_code in (400, 401, 403, 404):
-                    raise DistillError(f"{self._clients[i].base_url} refused {self.name}: {exc.message}") from exc
-                raise
-            finally:
-                self._inflight[i] -= 1
-            latency = time.perf_counter() - t0
-        text = resp.choices[0].message.content or ""
-        if resp.usage is not None:
-            usage = Usage(resp.usage.prompt_tokens, resp.usage.completion_tokens)
-        else:
-            usage = Usage(sum(self._count(m["content"]) for m in messages), self._count(text))
-        return Completion(text, usage, latency, self.price.cost(usage), self.name)
+    async def identity(self) -> dict:
+        """The servers and what they serve under this name, computed once. vLLM's /v1/models gives each
+        model's `root` (a LoRA module's adapter folder); where that folder is readable here, a hash of its
+        weights goes in too, so an adapter retrained and served again as `planner` gets new cache keys."""
+        if self._identity is None:
+            served = []
+            for url in sorted(set(self._urls)):
+                entry = {"base_url": url}
+                try:
+                    models = await self._call("GET", "/models", None, _parse_json, self._urls.index(url))
+                except ServerError as exc:
+                    if exc.retryable:
+                        raise  # the server is down: the chat call would fail the same way
+                    models = None  # a server without /models: its URL and the name are all we know
+                data = models.get("data") if isinstance(models, dict) else None
+                for m in data if isinstance(data, list) else []:
+                    if isinstance(m, dict) and m.get("id") == self.name:
+                        root = m.get("root") if isinstance(m.get("root"), str) else None
+                        weights = await asyncio.to_thread(weights_fingerprint, root)
+                        entry |= {"root": root, "parent": m.get("parent"), "weights": weights}
+                served.append(entry)
+            self._identity = {"model": self.name, "servers": served}
+        return self._identity
