@@ -83,6 +83,15 @@ def fill_server(obj: Any, url: str | None) -> Any:
     return obj
 
 
+def train_config(section: dict, dataset_dir: str, output_dir: str):
+    """A train section (or a training config file's keys) as distill.train reads it: the one place outside
+    distill.train that knows the shape of a training config."""
+    from distill.config import validate
+    from distill.train import TrainConfig
+
+    return validate(TrainConfig, section | {"dataset_dir": dataset_dir, "output_dir": output_dir}, "train (pipeline)")
+
+
 class Pipeline:
     def __init__(self, cfg: PipelineConfig, config_path: str | None = None,
                  entries: Mapping[str, Callable] | None = None):
@@ -119,13 +128,8 @@ class Pipeline:
                 d.rename(d.with_name(f"{d.name}.before-{stamp}"))
 
     # ------------------------------------------------------------------ stage settings
-    def train_config(self):
-        """The train section as distill.train reads it: the one place the pipeline knows train's config shape."""
-        from distill.config import validate
-        from distill.train import TrainConfig
-
-        data = self.cfg.train | {"dataset_dir": str(self.stage_dir("sft-data")), "output_dir": str(self.stage_dir("train"))}
-        return validate(TrainConfig, data, "train (pipeline)")
+    def train_dirs(self) -> tuple[str, str]:
+        return str(self.stage_dir("sft-data")), str(self.stage_dir("train"))
 
     def sft_data_settings(self) -> dict:
         """The sft_data section as keyword arguments of `build_sft_data`, whose signature is the check until
@@ -186,7 +190,7 @@ class Pipeline:
         return {"examples": {split: s["examples"] for split, s in summary["splits"].items()}}
 
     def train(self) -> dict:
-        info = self.entry("train")(self.train_config())
+        info = self.entry("train")(train_config(self.cfg.train, *self.train_dirs()))
         return {k: info.get(k) for k in ("global_step", "final_train_loss", "final_eval_loss", "wall_s")}
 
     def eval(self) -> dict:
@@ -223,7 +227,7 @@ class Pipeline:
         validate(GenerateConfig, fill_server(self.cfg.generate, url) | {"output_dir": "x"}, "generate")
         validate(FilterConfig, self.cfg.filter, "filter")
         self.sft_data_settings()
-        self.train_config()
+        train_config(self.cfg.train, *self.train_dirs())
         validate(EvalConfig, fill_server(self.cfg.eval, url) | {"output_dir": "x"}, "eval")
         for name in ("teacher_server", "student_server"):
             raw = getattr(self.cfg, name)
