@@ -36,6 +36,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("merge",), "distill.commands.merge", "merge a LoRA adapter into full weights"),
     (("serve",), "distill.commands.serve", "serve the student planner with vLLM"),
     (("eval",), "distill.commands.eval", "evaluate planners and baselines"),
+    (("report",), "distill.commands.report", "write report.md, results.json and plots from evaluation records"),
     (("pipeline",), "distill.commands.pipeline", "run the whole distillation end to end"),
 ]
 

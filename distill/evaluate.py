@@ -6,8 +6,8 @@ Every method answers the same questions with the same Solver model and the same 
 the only thing that changes between ReWOO rows is the Planner (the teacher few-shot, the distilled student
 zero-shot, the untuned base model zero-shot) and between ReWOO and the baselines the way the Solver model
 is driven. Each method writes one trajectory record per question to `<output_dir>/records/<method>.jsonl`,
-appended and fsynced as it is made, so a rerun resumes where a crash or Ctrl-C left off; the report is then
-recomputed from those files alone (`distill.report`).
+appended and fsynced as it is made, so a rerun resumes where a crash or Ctrl-C left off. Evaluation writes
+records only; the report stage (`distill report`, `distill.report`) recomputes every number from those files.
 
 Questions: the first `n` distinct questions of each dataset in file order (after dedup). Not a random
 sample, so every run, every method and every later, larger run sees the same questions, and raising `n`
@@ -365,8 +365,8 @@ def build_manifest(cfg: EvalConfig, config_path: str | None, methods: list[Metho
 
 
 def evaluate(cfg: EvalConfig, config_path: str | None = None) -> dict:
-    """Run (or resume) every method, then write results.json, report.md and the plots; returns the results."""
-    from distill.report import write_report
+    """Run (or resume) every method, writing its records; returns the finished manifest (the report is the
+    next stage's job, so it can be rebuilt without running any model)."""
     from distill.store import write_json
 
     out = Path(cfg.output_dir)
@@ -392,4 +392,4 @@ def evaluate(cfg: EvalConfig, config_path: str | None = None) -> dict:
         runs=runs,
     )
     write_json(out / MANIFEST, manifest)
-    return write_report(out)
+    return manifest

@@ -14,23 +14,38 @@ generation, the student's, base model plus LoRA adapter, for evaluation) and fil
 
 from __future__ import annotations
 
+import importlib
 import json
-import shutil
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from distill.config import Strict
 from distill.errors import DistillError
 
 STAGES = ("generate", "filter", "sft-data", "train", "eval", "report")
 SERVER = "@server"
+STAGE_CONFIG = "config"
+# The library function behind each stage, and the server class; `Pipeline(entries=...)` swaps some of them so
+# a test can check what every stage is handed without running a model.
+ENTRIES = {
+    "server": "distill.serve:VLLMServer",
+    "generate": "distill.generate:generate",
+    "filter": "distill.filter:run_filter",
+    "sft-data": "distill.sft_data:build_sft_data",
+    "train": "distill.train:train",
+    "eval": "distill.evaluate:evaluate",
+    "report": "distill.report:write_report",
+}
 
 
 class PipelineConfig(Strict):
+    """Each stage section holds that stage's config keys, or `config: FILE` (a stage config, e.g.
+    configs/eval_hotpot_trivia_7b.yaml, read relative to the working directory) plus keys that override it."""
+
     run_dir: str = "runs/demo"
     generate: dict[str, Any]  # GenerateConfig keys (output_dir and cache are set by the pipeline)
     teacher_server: dict[str, Any] | None = None  # ServeConfig keys: a vLLM server for the teacher, or none
@@ -38,7 +53,22 @@ class PipelineConfig(Strict):
     sft_data: dict[str, Any] = Field(default_factory=dict)  # tools, val_fraction, seed, tokenizer
     train: dict[str, Any]  # TrainConfig keys (dataset_dir and output_dir are set by the pipeline)
     student_server: dict[str, Any] = Field(default_factory=dict)  # ServeConfig keys (adapter is set)
-    eval: dict[str, Any]  # EvalConfig keys (output_dir and cache are set)
+    eval: dict[str, Any]  # EvalConfig keys (output_dir is set)
+
+    @field_validator("generate", "teacher_server", "filter", "sft_data", "train", "student_server", "eval",
+                     mode="before")
+    @classmethod
+    def _stage_config(cls, value: Any, info: ValidationInfo) -> Any:
+        """A section that names its stage config runs exactly what that stage's own command would, so the
+        two cannot drift apart."""
+        if not isinstance(value, Mapping) or STAGE_CONFIG not in value:
+            return value
+        from distill.config import _merge, read_yaml
+
+        path = value[STAGE_CONFIG]
+        if not isinstance(path, str):
+            raise DistillError(f"{info.field_name}.{STAGE_CONFIG}: expected the path of a stage config")
+        return _merge(read_yaml(path), {k: v for k, v in value.items() if k != STAGE_CONFIG})
 
 
 def fill_server(obj: Any, url: str | None) -> Any:
@@ -53,12 +83,28 @@ def fill_server(obj: Any, url: str | None) -> Any:
     return obj
 
 
+def train_config(section: dict, dataset_dir: str, output_dir: str):
+    """A train section (or a training config file's keys) as distill.train reads it: the one place outside
+    distill.train that knows the shape of a training config."""
+    from distill.config import validate
+    from distill.train import TrainConfig
+
+    return validate(TrainConfig, section | {"dataset_dir": dataset_dir, "output_dir": output_dir}, "train (pipeline)")
+
+
 class Pipeline:
-    def __init__(self, cfg: PipelineConfig, config_path: str | None = None):
+    def __init__(self, cfg: PipelineConfig, config_path: str | None = None,
+                 entries: Mapping[str, Callable] | None = None):
         self.cfg = cfg
         self.run = Path(cfg.run_dir)
         self.config_path = config_path
-        self.timings: dict[str, float] = {}
+        self.entries = dict(entries or {})
+
+    def entry(self, name: str) -> Callable:
+        if name not in self.entries:
+            module, attr = ENTRIES[name].split(":")
+            self.entries[name] = getattr(importlib.import_module(module), attr)
+        return self.entries[name]
 
     def stage_dir(self, stage: str) -> Path:
         return self.run / stage
@@ -81,6 +127,23 @@ class Pipeline:
             if d.exists():
                 d.rename(d.with_name(f"{d.name}.before-{stamp}"))
 
+    # ------------------------------------------------------------------ stage settings
+    def train_dirs(self) -> tuple[str, str]:
+        return str(self.stage_dir("sft-data")), str(self.stage_dir("train"))
+
+    def sft_data_settings(self) -> dict:
+        """The sft_data section as keyword arguments of `build_sft_data`, whose signature is the check until
+        sft-data has a config class of its own."""
+        import inspect
+
+        from distill.sft_data import build_sft_data
+
+        known = list(inspect.signature(build_sft_data).parameters)[2:]  # after kept_path, out_dir
+        unknown = sorted(set(self.cfg.sft_data) - set(known))
+        if unknown:
+            raise DistillError(f"sft_data (pipeline): unknown key(s) {', '.join(unknown)} (known: {', '.join(known)})")
+        return dict(self.cfg.sft_data)
+
     # ------------------------------------------------------------------ stages
     def server(self, raw: dict | None, adapter: str | None, name: str):
         from contextlib import nullcontext
@@ -88,70 +151,67 @@ class Pipeline:
         if raw is None:
             return nullcontext(None)
         from distill.config import validate
-        from distill.serve import ServeConfig, VLLMServer
+        from distill.serve import ServeConfig
 
         data = {"port": 0} | raw | ({"adapter": adapter} if adapter else {})
         cfg = validate(ServeConfig, data, f"{name} (pipeline)")
         print(f"[pipeline] starting vLLM for the {name} (log: {self.run / f'{name}.vllm.log'})", flush=True)
-        return VLLMServer(cfg, log_path=self.run / f"{name}.vllm.log")
+        return self.entry("server")(cfg, log_path=self.run / f"{name}.vllm.log")
 
     def generate(self) -> dict:
         from distill.config import validate
-        from distill.generate import GenerateConfig, generate
+        from distill.generate import GenerateConfig
 
         with self.server(self.cfg.teacher_server, None, "teacher_server") as srv:
             data = fill_server(self.cfg.generate, srv.base_url if srv else None)
             data |= {"output_dir": str(self.stage_dir("generate")), "cache": str(self.run / "calls.sqlite")}
-            return generate(validate(GenerateConfig, data, "generate (pipeline)"), self.config_path)
+            return self.entry("generate")(validate(GenerateConfig, data, "generate (pipeline)"), self.config_path)
 
     def filter(self) -> dict:
         from distill.config import validate
-        from distill.filter import FilterConfig, format_report, run_filter
+        from distill.filter import FilterConfig, format_report
 
         cfg = validate(FilterConfig, self.cfg.filter, "filter (pipeline)")
-        report = run_filter(self.stage_dir("generate") / "trajectories.jsonl", self.stage_dir("filter") / "kept.jsonl", cfg)
+        report = self.entry("filter")(
+            self.stage_dir("generate") / "trajectories.jsonl", self.stage_dir("filter") / "kept.jsonl", cfg
+        )
         print(format_report(report))
         if report["kept"] == 0:
             raise DistillError("the filter kept no trajectory: more samples_per_question or more questions")
         return {"kept": report["kept"], "input_records": report["input_records"]}
 
     def sft_data(self) -> dict:
-        from distill.sft_data import build_sft_data, format_summary
+        from distill.sft_data import format_summary
 
-        summary = build_sft_data(self.stage_dir("filter") / "kept.jsonl", self.stage_dir("sft-data"), **self.cfg.sft_data)
+        summary = self.entry("sft-data")(
+            self.stage_dir("filter") / "kept.jsonl", self.stage_dir("sft-data"), **self.sft_data_settings()
+        )
         print(format_summary(summary))
-        return {"examples": summary.get("counts", summary)}
+        return {"examples": {split: s["examples"] for split, s in summary["splits"].items()}}
 
     def train(self) -> dict:
-        from distill.config import validate
-        from distill.train import TrainConfig, train
-
-        data = self.cfg.train | {"dataset_dir": str(self.stage_dir("sft-data")), "output_dir": str(self.stage_dir("train"))}
-        info = train(validate(TrainConfig, data, "train (pipeline)"))
+        info = self.entry("train")(train_config(self.cfg.train, *self.train_dirs()))
         return {k: info.get(k) for k in ("global_step", "final_train_loss", "final_eval_loss", "wall_s")}
 
     def eval(self) -> dict:
         from distill.config import validate
-        from distill.evaluate import EvalConfig, evaluate
+        from distill.evaluate import EvalConfig
 
         with self.server(self.cfg.student_server, str(self.stage_dir("train")), "student_server") as srv:
             data = fill_server(self.cfg.eval, srv.base_url if srv else None)
             data |= {"output_dir": str(self.stage_dir("eval"))}  # per-method caches: latency stays honest
-            results = evaluate(validate(EvalConfig, data, "eval (pipeline)"))
-        return {"methods": sorted(results.get("methods", {}))}
+            manifest = self.entry("eval")(validate(EvalConfig, data, "eval (pipeline)"), self.config_path)
+        return {"methods": [m["name"] for m in manifest["methods"]]}
 
     def report(self) -> dict:
-        """Put the evaluation's report, results and plots at the run folder's root, with stage timings."""
-        src = self.stage_dir("eval")
-        dst = self.stage_dir("report")
-        dst.mkdir(parents=True, exist_ok=True)
-        for f in [*src.glob("*.md"), *src.glob("*.json"), *src.glob("*.png")]:
-            if f.name != "DONE.json":
-                shutil.copy2(f, self.run / f.name)
-        timings = {s: json.loads((self.stage_dir(s) / "DONE.json").read_text())["seconds"] for s in STAGES[:-1]
-                   if self.done(s)}
+        """The report from the evaluation's records, at the run folder's root, with the stage timings."""
+        from distill.report import summary_lines
         from distill.store import write_json
 
+        results = self.entry("report")(self.stage_dir("eval"), self.run)
+        print("\n".join(summary_lines(results)))
+        timings = {s: json.loads((self.stage_dir(s) / "DONE.json").read_text())["seconds"] for s in STAGES[:-1]
+                   if self.done(s)}
         write_json(self.run / "pipeline.json", {"stage_seconds": timings, "config_file": self.config_path})
         return {"stage_seconds": timings}
 
@@ -162,20 +222,17 @@ class Pipeline:
         from distill.filter import FilterConfig
         from distill.generate import GenerateConfig
         from distill.serve import ServeConfig
-        from distill.train import TrainConfig
 
         url = "http://127.0.0.1:1/v1"
         validate(GenerateConfig, fill_server(self.cfg.generate, url) | {"output_dir": "x"}, "generate")
         validate(FilterConfig, self.cfg.filter, "filter")
-        validate(TrainConfig, self.cfg.train | {"dataset_dir": "x", "output_dir": "x"}, "train")
+        self.sft_data_settings()
+        train_config(self.cfg.train, *self.train_dirs())
         validate(EvalConfig, fill_server(self.cfg.eval, url) | {"output_dir": "x"}, "eval")
         for name in ("teacher_server", "student_server"):
             raw = getattr(self.cfg, name)
             if raw is not None:
                 validate(ServeConfig, raw, name)
-        unknown = set(self.cfg.sft_data) - {"tools", "val_fraction", "seed", "tokenizer"}
-        if unknown:
-            raise DistillError(f"sft_data: unknown key(s) {', '.join(sorted(unknown))}")
 
     def run_all(self, start: str | None = None) -> None:
         self.check()

@@ -1,6 +1,8 @@
 """The evaluation report, recomputed from the per-example records and nothing else.
 
-`recompute(output_dir)` reads `<output_dir>/records/*.jsonl`, rescoring every prediction with
+This is the report stage (`distill report EVAL_DIR [--out DIR]`, and the pipeline's `report`): evaluation
+only writes records, so a report can be rebuilt, or written elsewhere, without any model.
+`recompute(eval_dir)` reads `<eval_dir>/records/*.jsonl`, rescoring every prediction with
 `distill.metrics.score`, and returns the dict written to `results.json`; `write_report` also renders
 `report.md` and the plots. Only bookkeeping comes from `manifest.json` (method order, which method is the
 reference, which questions the run covers, the bootstrap settings), so anyone can delete results.json and
@@ -63,17 +65,8 @@ def read_manifest(output_dir: str | Path) -> dict:
     return json.loads(path.read_text())
 
 
-def kind_of(rec: dict) -> str:
-    """rewoo | react | direct; older records without `kind` are told apart by their shape."""
-    if rec.get("kind"):
-        return rec["kind"]
-    if "react" in rec:
-        return "react"
-    return "direct" if rec.get("planner") is None else "rewoo"
-
-
 def hops_of(rec: dict) -> int:
-    kind = kind_of(rec)
+    kind = rec["kind"]
     if kind == "rewoo":
         return len((rec.get("plan") or {}).get("steps") or [])
     if kind == "react":
@@ -84,8 +77,7 @@ def hops_of(rec: dict) -> int:
 
 def steps_of(rec: dict) -> int:
     """Reasoning steps: plan steps for ReWOO, model turns (Finish included) for ReAct, none for Direct."""
-    kind = kind_of(rec)
-    if kind == "react":
+    if rec["kind"] == "react":
         return len((rec.get("react") or {}).get("steps") or [])
     return hops_of(rec)
 
@@ -161,7 +153,7 @@ def method_metrics(records: list[dict], samples: int = 1000, seed: int = 0) -> d
     """Every per-method number of the report, from that method's records."""
     if not records:
         raise DistillError("method_metrics needs at least one record")
-    kind = kind_of(records[0])
+    kind = records[0]["kind"]
     scores = [rescore(r) for r in records]
     scored = [s for s in scores if s is not None]
     em = [float(s["em"]) for s in scored]
@@ -305,7 +297,12 @@ def compute(
 
 def _load(output_dir: str | Path) -> tuple[dict, list[str], dict[str, list[dict]]]:
     manifest = read_manifest(output_dir)
-    methods, by_method = _select(load_records(output_dir), manifest)
+    by_method = load_records(output_dir)
+    for name, records in by_method.items():
+        missing = sorted({k for r in records for k in ("kind", "dataset", "id") if k not in r})
+        if missing:  # e.g. generation's trajectories: no `kind`, so no way to tell how to count hops
+            raise DistillError(f"records of {name} lack {', '.join(missing)}: not evaluation records")
+    methods, by_method = _select(by_method, manifest)
     return manifest, methods, by_method
 
 
@@ -559,14 +556,31 @@ def render_markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def write_report(output_dir: str | Path) -> dict:
-    """Recompute results from the records; write results.json, report.md and the plots. Returns the results."""
+def write_report(eval_dir: str | Path, out_dir: str | Path | None = None) -> dict:
+    """Recompute results from `<eval_dir>`'s records; write results.json, report.md and the plots to `out_dir`
+    (default: `eval_dir`). Returns the results."""
     from distill.store import write_json
 
-    out = Path(output_dir)
-    manifest, methods, by_method = _load(out)
+    out = Path(out_dir if out_dir is not None else eval_dir)
+    manifest, methods, by_method = _load(eval_dir)
     results = _compute_from(manifest, methods, by_method)
+    out.mkdir(parents=True, exist_ok=True)
     make_plots(results, by_method, out)
     write_json(out / "results.json", results)
     (out / "report.md").write_text(render_markdown(results))
     return results
+
+
+def summary_lines(results: dict) -> list[str]:
+    """One line per method: the headline numbers, so a terminal run shows the outcome at a glance."""
+    lines = []
+    for name in results["methods"]:
+        pm = results["per_method"][name]
+        em = pm["em"]["mean"] if pm["em"] else float("nan")
+        f1 = pm["f1"]["mean"] if pm["f1"] else float("nan")
+        lines.append(
+            f"{name:<16} {pm['kind']:<7} n={pm['n']:<5} EM {em:.3f}  F1 {f1:.3f}  "
+            f"tokens/q {pm['tokens_mean']['total']:.0f}  LLM calls/q {pm['llm_calls_mean']:.2f}  "
+            f"${pm['cost_per_question_usd']:.5f}/q  p50 {pm['latency_s']['p50']:.2f}s"
+        )
+    return lines

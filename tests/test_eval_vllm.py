@@ -66,6 +66,8 @@ def test_eval_with_student_served_by_vllm(tmp_path):
                               cwd=ROOT, capture_output=True, text=True, timeout=800)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     out = tmp_path / "eval"
+    report = [sys.executable, "-m", "distill.cli", "report", str(out)]
+    assert subprocess.run(report, cwd=ROOT, timeout=300).returncode == 0
     results = json.loads((out / "results.json").read_text())
     assert set(results["methods"]) == {"student", "base", "react", "direct"}
     for name, m in results["per_method"].items():

@@ -261,6 +261,10 @@ def test_distill_eval_end_to_end_recomputes_and_resumes(tmp_path, capsys):
     assert cli.main(["eval", "--config", str(config)]) == 0
     out = tmp_path / "eval"
     lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2:] == [f"records: {out / 'records'}", f"next: distill report {out}"]
+    assert not (out / "results.json").exists()  # evaluation writes records; the report is its own stage
+    assert cli.main(["report", str(out)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-2] == f"report: {out / 'report.md'}" and lines[-1] == f"results: {out / 'results.json'}"
 
     methods = ["teacher", "base", "react", "direct"]
@@ -297,7 +301,7 @@ def test_distill_eval_end_to_end_recomputes_and_resumes(tmp_path, capsys):
     sizes = {m: (out / "records" / f"{m}.jsonl").stat().st_size for m in methods}
     assert cli.main(["eval", "--config", str(config)]) == 0  # resumes: every record is already there
     assert {m: (out / "records" / f"{m}.jsonl").stat().st_size for m in methods} == sizes
+    assert cli.main(["report", str(out)]) == 0
     assert json.loads((out / "results.json").read_text()) == results
-    assert cli.main(["eval", "--config", str(config), "--report-only"]) == 0
     assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
 

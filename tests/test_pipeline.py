@@ -1,4 +1,5 @@
-"""The whole distillation end to end on a reduced demo config: real SmolLM2, real vLLM servers, real TRL."""
+"""The whole distillation end to end on a reduced demo config (real SmolLM2, real vLLM servers, real TRL), and
+the pipeline's stage wiring and config checks without any model."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from distill.pipeline import STAGES
+from distill.store import write_json, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,3 +62,141 @@ def test_pipeline_runs_every_stage_then_skips_them(tmp_path):
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.count("done, skipped") == 6
+
+
+# ------------------------------------------------------------------------------------- stage wiring (fast)
+# Generation, training, the vLLM servers and evaluation are replaced (they need models); filter, sft-data and
+# the report run for real on what the replacements write.
+
+
+def wiring_config(tmp_path: Path) -> dict:
+    served = {"backend": "openai", "base_url": "@server", "model": "smollm2-135m-instruct"}
+    return {
+        "run_dir": str(tmp_path / "run"),
+        "teacher_server": {"base_model": "smollm2-135m-instruct"},
+        "generate": {"planner": served, "solver": served, "tools": ["Wikipedia", "LLM", "Calculator"],
+                     "datasets": [{"name": "hotpotqa", "source": "data/demo/train.jsonl", "n": 6}]},
+        "filter": {"min_f1": 0.5},
+        "sft_data": {"tools": ["Wikipedia", "LLM", "Calculator"], "val_fraction": 0.34, "tokenizer": "none"},
+        "train": {"config": "configs/smollm2-135m_lora_cpu.yaml", "max_steps": 2},
+        "eval": {
+            "planners": {"student": {"prompt": "zeroshot", "spec": served | {"model": "planner"}}},
+            "baselines": ["direct"],
+            "solver": served,
+            "datasets": [{"name": "hotpotqa", "source": "data/demo/dev.jsonl", "n": 3}],
+        },
+    }
+
+
+class Recorder:
+    """Stands in for the stages that need a model; remembers what each was handed, in order."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, object]] = []
+
+    def entries(self) -> dict:
+        return {"server": self.server, "generate": self.generate, "train": self.train, "eval": self.evaluate}
+
+    def server(self, cfg, log_path):
+        from contextlib import contextmanager
+        from types import SimpleNamespace
+
+        self.calls.append(("server", cfg))
+
+        @contextmanager
+        def running():
+            yield SimpleNamespace(base_url=f"http://{'student' if cfg.adapter else 'teacher'}.test/v1")
+
+        return running()
+
+    def generate(self, cfg, config_path):
+        from test_sft_data import kept_records
+
+        self.calls.append(("generate", cfg))
+        records = kept_records()  # 12 samples of 6 questions, every step run
+        for r in records:
+            r["evidence"] = [{"id": s["id"], "status": "ok"} for s in r["plan"]["steps"]]
+        write_jsonl(Path(cfg.output_dir) / "trajectories.jsonl", records)
+        return {"records": len(records)}
+
+    def train(self, cfg):
+        self.calls.append(("train", cfg))
+        assert (Path(cfg.dataset_dir) / "dataset_dict.json").exists()  # sft-data's real output
+        (Path(cfg.output_dir) / "adapter_config.json").write_text("{}")
+        return {"global_step": cfg.max_steps, "final_train_loss": 1.5, "final_eval_loss": 1.6, "wall_s": 0.1}
+
+    def evaluate(self, cfg, config_path):
+        from test_report import rec
+
+        self.calls.append(("eval", cfg))
+        out = Path(cfg.output_dir)
+        write_jsonl(out / "records" / "student.jsonl", [rec("student", f"q{i}", "Paris", "Paris") for i in range(3)])
+        write_jsonl(out / "records" / "direct.jsonl",
+                    [rec("direct", f"q{i}", "Rome", "Paris", kind="direct", steps=0) for i in range(3)])
+        manifest = {"methods": [{"name": "student"}, {"name": "direct"}], "reference": "student",
+                    "bootstrap_samples": 50, "seed": 0, "examples": [["hotpotqa", f"q{i}"] for i in range(3)]}
+        write_json(out / "manifest.json", manifest)
+        return manifest
+
+
+def test_each_stage_gets_its_folders_and_settings_and_done_json_its_counts(tmp_path, monkeypatch, capsys):
+    from distill.config import validate
+    from distill.pipeline import Pipeline, PipelineConfig
+    from distill.report import recompute
+
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    recorder = Recorder()
+    Pipeline(validate(PipelineConfig, wiring_config(tmp_path)), "p.yaml", recorder.entries()).run_all()
+
+    assert [name for name, _ in recorder.calls] == ["server", "generate", "train", "server", "eval"]
+    calls = dict(recorder.calls[1:3]) | {"eval": recorder.calls[4][1]}
+    teacher_server, student_server = recorder.calls[0][1], recorder.calls[3][1]
+    assert teacher_server.adapter is None and teacher_server.port == 0
+    assert student_server.adapter == str(run / "train") and student_server.port == 0
+    gen = calls["generate"]
+    assert gen.output_dir == str(run / "generate") and gen.cache == str(run / "calls.sqlite")
+    assert gen.planner.base_url == gen.solver.base_url == "http://teacher.test/v1"
+    train = calls["train"]
+    assert (train.dataset_dir, train.output_dir) == (str(run / "sft-data"), str(run / "train"))
+    assert train.max_steps == 2 and train.learning_rate == 1e-3  # the override on top of the named stage config
+    ev = calls["eval"]
+    assert ev.output_dir == str(run / "eval") and ev.planners[0].spec.base_url == "http://student.test/v1"
+
+    done = {s: json.loads((run / s / "DONE.json").read_text()) for s in STAGES}
+    assert done["filter"] | {"seconds": 0} == {"stage": "filter", "seconds": 0, "kept": 6, "input_records": 12}
+    summary = json.loads((run / "sft-data" / "summary.json").read_text())
+    assert done["sft-data"]["examples"] == {s: v["examples"] for s, v in summary["splits"].items()}
+    assert sum(done["sft-data"]["examples"].values()) == 6 and done["sft-data"]["examples"]["validation"] >= 1
+    assert done["train"]["global_step"] == 2 and done["eval"]["methods"] == ["student", "direct"]
+    assert set(done["report"]["stage_seconds"]) == set(STAGES[:-1])
+    assert json.loads((run / "results.json").read_text()) == recompute(run / "eval")
+    assert (run / "report.md").exists() and len(list(run.glob("*.png"))) == 3
+    assert not (run / "eval" / "results.json").exists()  # evaluation writes records; the report stage the rest
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"results: {run / 'results.json'}"
+
+    again = Recorder()
+    Pipeline(validate(PipelineConfig, wiring_config(tmp_path)), "p.yaml", again.entries()).run_all()
+    assert again.calls == [] and capsys.readouterr().out.count("done, skipped") == len(STAGES)
+
+
+@pytest.mark.parametrize("section, value, message", [
+    ("eval", {"react_max_step": 3}, "eval: react_max_step: Extra inputs are not permitted"),
+    ("sft_data", {"val_fractoin": 0.1}, "sft_data (pipeline): unknown key(s) val_fractoin"),
+    ("train", {"config": "configs/smollm2-135m_lora_cpu.yaml", "lora_rank": 4}, "train (pipeline): lora_rank"),
+    ("train", {"config": "configs/nope.yaml"}, "config not found: configs/nope.yaml"),
+    ("student_server", {"gpu_memory_utilisation": 0.5}, "student_server: gpu_memory_utilisation"),
+])
+def test_a_bad_key_in_any_section_fails_before_any_stage_one_line_exit_2(tmp_path, monkeypatch, capsys,
+                                                                           section, value, message):
+    from distill import cli
+
+    monkeypatch.chdir(ROOT)
+    cfg = wiring_config(tmp_path)
+    cfg[section] = (cfg.get(section, {}) if "config" not in value else {}) | value
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["pipeline", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists()

@@ -232,3 +232,35 @@ def test_markdown_renders_missing_values_as_dashes():
     results = compute({"direct": [rec("direct", "a", "x", "y", kind="direct", steps=0)]})
     text = render_markdown(results)
     assert "| direct | direct | – | 1 |" in text and "nan" not in text.lower()
+
+
+def test_distill_report_writes_elsewhere_from_the_records_alone(tmp_path, capsys):
+    from distill import cli
+
+    runs = sample_run()
+    manifest = {"methods": [{"name": n} for n in ("teacher", "student", "react", "direct")], "reference": "teacher",
+                "bootstrap_samples": 200, "seed": 1, "examples": [["hotpotqa", r["id"]] for r in runs["teacher"]]}
+    run = write_run(tmp_path, runs, manifest)
+    out = tmp_path / "published"
+    assert cli.main(["report", str(run), "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2:] == [f"report: {out / 'report.md'}", f"results: {out / 'results.json'}"]
+    assert [line.split()[0] for line in lines[:-2]] == ["teacher", "student", "react", "direct"]
+    results = json.loads((out / "results.json").read_text())
+    assert results == recompute(run) and results["bootstrap_samples"] == 200
+    assert all((out / name).stat().st_size > 1000 for name in results["plots"].values())
+    assert "## Accuracy" in (out / "report.md").read_text()
+    assert not (run / "results.json").exists() and not (run / "report.md").exists()
+
+
+def test_distill_report_on_bad_input_is_one_line_exit_2(tmp_path, capsys):
+    from distill import cli
+
+    assert cli.main(["report", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("error: no per-example records under")
+    trajectory = rec("teacher", "a", "x", "x")
+    del trajectory["kind"]  # a generation record, not an evaluation one
+    run = write_run(tmp_path, {"teacher": [trajectory]})
+    assert cli.main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: records of teacher lack kind: not evaluation records\n"

@@ -1,0 +1,70 @@
+"""Every shipped config loads through the class of the command it is written for, so a renamed or retyped
+field cannot leave a config behind; pipeline configs also pass the pipeline's own pre-run check of every stage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from distill.config import AgentConfig, load_config, read_yaml
+from distill.evaluate import EvalConfig
+from distill.filter import FilterConfig
+from distill.generate import GenerateConfig
+from distill.pipeline import Pipeline, PipelineConfig, train_config
+from distill.serve import ServeConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+
+
+def load_pipeline(path: Path) -> Pipeline:
+    pipeline = Pipeline(load_config(PipelineConfig, path))
+    pipeline.check()
+    return pipeline
+
+
+LOADERS = {  # file name prefix -> how the command that reads it loads it
+    "ask_": lambda p: load_config(AgentConfig, p),
+    "generate_": lambda p: load_config(GenerateConfig, p),
+    "filter": lambda p: load_config(FilterConfig, p),
+    "eval_": lambda p: load_config(EvalConfig, p),
+    "serve_": lambda p: load_config(ServeConfig, p),
+    "pipeline_": load_pipeline,
+    "demo_": load_pipeline,
+    "qwen2.5-7b_": lambda p: train_config(read_yaml(p), "d", "o"),
+    "smollm2-135m_": lambda p: train_config(read_yaml(p), "d", "o"),
+}
+
+
+def loader_for(path: Path):
+    matches = [load for prefix, load in LOADERS.items() if path.name.startswith(prefix)]
+    assert len(matches) == 1, f"{path.name}: no config class known for it (add it to LOADERS)"
+    return matches[0]
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_config_loads_through_its_class(path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # stage configs named by pipeline configs are relative to the checkout
+    assert loader_for(path)(path) is not None
+
+
+@pytest.mark.parametrize("path", sorted((CONFIGS / "accelerate").glob("*.yaml")), ids=lambda p: p.name)
+def test_accelerate_configs_parse(path):
+    data = yaml.safe_load(path.read_text())
+    assert isinstance(data, dict) and data.get("distributed_type"), path.name
+
+
+def test_the_7b_pipeline_runs_its_stage_configs(monkeypatch):
+    """The sections name the stage configs, so what `distill train/eval --config` runs is what the pipeline runs."""
+    monkeypatch.chdir(ROOT)
+    pipeline = load_pipeline(CONFIGS / "pipeline_hotpot_trivia_7b.yaml")
+    alone = train_config(read_yaml(CONFIGS / "qwen2.5-7b_lora_gpu.yaml"), "d", "o")
+    assert train_config(pipeline.cfg.train, "d", "o") == alone
+    evaluation = load_config(EvalConfig, CONFIGS / "eval_hotpot_trivia_7b.yaml")
+    assert pipeline.cfg.eval["react_max_steps"] == evaluation.react_max_steps
+    assert pipeline.cfg.eval["judge"] == evaluation.judge.model_dump(exclude_unset=True)
+    assert list(pipeline.cfg.eval["planners"]) == [p.name for p in evaluation.planners]
+    assert pipeline.cfg.eval["planners"]["student"]["spec"]["base_url"] == "@server"
+    assert pipeline.cfg.generate == read_yaml(CONFIGS / "generate_teacher.yaml")
