@@ -58,18 +58,22 @@ _PLAN_RE = re.compile(
     re.IGNORECASE,
 )
 _STEP_HEAD_RE = re.compile(_LEAD + r"(?:\*\*|__|`)?(?P<id>#E\d++)(?:\*\*|__|`)?[ \t]*+[=:][ \t]*+")
-_TOOL_RE = re.compile(r"(?P<tool>[^\W\d][\w.-]*+)[ \t]*+\[")
+_TOOL_NAME = r"[^\W\d][\w.-]*+"
+_TOOL_RE = re.compile(r"(?P<tool>" + _TOOL_NAME + r")[ \t]*+\[")
+_TOOL_CALL = _TOOL_NAME + r"[ \t]*+\["  # the same, with nothing captured
 # A full step (header and the start of a tool call), used where a looser match would misfire.
 _FULL_STEP_RE = re.compile(_STEP_HEAD_RE.pattern + _TOOL_RE.pattern)
-# An id as a damaged model writes it: `E2`, `#E-1`, `#Ex`, `#e1`. No `#` inside, so searches stay linear.
-_LOOSE_ID = r"(?P<id>#?E[^\s=:\[\]`*#]*+)"
+# The rest of an id as a damaged model writes it: `E2`, `#E-1`, `#Ex`, `#e1`. It holds no `#`, so searches
+# that try every `#E` of a line never scan the same characters twice.
+_ID_TAIL = r"[^\s=:\[\]`*#]*+"
+_LOOSE_ID = r"(?P<id>#?E" + _ID_TAIL + ")"
 # A step written on the same line as its Plan text: "Plan: look it up. #E1 = Wikipedia[x]".
-_INLINE_STEP_RE = re.compile(r"#E[^\s=:\[\]`*#]*+[ \t]*+=[ \t]*+" + _TOOL_RE.pattern)
+_INLINE_STEP_RE = re.compile(r"#E" + _ID_TAIL + r"[ \t]*+=[ \t]*+" + _TOOL_CALL)
 # Characters that may hide in front of a step: whitespace, C0/C1 controls and invisible format characters.
-_JUNK = "[ \t\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff]*+"
+_JUNK = r"[ \t\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff]*+"
 _LOOSE_STEP_RE = re.compile(
     _JUNK + _DECORATION + r"(?:\*\*|__|`)?" + _LOOSE_ID + r"(?:\*\*|__|`)?[ \t]*+(?P<sep>[=:])[ \t]*+"
-    + r"(?P<call>" + _TOOL_RE.pattern.replace("?P<tool>", "?:") + ")?",
+    + r"(?P<call>" + _TOOL_CALL + ")?",
     re.IGNORECASE,
 )
 _FENCE_RE = re.compile(r"[ \t]*+(?:```|~~~)")
@@ -161,7 +165,10 @@ def parse_plan(
     kept = scanned if max_plan_steps is None else scanned[: max(max_plan_steps, 0)]
     if len(kept) < len(scanned):
         pos, first_cut = scanned[len(kept)]
-        msg = f"the plan has {len(scanned)} steps, over max_plan_steps={max_plan_steps}; {first_cut.id} and later are not run"
+        msg = (
+            f"the plan has {len(scanned)} steps, over max_plan_steps={max_plan_steps};"
+            f" {first_cut.id} and later are not run"
+        )
         errors.append((pos, PlanError("too_many_steps", first_cut.id, msg)))
     registry = _tool_registry(tools)
     steps: list[tuple[int, Step]] = []
@@ -244,10 +251,11 @@ class _Scanner:
         self.continuing = False  # the previous line was Plan text that the next line may continue
 
     def run(self) -> None:
-        pos = 0
+        pos, end = 0, -1
         while pos < len(self.text):
-            end = self.text.find("\n", pos)
-            end = len(self.text) if end < 0 else end
+            if pos > end:  # several steps may share a line: find its end once, not once per step
+                end = self.text.find("\n", pos)
+                end = len(self.text) if end < 0 else end
             pos = self._line(pos, end)
 
     def _line(self, start: int, end: int) -> int:
