@@ -171,12 +171,12 @@ def parse_plan(
         )
         errors.append((pos, PlanError("too_many_steps", first_cut.id, msg)))
     registry = _tool_registry(tools)
+    known = ", ".join(sorted(set(registry.values()))) if registry is not None else ""
     steps: list[tuple[int, Step]] = []
     for pos, step in kept:
         if registry is not None:
             canonical = registry.get(step.tool.casefold())
             if canonical is None:
-                known = ", ".join(sorted(set(registry.values())))
                 msg = f"{step.id} uses unknown tool {step.tool!r} (known: {known or 'none'})"
                 errors.append((pos, PlanError("unknown_tool", step.id, msg)))
             elif canonical != step.tool:
