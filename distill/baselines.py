@@ -88,7 +88,7 @@ _ACTION_RE = re.compile(
 )
 _THOUGHT_RE = re.compile(r"^\W*Thought(?:[ \t]*\d+)?[ \t]*[:：][ \t]*", re.IGNORECASE)
 _BARE_FINISH_RE = re.compile(r"\bFinish[ \t]*\[", re.IGNORECASE)
-_REF = "#E0"  # the id the action is parsed under; never a valid reference, so it has no deps
+_REF = "#E1"  # the id the action is parsed under; its deps and ref errors are ignored
 
 
 # ------------------------------------------------------------------------------------------------ Direct
@@ -152,7 +152,7 @@ class Action:
 def parse_action(text: str, tools) -> Action:
     """Read `Thought: ...` and `Action: Tool[input]` from one model turn; never raises.
 
-    The call is parsed by `parse_plan` as if it were the step `#E0 = Tool[input]`, so tool names are matched
+    The call is parsed by `parse_plan` as if it were the step `#E1 = Tool[input]`, so tool names are matched
     case-insensitively against the registry and the input runs to the bracket that closes the first `[`,
     across lines if need be, exactly as in plans. A bare `Finish[answer]` without `Action:` is accepted,
     because small models often drop the label on the last turn.

@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from distill.errors import DistillError
+from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS
 
 C = TypeVar("C", bound=BaseModel)
 
@@ -87,6 +88,8 @@ class AgentConfig(Strict):
     worker_max_concurrency: int = 8
     tool_timeout_s: float = 30.0
     evidence_max_chars: int = 1500
+    max_plan_chars: int = Field(default=DEFAULT_MAX_PLAN_CHARS, ge=1)  # planner output read; the rest: too_long
+    max_plan_steps: int = Field(default=6, ge=1)  # HotpotQA needs 2-4; more is too_many_steps, not tool calls
     cache: str | None = None  # SQLite call cache path; None turns it off
     prices: dict[str, dict[str, float]] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
 

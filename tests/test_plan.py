@@ -270,7 +270,7 @@ plan_like_text = st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=6), max_
 def check_invariants(plan: Plan) -> None:
     assert plan.valid is (not plan.errors)
     assert all(e.code in ERROR_CODES and e.message for e in plan.errors)
-    assert all(re.fullmatch(r"#E\d+", s.id) for s in plan.steps)
+    assert all(re.fullmatch(r"#E[1-9][0-9]*", s.id) for s in plan.steps)
     assert all(s.deps == tuple(find_refs(s.input)) for s in plan.steps)
     assert all("\n" not in s.tool and "[" not in s.tool for s in plan.steps)
     assert ("empty_plan", None) in codes(plan) or plan.steps

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 from distill.llm.base import Completion, Usage
 from distill.metrics import evidence_recall, gold_titles
 from distill.rewoo import prompts
-from distill.rewoo.plan import parse_plan
+from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS, parse_plan
 from distill.rewoo.worker import WorkerConfig, run_plan
 
 FORMAT_VERSION = 1
@@ -64,6 +64,8 @@ class ReWOOAgent:
         worker: WorkerConfig | None = None,
         method: str = "rewoo",
         seed: int = 0,
+        max_plan_chars: int | None = DEFAULT_MAX_PLAN_CHARS,
+        max_plan_steps: int | None = None,
     ):
         self.planner, self.solver = planner, solver
         self.tools_for = tools_for
@@ -76,6 +78,7 @@ class ReWOOAgent:
         self.worker = worker or WorkerConfig()
         self.method = method
         self.seed = seed
+        self.max_plan_chars, self.max_plan_steps = max_plan_chars, max_plan_steps
 
     async def plan(self, question: str, seed: int | None = None) -> tuple[list[dict], Completion]:
         messages = prompts.planner_messages(question, self.tool_descriptions, self.fewshot)
@@ -89,7 +92,10 @@ class ReWOOAgent:
         t0 = time.perf_counter()
         seed = sample_seed(example.id, sample, self.seed)
         p_messages, p_out = await self.plan(example.question, seed)
-        plan = parse_plan(p_out.text, tools=list(self.tool_descriptions))
+        plan = parse_plan(
+            p_out.text, tools=list(self.tool_descriptions),
+            max_plan_chars=self.max_plan_chars, max_plan_steps=self.max_plan_steps,
+        )
         tools = self.tools_for(example)
         evidence = await run_plan(plan, tools, self.worker)
         s_messages = prompts.solver_messages(example.question, plan.steps, evidence)
@@ -221,4 +227,6 @@ def build_agent(cfg, cache=None, *, planner=None, method: str = "rewoo", seed: i
         worker=worker_config(cfg),
         method=method,
         seed=seed,
+        max_plan_chars=cfg.max_plan_chars,
+        max_plan_steps=cfg.max_plan_steps,
     )

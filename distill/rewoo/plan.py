@@ -10,39 +10,74 @@ The canonical form is the one the paper's Planner writes::
 Real models (teachers and, above all, half-trained students) wander from it, so the parser is lenient about
 decoration (markdown bold, numbering, code fences, `#E1:` instead of `#E1 =`) and strict about meaning: a
 tool call is `Tool[input]` where the input runs to the bracket that closes the first `[`, and `#E1` never
-matches inside `#E10`. Parsing never raises; everything that is wrong with a plan comes back as a
+matches inside `#E10`. A line that looks like a step but is not a well-formed one (`E2 = Tool[x]`, `#E0`,
+`#E-1`, a control character in front) is a `malformed_step`, never silently folded into Plan text, because
+the filter trusts `Plan.valid`. Parsing never raises; everything that is wrong with a plan comes back as a
 `PlanError` with a stable `code`, so generation can record bad plans and filtering can count them.
+
+Model output is untrusted and the parser runs inside the agent's event loop, so parsing is linear in the
+length of the text: every regex quantifier is possessive (or can never give back what it took), regexes
+run on positions of the text rather than on copied slices, and text is gathered in lists and joined once.
+`max_plan_chars` bounds the text read and `max_plan_steps` the steps kept (ReWOO's Worker runs every
+step it is given, so a runaway plan must be cut here, not after a dozen tool calls).
 """
 
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Step", "PlanError", "Plan", "parse_plan", "render_plan", "substitute", "find_refs", "ERROR_CODES"]
+__all__ = [
+    "Step", "PlanError", "Plan", "parse_plan", "render_plan", "substitute", "find_refs", "ERROR_CODES",
+    "DEFAULT_MAX_PLAN_CHARS",
+]
 
-ERROR_CODES = ("empty_plan", "unknown_tool", "undefined_ref", "forward_ref", "duplicate_id", "malformed_step")
+ERROR_CODES = (
+    "empty_plan", "unknown_tool", "undefined_ref", "forward_ref", "duplicate_id", "malformed_step",
+    "too_long", "too_many_steps",
+)
+
+# Far above what a 512-token Planner writes (about 2,000 characters), far below what makes parsing slow.
+DEFAULT_MAX_PLAN_CHARS = 8000
 
 # A reference is a whole token: `#E1` must not match the start of `#E10`.
 REF_RE = re.compile(r"#E\d+(?!\d)")
+_VALID_ID_RE = re.compile(r"#E[1-9][0-9]*+")
 
 # Markdown decoration a model may put in front of a line: a heading, a bullet or a number, then bold/code.
-_LEAD = r"[ \t]*(?:#{1,6}[ \t]+)?(?:(?:[-*+]|\d+[.)])[ \t]+)?"
+_DECORATION = r"(?:#{1,6}+[ \t]++)?(?:(?:[-*+]|\d++[.)])[ \t]++)?"
+_LEAD = r"[ \t]*+" + _DECORATION
+# Everything up to the Plan text; the text itself is the rest of the line.
 _PLAN_RE = re.compile(
     _LEAD
-    + r"(?P<b1>\*\*|__)?[ \t]*plan(?:[ \t]*#?\d+)?[ \t]*(?P<b2>\*\*|__)?"
-    + r"[ \t]*[:：][ \t]*(?P<b3>\*\*|__)?(?P<desc>.*)",
+    + r"(?P<b1>\*\*|__)?[ \t]*+plan[ \t]*+(?:#?\d++[ \t]*+)?(?P<b2>\*\*|__)?"
+    + r"[ \t]*+[:：][ \t]*+(?P<b3>\*\*|__)?",
     re.IGNORECASE,
 )
-_STEP_HEAD_RE = re.compile(_LEAD + r"(?:\*\*|__|`)?(?P<id>#E\d+)(?!\d)(?:\*\*|__|`)?[ \t]*[=:][ \t]*")
-_TOOL_RE = re.compile(r"(?P<tool>[^\W\d][\w.-]*)[ \t]*\[")
+_STEP_HEAD_RE = re.compile(_LEAD + r"(?:\*\*|__|`)?(?P<id>#E\d++)(?:\*\*|__|`)?[ \t]*+[=:][ \t]*+")
+_TOOL_NAME = r"[^\W\d][\w.-]*+"
+_TOOL_RE = re.compile(r"(?P<tool>" + _TOOL_NAME + r")[ \t]*+\[")
+_TOOL_CALL = _TOOL_NAME + r"[ \t]*+\["  # the same, with nothing captured
 # A full step (header and the start of a tool call), used where a looser match would misfire.
 _FULL_STEP_RE = re.compile(_STEP_HEAD_RE.pattern + _TOOL_RE.pattern)
+# The rest of an id as a damaged model writes it: `E2`, `#E-1`, `#Ex`, `#e1`. It holds no `#`, so searches
+# that try every `#E` of a line never scan the same characters twice.
+_ID_TAIL = r"[^\s=:\[\]`*#]*+"
+_LOOSE_ID = r"(?P<id>#?E" + _ID_TAIL + ")"
 # A step written on the same line as its Plan text: "Plan: look it up. #E1 = Wikipedia[x]".
-_INLINE_STEP_RE = re.compile(r"#E\d+(?!\d)[ \t]*=[ \t]*" + _TOOL_RE.pattern)
-_FENCE_RE = re.compile(r"[ \t]*(?:```|~~~)")
+_INLINE_STEP_RE = re.compile(r"#E" + _ID_TAIL + r"[ \t]*+=[ \t]*+" + _TOOL_CALL)
+# Characters that may hide in front of a step: whitespace, C0/C1 controls and invisible format characters.
+_JUNK = r"[ \t\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff]*+"
+_LOOSE_STEP_RE = re.compile(
+    _JUNK + _DECORATION + r"(?:\*\*|__|`)?" + _LOOSE_ID + r"(?:\*\*|__|`)?[ \t]*+(?P<sep>[=:])[ \t]*+"
+    + r"(?P<call>" + _TOOL_CALL + ")?",
+    re.IGNORECASE,
+)
+_FENCE_RE = re.compile(r"[ \t]*+(?:```|~~~)")
+_BRACKET_OR_NEWLINE_RE = re.compile(r"[\[\]\n]")
 
 
 @dataclass(frozen=True)
@@ -101,29 +136,53 @@ def render_plan(plan: Plan) -> str:
     return "\n".join(f"Plan: {s.description}\n{s.id} = {s.tool}[{s.input}]\n" for s in plan.steps)
 
 
-def parse_plan(text: str, tools: Iterable[Any] | None = None) -> Plan:
+def parse_plan(
+    text: str,
+    tools: Iterable[Any] | None = None,
+    *,
+    max_plan_chars: int | None = DEFAULT_MAX_PLAN_CHARS,
+    max_plan_steps: int | None = None,
+) -> Plan:
     """Read the steps out of a Planner's output and validate them; never raises.
 
     `tools` (names, or objects with a `.name`, or a mapping keyed by name) turns on the unknown_tool check
     and normalises tool names to the registered spelling. A malformed step is reported but left out of
     `steps`; a duplicate id is reported and kept, so the record shows what the model wrote.
+
+    Text past `max_plan_chars` is not read (`too_long`); steps past `max_plan_steps` are reported
+    (`too_many_steps`) and left out, so the Worker runs at most that many. None lifts a bound; the step
+    bound is off by default because it is a policy of the agent's config, not a property of a plan.
     """
+    errors: list[tuple[int, PlanError]] = []
+    if max_plan_chars is not None and len(text) > max_plan_chars:
+        msg = f"planner output has {len(text)} characters, over max_plan_chars={max_plan_chars}; the rest was not read"
+        text = text[:max_plan_chars]
+        errors.append((len(text) + 1, PlanError("too_long", None, msg)))
     scanner = _Scanner(text.replace("\r\n", "\n").replace("\r", "\n"))
     scanner.run()
+    errors.extend(scanner.errors)
+    scanned = scanner.steps
+    kept = scanned if max_plan_steps is None else scanned[: max(max_plan_steps, 0)]
+    if len(kept) < len(scanned):
+        pos, first_cut = scanned[len(kept)]
+        msg = (
+            f"the plan has {len(scanned)} steps, over max_plan_steps={max_plan_steps};"
+            f" {first_cut.id} and later are not run"
+        )
+        errors.append((pos, PlanError("too_many_steps", first_cut.id, msg)))
     registry = _tool_registry(tools)
+    known = ", ".join(sorted(set(registry.values()))) if registry is not None else ""
     steps: list[tuple[int, Step]] = []
-    errors: list[tuple[int, PlanError]] = list(scanner.errors)
-    for pos, step in scanner.steps:
+    for pos, step in kept:
         if registry is not None:
             canonical = registry.get(step.tool.casefold())
             if canonical is None:
-                known = ", ".join(sorted(set(registry.values())))
                 msg = f"{step.id} uses unknown tool {step.tool!r} (known: {known or 'none'})"
                 errors.append((pos, PlanError("unknown_tool", step.id, msg)))
             elif canonical != step.tool:
                 step = Step(step.id, step.description, canonical, step.input, step.deps)
         steps.append((pos, step))
-    errors.extend(_reference_errors(steps, scanner.malformed_ids))
+    errors.extend(_reference_errors(scanned, len(steps), scanner.malformed_ids))
     errors.sort(key=lambda item: item[0])  # stable: errors of one step keep their check order
     if not steps:
         errors.insert(0, (-1, PlanError("empty_plan", None, "no step of the form '#E1 = Tool[input]' was found")))
@@ -138,14 +197,18 @@ def _tool_registry(tools: Iterable[Any] | None) -> dict[str, str] | None:
     return {name.casefold(): name for name in names}
 
 
-def _reference_errors(steps: list[tuple[int, Step]], malformed_ids: set[str]) -> list[tuple[int, PlanError]]:
-    """duplicate_id, undefined_ref and forward_ref, judged against the first definition of each id.
-    A ref to a malformed step is undefined too (no evidence will exist), but the message says why."""
+def _reference_errors(
+    steps: list[tuple[int, Step]], checked: int, malformed_ids: set[str]
+) -> list[tuple[int, PlanError]]:
+    """duplicate_id, undefined_ref and forward_ref of the first `checked` steps, judged against the first
+    definition of each id among all steps (a ref to a step past max_plan_steps is a forward ref, not an
+    undefined one). A ref to a malformed step is undefined too (no evidence will exist), but the message
+    says why."""
     first: dict[str, int] = {}
     for index, (_, step) in enumerate(steps):
         first.setdefault(step.id, index)
     errors: list[tuple[int, PlanError]] = []
-    for index, (pos, step) in enumerate(steps):
+    for index, (pos, step) in enumerate(steps[:checked]):
         if first[step.id] != index:
             errors.append((pos, PlanError("duplicate_id", step.id, f"{step.id} is defined more than once")))
         for ref in step.deps:
@@ -159,11 +222,24 @@ def _reference_errors(steps: list[tuple[int, Step]], malformed_ids: set[str]) ->
     return errors
 
 
+def _step_like(match: re.Match[str] | None) -> bool:
+    """Whether a _LOOSE_STEP_RE match is a damaged step rather than prose: `#E...` assigned with `=`, or any
+    id-like token followed by a tool call (`E2 = Tool[`, `#E-1: Tool[`). `Example: Tool[x]` is prose."""
+    if match is None:
+        return False
+    ident = match.group("id")
+    if ident.startswith("#"):
+        return match.group("sep") == "=" or match.group("call") is not None
+    after_e = ident[1:2]
+    return match.group("call") is not None and (after_e.isdigit() or after_e in ("-", "+"))
+
+
 class _Scanner:
     """One left-to-right pass over the text, position based so that an input may span several lines.
 
     Plan descriptions wait in a queue and each step takes the oldest one, which pairs them correctly both
-    when Plan and step lines alternate and when a model lists all plans first and all steps after.
+    when Plan and step lines alternate and when a model lists all plans first and all steps after. A
+    description is a list of line parts, joined when a step takes it.
     """
 
     def __init__(self, text: str) -> None:
@@ -171,63 +247,89 @@ class _Scanner:
         self.steps: list[tuple[int, Step]] = []
         self.errors: list[tuple[int, PlanError]] = []
         self.malformed_ids: set[str] = set()
-        self.pending: list[str] = []
+        self.pending: deque[list[str]] = deque()
         self.continuing = False  # the previous line was Plan text that the next line may continue
 
     def run(self) -> None:
-        pos = 0
+        pos, end = 0, -1
         while pos < len(self.text):
-            end = self.text.find("\n", pos)
-            end = len(self.text) if end < 0 else end
+            if pos > end:  # several steps may share a line: find its end once, not once per step
+                end = self.text.find("\n", pos)
+                end = len(self.text) if end < 0 else end
             pos = self._line(pos, end)
 
     def _line(self, start: int, end: int) -> int:
-        """Handle the line text[start:end]; return where scanning resumes."""
-        line = self.text[start:end]
-        if _FENCE_RE.match(line):
+        """Handle the line text[start:end]; return where scanning resumes (always past `start`)."""
+        text = self.text
+        if _FENCE_RE.match(text, start, end):
             self.continuing = False
             return end + 1
-        head = _STEP_HEAD_RE.match(line)
+        head = _STEP_HEAD_RE.match(text, start, end)
         if head:
             self.continuing = False
-            return self._step(start, head.group("id"), start + head.end(), end)
-        plan = _PLAN_RE.fullmatch(line)
+            return self._step(start, head.group("id"), head.end(), end)
+        plan = _PLAN_RE.match(text, start, end)
         if plan:
             return self._plan_line(start, plan, end)
-        if self.continuing and line.strip():
-            self.pending[-1] = f"{self.pending[-1]} {line.strip()}".strip()
-        else:
+        loose = _LOOSE_STEP_RE.match(text, start, end)
+        if _step_like(loose):
             self.continuing = False
+            self._malformed_line(start, loose.group("id"), end)  # type: ignore[union-attr]
+            return end + 1
+        if self.continuing:
+            part = text[start:end].strip()
+            if part:
+                self.pending[-1].append(part)
+                return end + 1
+        self.continuing = False
         return end + 1
 
     def _plan_line(self, start: int, match: re.Match[str], end: int) -> int:
-        desc = match.group("desc")
-        inline = _INLINE_STEP_RE.search(desc)
-        if inline:
-            desc = desc[: inline.start()]
-        desc = desc.strip()
+        desc_start = match.end()
+        inline = _INLINE_STEP_RE.search(self.text, desc_start, end)
+        desc = self.text[desc_start : inline.start() if inline else end].strip()
         bold = match.group("b1")
         if bold and not (match.group("b2") or match.group("b3")) and desc.endswith(bold):
             desc = desc[: -len(bold)].rstrip()  # "**Plan: text**"
-        self.pending.append(desc)
+        self.pending.append([desc] if desc else [])
         if inline:
             self.continuing = False
-            return start + match.start("desc") + inline.start()  # rescan from the inline step
+            return inline.start()  # rescan from the inline step
         self.continuing = True
         return end + 1
 
+    def _take_description(self) -> str:
+        return " ".join(self.pending.popleft()) if self.pending else ""
+
+    def _malformed(self, start: int, step_id: str, msg: str) -> None:
+        self.errors.append((start, PlanError("malformed_step", step_id, msg)))
+        self.malformed_ids.add(step_id)
+
+    def _malformed_line(self, start: int, written: str, end: int) -> None:
+        """A step-like line the strict grammar rejects; it uses up a description like any step."""
+        self._take_description()
+        found = self.text[start:end].strip()
+        step_id = written[:20] if written.startswith("#") else "#" + written[:19]
+        if _VALID_ID_RE.fullmatch(step_id):
+            why = "is preceded by an invisible or control character"
+        else:
+            why = "does not have an id of the form #E<n> with n a positive integer"
+        self._malformed(start, step_id, f"{written[:20]!r} looks like a step but {why}: {found[:80]!r}")
+
     def _step(self, start: int, step_id: str, call: int, line_end: int) -> int:
         """Parse `Tool[input]` from `call`; return where scanning resumes."""
-        description = self.pending.pop(0) if self.pending else ""
+        description = self._take_description()
         tool = _TOOL_RE.match(self.text, call, line_end)
         close = self._matching_bracket(tool.end() - 1) if tool else None
         if tool is None or close is None:
             found = self.text[call:line_end].strip()
             why = "has no 'Tool[input]' call" if tool is None else "has a '[' that is never closed"
-            msg = f"{step_id} {why}: {found[:80]!r}"
-            self.errors.append((start, PlanError("malformed_step", step_id, msg)))
-            self.malformed_ids.add(step_id)
+            self._malformed(start, step_id, f"{step_id} {why}: {found[:80]!r}")
             return line_end + 1
+        if not _VALID_ID_RE.fullmatch(step_id):
+            msg = f"{step_id} is not an id of the form #E<n> with n a positive integer"
+            self._malformed(start, step_id, msg)
+            return close + 1
         raw = self.text[tool.end() : close].strip()
         self.steps.append((start, Step(step_id, description, tool.group("tool"), raw, tuple(find_refs(raw)))))
         return close + 1
@@ -236,19 +338,23 @@ class _Scanner:
         """Index of the `]` closing the `[` at open_at, or None. A line that starts a new Plan or step ends
         the search, so one missing `]` costs only its own step, not the steps after it."""
         depth = 0
-        for i in range(open_at, len(self.text)):
-            char = self.text[i]
+        for match in _BRACKET_OR_NEWLINE_RE.finditer(self.text, open_at):
+            char = match.group()
             if char == "[":
                 depth += 1
             elif char == "]":
                 depth -= 1
                 if depth == 0:
-                    return i
-            elif char == "\n" and self._starts_new_item(i + 1):
+                    return match.start()
+            elif self._starts_new_item(match.end()):
                 return None
         return None
 
     def _starts_new_item(self, pos: int) -> bool:
         end = self.text.find("\n", pos)
-        line = self.text[pos : len(self.text) if end < 0 else end]
-        return bool(_FULL_STEP_RE.match(line) or _PLAN_RE.fullmatch(line))
+        end = len(self.text) if end < 0 else end
+        return bool(
+            _FULL_STEP_RE.match(self.text, pos, end)
+            or _PLAN_RE.match(self.text, pos, end)
+            or _step_like(_LOOSE_STEP_RE.match(self.text, pos, end))
+        )

@@ -71,12 +71,14 @@ def dependency_indices(steps: Sequence[Step]) -> list[list[int]]:
 
     A ref resolves to the latest *earlier* step with that id, so duplicate ids behave like reassignment, and
     refs to later steps or to itself are ignored (left in the text as written): the graph is always acyclic,
-    whatever an invalid plan says.
+    whatever an invalid plan says. One pass with a running map of ids, so the cost is linear in the steps
+    and their refs, whatever a runaway plan holds.
     """
+    latest: dict[str, int] = {}
     deps: list[list[int]] = []
     for index, step in enumerate(steps):
-        latest = {s.id: i for i, s in enumerate(steps[:index])}
         deps.append([latest[ref] for ref in step.deps if ref in latest])
+        latest[step.id] = index
     return deps
 
 
