@@ -11,8 +11,9 @@
     distill eval --config configs/eval_smollm2_cpu.yaml
     distill pipeline --config configs/demo_smollm2_cpu.yaml
 
-Each subcommand lives in `distill/commands/<name>.py` with `configure_parser(parser)` and `main(args) -> int`;
-heavy imports stay inside `main` so `distill --help` is instant.
+A command is the `configure_parser(parser)` and `main(args) -> int` of the module that does the work (a stage is
+one module: its config class, its function and its command line). Only the module of the command given is
+imported, and heavy imports stay inside `main`, so `distill --help` is instant.
 """
 
 from __future__ import annotations
@@ -27,21 +28,32 @@ from distill.errors import DistillError
 # (argv words, module, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("ask",), "distill.commands.ask", "answer one question with the ReWOO agent"),
-    (("plan", "check"), "distill.commands.plan_check", "parse and validate a plan"),
+    (("plan", "check"), "distill.rewoo.plan", "parse and validate a plan"),
     (("generate",), "distill.commands.generate", "record teacher trajectories (resumable)"),
-    (("filter",), "distill.commands.filter", "keep correct, well-formed trajectories"),
-    (("score",), "distill.commands.score", "score predictions with official EM/F1"),
+    (("filter",), "distill.filter", "keep correct, well-formed trajectories"),
+    (("score",), "distill.metrics", "score predictions with official EM/F1"),
     (("sft-data",), "distill.commands.sft_data", "turn kept trajectories into an SFT dataset"),
     (("train",), "distill.commands.train", "LoRA SFT of the student planner (prefer `accelerate launch -m distill.train`)"),
-    (("merge",), "distill.commands.merge", "merge a LoRA adapter into full weights"),
-    (("serve",), "distill.commands.serve", "serve the student planner with vLLM"),
-    (("eval",), "distill.commands.eval", "evaluate planners and baselines"),
-    (("report",), "distill.commands.report", "write report.md, results.json and plots from evaluation records"),
-    (("pipeline",), "distill.commands.pipeline", "run the whole distillation end to end"),
+    (("merge",), "distill.merge", "merge a LoRA adapter into full weights"),
+    (("serve",), "distill.serve", "serve the student planner with vLLM"),
+    (("eval",), "distill.evaluate", "evaluate planners and baselines"),
+    (("report",), "distill.report", "write report.md, results.json and plots from evaluation records"),
+    (("pipeline",), "distill.pipeline", "run the whole distillation end to end"),
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen(argv: list[str]) -> tuple[str, ...] | None:
+    """The command words in argv (options before them skipped), so only that command's module is imported."""
+    words = [w for w in argv if not w.startswith("-")]
+    for cmd_words, _, _ in COMMANDS:
+        if tuple(words[: len(cmd_words)]) == cmd_words:
+            return cmd_words
+    return None
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """All commands are listed; the one named in argv (every one when argv is None) gets its full arguments."""
+    chosen = None if argv is None else _chosen(argv)
     parser = argparse.ArgumentParser(prog="distill", description="Distill a ReWOO Planner into a small model.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -55,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                 groups[words[0]] = group.add_subparsers(dest=f"{words[0]}_command", metavar="ACTION", required=True)
             sub = groups[words[0]].add_parser(words[1], help=help_text, description=help_text)
         sub.set_defaults(_module=module)
+        if argv is not None and words != chosen:
+            continue
         try:
             importlib.import_module(module).configure_parser(sub)
         except ModuleNotFoundError as exc:
@@ -65,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("distill").setLevel(logging.DEBUG if args.verbose else logging.INFO)

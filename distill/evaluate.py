@@ -21,6 +21,7 @@ the same call on the same question see the same failure. A failed call becomes t
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import re
 import time
@@ -31,7 +32,7 @@ from typing import Any, Callable, Literal, Mapping
 
 from pydantic import Field, field_validator, model_validator
 
-from distill.config import AgentConfig, ModelSpec, Strict
+from distill.config import AgentConfig, ModelSpec, Strict, add_config_args, load_config
 from distill.errors import DistillError
 from distill.generate import DatasetSource
 
@@ -393,3 +394,21 @@ def evaluate(cfg: EvalConfig, config_path: str | None = None) -> dict:
     )
     write_json(out / MANIFEST, manifest)
     return manifest
+
+
+# ------------------------------------------------------------------------------------------ command line
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    add_config_args(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    if not args.config:
+        raise DistillError("--config is required (e.g. configs/eval_smollm2_cpu.yaml)")
+    cfg = load_config(EvalConfig, args.config, args.set)
+    manifest = evaluate(cfg, args.config)
+    for name, run in manifest["runs"].items():
+        print(f"{name:<16} {run['records']} records")
+    print(f"records: {Path(cfg.output_dir) / RECORDS_DIR}")
+    print(f"next: distill report {cfg.output_dir}")
+    return 0

@@ -13,11 +13,12 @@ criterion would keep.
 
 from __future__ import annotations
 
+import argparse
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Literal
 
-from distill.config import Strict
+from distill.config import Strict, add_config_args, load_config
 
 REASONS = (
     "invalid_plan", "step_failed", "too_many_steps", "unused_evidence", "evidence_missed", "incorrect",
@@ -179,3 +180,19 @@ def run_filter(inp: str | Path, out: str | Path, cfg: FilterConfig) -> dict:
     write_jsonl(out, kept)
     write_json(Path(out).with_suffix(".report.json"), report | {"config": cfg.model_dump()})
     return report
+
+
+# ------------------------------------------------------------------------------------------ command line
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trajectories", help="trajectory JSONL written by `distill generate`")
+    parser.add_argument("--out", required=True, help="kept records (JSONL); the report goes beside it")
+    add_config_args(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = load_config(FilterConfig, args.config, args.set)
+    report = run_filter(args.trajectories, args.out, cfg)
+    print(format_report(report))
+    print(f"kept: {args.out}")
+    return 0

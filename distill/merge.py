@@ -6,6 +6,7 @@ loads it applies the prompt format the student learnt.
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -72,3 +73,18 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path, base: str | None
     if not (out / "chat_template.jinja").exists() and tokenizer.chat_template:
         (out / "chat_template.jinja").write_text(tokenizer.chat_template)
     return out
+
+
+# ------------------------------------------------------------------------------------------ command line
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("adapter", help="adapter folder written by `distill train` (adapter_config.json)")
+    parser.add_argument("--out", required=True, help="folder for the merged model")
+    parser.add_argument("--base", default=None, help="base model (HF id, folder or embedded alias) to merge into")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+
+
+def main(args: argparse.Namespace) -> int:
+    out = merge_adapter(args.adapter, args.out, base=args.base, dtype=args.dtype)
+    print(f"merged model written to {out}")
+    return 0

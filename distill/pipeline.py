@@ -14,6 +14,7 @@ generation, the student's, base model plus LoRA adapter, for evaluation) and fil
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import time
@@ -23,7 +24,7 @@ from typing import Any, Callable, Mapping
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from distill.config import Strict
+from distill.config import Strict, add_config_args, load_config
 from distill.errors import DistillError
 
 STAGES = ("generate", "filter", "sft-data", "train", "eval", "report")
@@ -252,3 +253,19 @@ class Pipeline:
             print(f"[pipeline] {stage}: finished in {seconds:.0f}s", flush=True)
         print(f"\nreport:  {self.run / 'report.md'}")
         print(f"results: {self.run / 'results.json'}")
+
+
+# ------------------------------------------------------------------------------------------ command line
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    add_config_args(parser)
+    parser.add_argument("--from", dest="start", metavar="STAGE",
+                        help="rerun from this stage (generate, filter, sft-data, train, eval, report)")
+
+
+def main(args: argparse.Namespace) -> int:
+    if not args.config:
+        raise DistillError("--config is required (e.g. configs/demo_smollm2_cpu.yaml)")
+    cfg = load_config(PipelineConfig, args.config, args.set)
+    Pipeline(cfg, args.config).run_all(args.start)
+    return 0

@@ -16,6 +16,7 @@ stays flat (the planner sees the question once).
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from collections import defaultdict
@@ -584,3 +585,19 @@ def summary_lines(results: dict) -> list[str]:
             f"${pm['cost_per_question_usd']:.5f}/q  p50 {pm['latency_s']['p50']:.2f}s"
         )
     return lines
+
+
+# ------------------------------------------------------------------------------------------ command line
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("eval_dir", metavar="EVAL_DIR", help="an evaluation's output_dir (holds records/)")
+    parser.add_argument("--out", help="folder for report.md, results.json and the plots (default: EVAL_DIR)")
+
+
+def main(args: argparse.Namespace) -> int:
+    results = write_report(args.eval_dir, args.out)
+    out = Path(args.out or args.eval_dir)
+    print("\n".join(summary_lines(results)))
+    print(f"report: {out / 'report.md'}")
+    print(f"results: {out / 'results.json'}")
+    return 0

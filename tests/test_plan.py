@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from distill.cli import main as cli_main
-from distill.commands import plan_check
+from distill.rewoo import plan as plan_check
 from distill.errors import DistillError
 from distill.rewoo.plan import (
     ERROR_CODES,

@@ -118,7 +118,7 @@ class ReWOOAgent:
             "solver": call_record(s_messages, s_out),
             "prediction": prediction,
             "scores": score_record(example, prediction),
-            "evidence_recall": evidence_recall(gold_titles(example.supporting_facts), record_evidence),
+            "evidence_recall": evidence_recall(gold_titles(getattr(example, "supporting_facts", None)), record_evidence),
             "tool_usage": {"prompt_tokens": tool_usage.prompt_tokens, "completion_tokens": tool_usage.completion_tokens},
             "tokens": {
                 "planner": p_out.usage.total_tokens,
