@@ -5,8 +5,9 @@ The prompt is built by `planner_messages` over `registry.tool_descriptions(tools
 is trained on exactly the prompt it will be served. The completion is the teacher's plan parsed
 and re-rendered canonically: the student learns one spelling of the format, not every teacher quirk.
 
-The train/validation split is by `distill.data.normalize_question`, the leak guard's own key, so samples of one question never sit on both sides and
-validation loss measures planning for unseen questions rather than recall of a sibling sample.
+The train/validation split is by `distill.data.normalize_question`, the leak guard's own key, so samples of one
+question never sit on both sides and validation loss measures planning for unseen questions rather than recall
+of a sibling sample.
 """
 
 from __future__ import annotations

@@ -79,7 +79,8 @@ def test_student_prompt_bytes_are_the_same_in_sft_data_eval_and_ask(tmp_path, ca
 
     kept = tmp_path / "kept.jsonl"
     output = "Plan: Find both lengths.\n#E1 = Wikipedia[Danube]\nPlan: Compare.\n#E2 = LLM[Which is longer? #E1]"
-    kept.write_text(json.dumps({"id": "q1", "dataset": "hotpotqa", "question": question, "planner": {"output": output}}))
+    record = {"id": "q1", "dataset": "hotpotqa", "question": question, "planner": {"output": output}}
+    kept.write_text(json.dumps(record))
     out = tmp_path / "sft"
     assert cli_main(["sft-data", str(kept), "--out", str(out), "--tools", ",".join(tools), "--tokenizer", "none"]) == 0
     trained = json.loads((out / "preview.jsonl").read_text().splitlines()[0])["prompt"]

@@ -18,7 +18,9 @@ from distill.config import add_config_args
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("kept", metavar="KEPT.jsonl", help="kept trajectory records (output of `distill filter`)")
     parser.add_argument("--out", required=True, help="dataset folder to write")
-    parser.add_argument("--tools", help="comma-separated tools of the student prompt (default Wikipedia,LLM,Calculator)")
+    parser.add_argument(
+        "--tools", help="comma-separated tools of the student prompt (default Wikipedia,LLM,Calculator)"
+    )
     parser.add_argument("--val-fraction", type=float, help="share of questions held out for validation (default 0.1)")
     parser.add_argument("--seed", type=int, help="seed of the question split (default 0)")
     parser.add_argument("--tokenizer", help="tokenizer for the length summary ('none' to skip)")
