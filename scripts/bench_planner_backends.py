@@ -42,10 +42,10 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     from distill.data import load_examples
     from distill.rewoo.prompts import planner_messages
-    from distill.tools.registry import TOOL_DESCRIPTIONS
+    from distill.tools.registry import tool_descriptions
 
     examples = load_examples(args.questions, "hotpotqa", "train", limit=args.prompts)
-    tools = {k: TOOL_DESCRIPTIONS[k] for k in ("Wikipedia", "LLM")}
+    tools = tool_descriptions(["Wikipedia", "LLM"])
     prompts = [planner_messages(e.question, tools, args.prompt == "fewshot") for e in examples]
     rows = {}
     for backend in args.backends.split(","):
