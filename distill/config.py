@@ -50,7 +50,6 @@ class ModelSpec(Strict):
     tokenizer: str | None = None  # counts tokens when a server returns no usage
     dtype: str = "float32"  # transformers backend
     device: str = "cpu"  # transformers backend: cpu, cuda, auto
-    max_batch_size: int = 16  # transformers backend: concurrent requests batched into one generate
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":

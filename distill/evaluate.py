@@ -35,8 +35,8 @@ from pydantic import Field, field_validator, model_validator
 from distill.config import AgentConfig, ModelSpec, Strict, add_config_args, load_config
 from distill.errors import DistillError
 from distill.generate import DatasetSource
+from distill.report import RECORDS_DIR
 
-RECORDS_DIR = "records"
 MANIFEST = "manifest.json"
 BASELINE_NAMES = ("react", "direct")
 _METHOD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # it becomes a file name
@@ -211,49 +211,17 @@ def method_cache(cfg: EvalConfig, out: Path, method: Method):
     return CallCache(cfg.cache)
 
 
-def tool_descriptions(cfg: EvalConfig) -> dict[str, str]:
-    from distill.tools.registry import TOOL_DESCRIPTIONS, canonical_name
-
-    return {canonical_name(n): TOOL_DESCRIPTIONS[canonical_name(n)] for n in cfg.tools}
-
-
 def build_method(cfg: EvalConfig, method: Method, cache=None):
     """A fresh agent for one method. Built per method because each method runs under its own event loop,
     and HTTP clients belong to the loop they were first used in (in-process weights are shared anyway)."""
-    from distill.baselines import DirectAgent, ReActAgent
-    from distill.llm import build_chat
-    from distill.rewoo.agent import ReWOOAgent, make_tools_for, worker_config
+    from distill.rewoo.agent import build_agent
 
-    solver = build_chat(cfg.solver, cfg.prices, cache)
-    if method.kind == "direct":
-        return DirectAgent(solver, max_tokens=cfg.solver.max_tokens, method=method.name, seed=cfg.seed)
-    llm_tool_model = build_chat(cfg.llm_tool, cfg.prices, cache) if cfg.llm_tool else solver
-    base_tools_for = make_tools_for(cfg, llm_tool_model, cache)
+    def failing(tools: dict, example) -> dict:
+        return with_tool_failures(tools, cfg.tool_failure_rate, cfg.tool_failure_seed, example.id)
 
-    def tools_for(example) -> dict:
-        return with_tool_failures(base_tools_for(example), cfg.tool_failure_rate, cfg.tool_failure_seed, example.id)
-
-    worker = worker_config(cfg)
-    descriptions = tool_descriptions(cfg)
-    if method.kind == "react":
-        return ReActAgent(
-            solver, tools_for, descriptions, max_steps=cfg.react_max_steps, max_tokens=cfg.react_max_tokens,
-            worker=worker, method=method.name, seed=cfg.seed,
-        )
-    assert method.spec is not None
-    return ReWOOAgent(
-        build_chat(method.spec, cfg.prices, cache),
-        solver,
-        tools_for,
-        descriptions,
-        fewshot=method.prompt == "fewshot",
-        planner_temperature=method.spec.temperature,
-        planner_max_tokens=method.spec.max_tokens,
-        planner_stop=method.spec.stop,
-        solver_max_tokens=cfg.solver.max_tokens,
-        worker=worker,
-        method=method.name,
-        seed=cfg.seed,
+    return build_agent(
+        cfg, cache, kind=method.kind, planner=method.spec, planner_prompt=method.prompt, method=method.name,
+        seed=cfg.seed, wrap_tools=failing, react_max_steps=cfg.react_max_steps, react_max_tokens=cfg.react_max_tokens,
     )
 
 

@@ -25,6 +25,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from distill.baselines import FINISH
 from distill.errors import DistillError
 
 RESULTS_VERSION = 1
@@ -34,7 +35,6 @@ PLOTS = {
     "tokens_by_hops": "tokens_by_hops.png",
     "latency": "latency.png",
 }
-FINISH = "Finish"
 
 
 # ------------------------------------------------------------------------------------------- reading

@@ -1,51 +1,66 @@
 """Kept trajectories -> the SFT dataset of the student Planner (TRL conversational prompt/completion form).
 
-The prompt is built by `planner_messages(..., fewshot=False)`, the very function the inference path calls, so
-the student is trained on exactly the prompt it will be served. The completion is the teacher's plan parsed
+The prompt is built by `planner_messages` over `registry.tool_descriptions(tools)` (zero-shot unless
+`student_prompt` says otherwise), the very functions the agent factory calls for eval and ask, so the student
+is trained on exactly the prompt it will be served. The completion is the teacher's plan parsed
 and re-rendered canonically: the student learns one spelling of the format, not every teacher quirk.
 
-The train/validation split is by normalised question, so samples of one question never sit on both sides and
-validation loss measures planning for unseen questions rather than recall of a sibling sample.
+The train/validation split is by `distill.data.normalize_question`, the leak guard's own key, so samples of one
+question never sit on both sides and validation loss measures planning for unseen questions rather than recall
+of a sibling sample.
 """
 
 from __future__ import annotations
 
 import random
-import re
 import statistics
 from collections import Counter
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
+from pydantic import Field, field_validator
+
+from distill.config import Strict
+from distill.data import normalize_question
 from distill.errors import DistillError
 from distill.rewoo.plan import parse_plan, render_plan
 from distill.rewoo.prompts import planner_messages
+from distill.tools.registry import tool_descriptions
 
 DEFAULT_TOOLS = ("Wikipedia", "LLM", "Calculator")
 PREVIEW_ROWS = 20
 
 
-def tool_descriptions(names: Sequence[str]) -> dict[str, str]:
-    """Name -> one-line description, in the order given, spelled as the registry spells them."""
-    from distill.tools.registry import TOOL_DESCRIPTIONS, canonical_name
+class SftDataConfig(Strict):
+    """`distill sft-data` and the pipeline's sft-data stage. `tools` and `student_prompt` must be what the
+    student will be served with (eval's student row, `distill ask`): together they make its prompt."""
 
-    out: dict[str, str] = {}
-    for raw in names:
-        name = canonical_name(raw)
-        if name in out:
-            raise DistillError(f"tool {name!r} is listed twice")
-        out[name] = TOOL_DESCRIPTIONS[name]
-    if not out:
-        raise DistillError("no tools given")
-    return out
+    kept: str | None = None  # kept trajectory records (JSONL); the pipeline fills it in
+    out: str | None = None  # dataset folder to write; the pipeline fills it in
+    tools: list[str] = Field(default_factory=lambda: list(DEFAULT_TOOLS))
+    student_prompt: Literal["zeroshot", "fewshot"] = "zeroshot"
+    val_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
+    seed: int = 0
+    tokenizer: str | None = "smollm2-135m-instruct"  # for the token-length summary; None or "none" skips it
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        """`--tools Wikipedia,LLM` and `--set tools=Wikipedia,LLM` give a string."""
+        return [t.strip() for t in value.split(",") if t.strip()] if isinstance(value, str) else value
+
+    @field_validator("tools")
+    @classmethod
+    def _known_tools(cls, value: list[str]) -> list[str]:
+        try:
+            return list(tool_descriptions(value))
+        except DistillError as exc:
+            raise ValueError(str(exc)) from None
 
 
-def normalize_question(question: str) -> str:
-    """The split key: case, punctuation and spacing differences must not put one question on both sides."""
-    return " ".join(re.sub(r"[^\w\s]", " ", question.casefold()).split())
-
-
-def record_to_example(record: Mapping[str, Any], tools: Mapping[str, str]) -> tuple[dict | None, str]:
+def record_to_example(
+    record: Mapping[str, Any], tools: Mapping[str, str], fewshot: bool = False
+) -> tuple[dict | None, str]:
     """One SFT example from one kept record, or (None, reason) when the plan is unusable for training.
 
     A plan is parsed against the configured tools: a plan that calls a tool the student's prompt does not list
@@ -63,7 +78,7 @@ def record_to_example(record: Mapping[str, Any], tools: Mapping[str, str]) -> tu
     if not plan.valid:
         return None, "invalid_plan"
     example = {
-        "prompt": planner_messages(question, tools, fewshot=False),
+        "prompt": planner_messages(question, tools, fewshot),
         "completion": [{"role": "assistant", "content": render_plan(plan)}],
         "id": str(record.get("id", "")),
         "dataset": str(record.get("dataset", "")),
@@ -72,14 +87,16 @@ def record_to_example(record: Mapping[str, Any], tools: Mapping[str, str]) -> tu
     return example, "ok"
 
 
-def build_examples(records: Sequence[Mapping[str, Any]], tools: Mapping[str, str]) -> tuple[list[dict], Counter]:
+def build_examples(
+    records: Sequence[Mapping[str, Any]], tools: Mapping[str, str], fewshot: bool = False
+) -> tuple[list[dict], Counter]:
     """Examples plus counts of what was skipped and why; exact (prompt, completion) repeats are dropped so that
     k identical samples of one question do not weigh k times."""
     examples: list[dict] = []
     counts: Counter = Counter()
     seen: set[tuple[str, str]] = set()
     for record in records:
-        example, reason = record_to_example(record, tools)
+        example, reason = record_to_example(record, tools, fewshot)
         counts[reason] += 1
         if example is None:
             continue
@@ -198,33 +215,40 @@ def load_tokenizer(name: str | None):
         raise DistillError(f"cannot load tokenizer {name!r}: {str(exc).splitlines()[0]}") from None
 
 
-def build_sft_data(
-    kept_path: str | Path,
-    out_dir: str | Path,
-    tools: Sequence[str] = DEFAULT_TOOLS,
-    val_fraction: float = 0.1,
-    seed: int = 0,
-    tokenizer: str | None = "smollm2-135m-instruct",
-) -> dict:
-    """Read kept records, write `save_to_disk(out_dir)`, `preview.jsonl` and `summary.json`; return the summary."""
+def build_sft_data(cfg: SftDataConfig | str | Path, out_dir: str | Path | None = None, **settings: Any) -> dict:
+    """Read kept records, write `save_to_disk(out)`, `preview.jsonl` and `summary.json`; return the summary.
+
+    Takes an SftDataConfig, or (kept, out, **settings), which are validated into one."""
+    from distill.config import validate
     from distill.store import read_jsonl, write_json, write_jsonl
 
-    records = read_jsonl(kept_path)
+    if not isinstance(cfg, SftDataConfig):
+        cfg = validate(SftDataConfig, {"kept": str(cfg), "out": str(out_dir), **settings}, "sft-data")
+    if not cfg.kept or not cfg.out:
+        raise DistillError("sft-data needs both `kept` (the kept records) and `out` (the dataset folder)")
+    records = read_jsonl(cfg.kept)
     if not records:
-        raise DistillError(f"{kept_path}: no records")
-    examples, counts = build_examples(records, tool_descriptions(tools))
+        raise DistillError(f"{cfg.kept}: no records")
+    tools = tool_descriptions(cfg.tools)
+    examples, counts = build_examples(records, tools, cfg.student_prompt == "fewshot")
     if not examples:
-        raise DistillError(f"{kept_path}: no record has a usable plan ({dict(counts)})")
-    train, val = split_by_question(examples, val_fraction, seed)
+        raise DistillError(f"{cfg.kept}: no record has a usable plan ({dict(counts)})")
+    train, val = split_by_question(examples, cfg.val_fraction, cfg.seed)
     dataset_dict = to_dataset_dict(train, val)
-    out = Path(out_dir)
+    out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     # One shard each: `datasets` writes an empty split as zero shards, which it then cannot load back.
     dataset_dict.save_to_disk(str(out), num_shards={split: 1 for split in dataset_dict})
     write_jsonl(out / "preview.jsonl", (train + val)[:PREVIEW_ROWS])
-    summary = summarize(dataset_dict, counts, load_tokenizer(tokenizer), tokenizer or "none")
+    summary = summarize(dataset_dict, counts, load_tokenizer(cfg.tokenizer), cfg.tokenizer or "none")
     summary.update(
-        {"source": str(kept_path), "tools": list(tool_descriptions(tools)), "val_fraction": val_fraction, "seed": seed}
+        {
+            "source": cfg.kept,
+            "tools": list(tools),
+            "student_prompt": cfg.student_prompt,
+            "val_fraction": cfg.val_fraction,
+            "seed": cfg.seed,
+        }
     )
     write_json(out / "summary.json", summary)
     return summary

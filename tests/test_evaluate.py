@@ -102,6 +102,30 @@ def test_an_openai_planner_is_wired_to_its_server_and_says_when_it_is_unreachabl
         asyncio.run(agent.run(example))
 
 
+def test_every_method_comes_from_the_one_agent_factory_with_the_same_tools():
+    """ReWOO rows and both baselines are built by `build_agent`: tool names canonical, the same per-question
+    tools, eval's injected failures wrapped around them; a bad kind is refused."""
+    from distill.baselines import DirectAgent, ReActAgent
+    from distill.rewoo.agent import ReWOOAgent, build_agent
+    from distill.tools.registry import TOOL_DESCRIPTIONS
+
+    spec = {"backend": "openai", "base_url": "http://127.0.0.1:1/v1", "model": "m", "max_retries": 0}
+    cfg = validate(EvalConfig, BASE | {
+        "planners": [{"name": "student", "prompt": "zeroshot", "spec": spec}], "baselines": ["react", "direct"],
+        "solver": spec, "tools": ["calculator"], "tool_failure_rate": 1.0, "react_max_steps": 3,
+    })
+    student, react, direct = (build_method(cfg, m) for m in methods_of(cfg))
+    assert isinstance(student, ReWOOAgent) and isinstance(react, ReActAgent) and isinstance(direct, DirectAgent)
+    assert student.tool_descriptions == react.tool_descriptions == {"Calculator": TOOL_DESCRIPTIONS["Calculator"]}
+    assert react.max_steps == 3 and (react.method, direct.method) == ("react", "direct")
+    example = load_eval_examples(cfg)[0]
+    for agent in (student, react):
+        tools = agent.tools_for(example)
+        assert list(tools) == ["Calculator"] and isinstance(tools["Calculator"], FailingTool)
+    with pytest.raises(DistillError, match="unknown agent kind"):
+        build_agent(cfg, kind="cot")
+
+
 # --------------------------------------------------------------------------------------------- questions
 
 

@@ -57,3 +57,50 @@ def test_solver_sees_every_step_with_its_evidence():
     text = msgs[0]["content"]
     assert "Plan: a\nEvidence: ev one" in text and "Plan: b\nEvidence: No evidence found" in text
     assert text.rstrip().endswith("Question: Q?")
+
+
+def test_student_prompt_bytes_are_the_same_in_sft_data_eval_and_ask(tmp_path, capsys):
+    """The student is served exactly the prompt it was trained on: one config (tools mis-cased, as hand-written
+    configs are), each stage's real code path, the real SmolLM2 as planner and solver (one token each)."""
+    import asyncio
+    import json
+    from pathlib import Path
+
+    from distill.cli import main as cli_main
+    from distill.config import validate
+    from distill.evaluate import EvalConfig, build_method, methods_of
+    from distill.rewoo.agent import Question
+
+    root = Path(__file__).resolve().parents[1]
+    question = "Which river is longer, the Danube or the Rhine?"
+    tools = ["wikipedia", "LLM"]
+    model = {"backend": "transformers", "model": "smollm2-135m-instruct", "max_tokens": 1}
+    corpus = str(root / "data" / "demo" / "corpus.jsonl")
+
+    kept = tmp_path / "kept.jsonl"
+    output = "Plan: Find both lengths.\n#E1 = Wikipedia[Danube]\nPlan: Compare.\n#E2 = LLM[Which is longer? #E1]"
+    record = {"id": "q1", "dataset": "hotpotqa", "question": question, "planner": {"output": output}}
+    kept.write_text(json.dumps(record))
+    out = tmp_path / "sft"
+    assert cli_main(["sft-data", str(kept), "--out", str(out), "--tools", ",".join(tools), "--tokenizer", "none"]) == 0
+    trained = json.loads((out / "preview.jsonl").read_text().splitlines()[0])["prompt"]
+
+    cfg = validate(EvalConfig, {
+        "planners": [{"name": "student", "prompt": "zeroshot", "spec": model}], "solver": model, "tools": tools,
+        "wikipedia_corpus": corpus, "baselines": ["direct"],
+    })
+    agent = build_method(cfg, methods_of(cfg)[0])
+    evaluated = asyncio.run(agent.run(Question(question)))["planner"]["messages"]
+
+    capsys.readouterr()
+    sets = [f"tools=[{', '.join(tools)}]", "planner_prompt=zeroshot", "planner.max_tokens=1", "solver.max_tokens=1",
+            f"wikipedia_corpus={corpus}"]
+    argv = ["ask", question, "--config", str(root / "configs" / "ask_smollm2_local.yaml"), "--json"]
+    assert cli_main(argv + [arg for s in sets for arg in ("--set", s)]) == 0
+    asked = json.loads(capsys.readouterr().out)["planner"]["messages"]
+
+    as_bytes = [json.dumps(m, ensure_ascii=False).encode() for m in (trained, evaluated, asked)]
+    assert as_bytes[0] == as_bytes[1] == as_bytes[2]
+    system = trained[0]["content"]
+    assert "Wikipedia[input]" in system and "LLM[input]" in system and "Calculator" not in system
+    assert "For example" not in system and trained[-1]["content"].endswith(question)

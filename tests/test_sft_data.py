@@ -8,17 +8,19 @@ from pathlib import Path
 import pytest
 
 from distill.cli import main as cli_main
+from distill.config import validate
+from distill.data import normalize_question
 from distill.errors import DistillError
 from distill.rewoo.plan import parse_plan, render_plan
 from distill.rewoo.prompts import planner_messages
 from distill.sft_data import (
+    SftDataConfig,
     build_examples,
     build_sft_data,
-    normalize_question,
     split_by_question,
-    tool_descriptions,
     validation_question_count,
 )
+from distill.tools.registry import tool_descriptions
 
 TOOLS = ["Wikipedia", "LLM", "Calculator"]
 
@@ -140,6 +142,56 @@ def test_normalised_questions_share_a_side():
         train, val = split_by_question(examples + [shouted], 0.5, seed)
         first_side = "val" if examples[0] in val else "train"
         assert (shouted in val) == (first_side == "val")
+
+
+def test_the_split_folds_questions_as_the_leak_guard_does():
+    """Full-width letters and underscores fold as in `distill.data` (NFKC): the leak guard and the split agree."""
+    from distill.data import Example, check_no_leak
+
+    examples, _ = build_examples(kept_records(), tool_descriptions(TOOLS))
+    wide = "Ｗｈｉｃｈ city hosted the 1992 Summer_Olympics?"
+    variant = dict(examples[0], prompt=planner_messages(wide, {}, False))
+    for seed in range(5):
+        train, val = split_by_question(examples + [variant], 0.5, seed)
+        assert (variant in val) == (examples[0] in val)
+    with pytest.raises(DistillError, match="also appear in the evaluation set"):
+        check_no_leak([Example("t", "hotpotqa", "train", wide, ["x"])], {QUESTIONS[0][1]})
+
+
+def test_config_fixes_tool_case_and_refuses_bad_settings():
+    cfg = validate(SftDataConfig, {"tools": "wikipedia, llm", "kept": "k", "out": "o"})
+    assert cfg.tools == ["Wikipedia", "LLM"] and cfg.student_prompt == "zeroshot"
+    for bad, message in [
+        ({"tools": ["LLM", "llm"]}, "listed twice"),
+        ({"tools": ["Bing"]}, "unknown tool"),
+        ({"tools": []}, "no tools given"),
+        ({"val_fraction": 1.0}, "val_fraction"),
+        ({"student_prompt": "oneshot"}, "student_prompt"),
+        ({"max_length": 9}, "max_length"),
+    ]:
+        with pytest.raises(DistillError, match=message) as info:
+            validate(SftDataConfig, bad)
+        assert "\n" not in str(info.value)
+
+
+def test_a_fewshot_student_prompt_is_the_teachers_prompt(tmp_path):
+    kept = write_kept(tmp_path / "kept.jsonl", kept_records())
+    cfg = SftDataConfig(kept=str(kept), out=str(tmp_path / "sft"), student_prompt="fewshot", tokenizer=None)
+    summary = build_sft_data(cfg)
+    first = json.loads((tmp_path / "sft" / "preview.jsonl").read_text().splitlines()[0])
+    assert first["prompt"] == kept_records()[0]["planner"]["messages"]
+    assert summary["student_prompt"] == "fewshot"
+
+
+def test_cli_reads_a_config_and_flags_override_it(tmp_path):
+    kept = write_kept(tmp_path / "kept.jsonl", kept_records())
+    config = tmp_path / "sft.yaml"
+    config.write_text("tools: [wikipedia, llm, calculator]\nval_fraction: 0.5\nseed: 3\ntokenizer: none\n")
+    out = tmp_path / "sft"
+    assert cli_main(["sft-data", str(kept), "--out", str(out), "--config", str(config), "--seed", "4"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tools"] == TOOLS and summary["seed"] == 4 and summary["val_fraction"] == 0.5
+    assert summary["splits"]["validation"]["questions"] == 3
 
 
 def test_validation_gets_a_question_when_there_are_two():

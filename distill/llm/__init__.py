@@ -23,11 +23,9 @@ def build_chat(spec, prices: dict | None = None, cache=None) -> ChatModel:
     if spec.backend == "transformers":
         from distill.llm.transformers_backend import TransformersChat
 
-        key = (spec.model, spec.dtype, spec.device, price, spec.max_batch_size)
+        key = (spec.model, spec.dtype, spec.device, price)
         if key not in _LOADED:
-            _LOADED[key] = TransformersChat(
-                spec.model, price=price, dtype=spec.dtype, device=spec.device, max_batch_size=spec.max_batch_size
-            )
+            _LOADED[key] = TransformersChat(spec.model, price=price, dtype=spec.dtype, device=spec.device)
         model = _LOADED[key]
     else:
         from distill.llm.openai_backend import OpenAIChat

@@ -142,11 +142,11 @@ def score_record(example, prediction: str) -> dict:
     return dict(score(example.dataset, prediction, example.answers))
 
 
-def build_wikipedia(cfg):
+def build_wikipedia(cfg, tools: Mapping[str, str]):
     """The shared Wikipedia backend; per-question scoping happens in `tools_for`."""
     from distill.errors import DistillError
 
-    if "Wikipedia" not in cfg.tools:
+    if "Wikipedia" not in tools:
         return None
     if cfg.wikipedia_backend == "online":
         from distill.tools.wikipedia import OnlineWikipedia
@@ -163,17 +163,21 @@ def build_wikipedia(cfg):
     return LocalWikipedia(cfg.wikipedia_corpus, top_k=cfg.wikipedia_top_k, max_chars=cfg.wikipedia_max_chars)
 
 
-def make_tools_for(cfg, llm_tool_model, cache=None, wiki=None) -> Callable[[Any], dict]:
-    """A per-question tool set: fresh LLM-tool call log, and Wikipedia scoped to the question when asked."""
+def make_tools_for(cfg, llm_tool_model, cache=None, wiki=None, wrap=None) -> Callable[[Any], dict]:
+    """A per-question tool set: fresh LLM-tool call log, and Wikipedia scoped to the question when asked.
+
+    `wrap(tools, example)` is applied last, outside the call cache, so what it does (eval's injected
+    failures) is never cached as a tool's answer."""
     from distill.errors import DistillError
     from distill.llm.cached import CachedTool
-    from distill.tools.registry import build_tools
+    from distill.tools.registry import build_tools, tool_descriptions
 
-    wiki = wiki if wiki is not None else build_wikipedia(cfg)
+    names = list(tool_descriptions(cfg.tools))
+    wiki = wiki if wiki is not None else build_wikipedia(cfg, names)
 
     def tools_for(example) -> dict:
         w, scope = wiki, ""
-        if cfg.wikipedia_scope == "question" and "Wikipedia" in cfg.tools:
+        if cfg.wikipedia_scope == "question" and "Wikipedia" in names:
             if example.context:
                 from distill.tools.wikipedia import LocalWikipedia
 
@@ -183,14 +187,14 @@ def make_tools_for(cfg, llm_tool_model, cache=None, wiki=None) -> Callable[[Any]
             elif wiki is None:
                 raise DistillError(f"example {example.id} has no context and no wikipedia_corpus is set")
         tools = build_tools(
-            cfg.tools, wikipedia=w, llm_model=llm_tool_model, llm_max_tokens=(cfg.llm_tool or cfg.solver).max_tokens
+            names, wikipedia=w, llm_model=llm_tool_model, llm_max_tokens=(cfg.llm_tool or cfg.solver).max_tokens
         )
         if cache is not None:
             tools = {
                 name: CachedTool(t, cache, scope=scope if name == "Wikipedia" else "") if name != "LLM" else t
                 for name, t in tools.items()
             }
-        return tools
+        return wrap(tools, example) if wrap is not None else tools
 
     return tools_for
 
@@ -204,25 +208,60 @@ def worker_config(cfg) -> WorkerConfig:
     )
 
 
-def build_agent(cfg, cache=None, *, planner=None, method: str = "rewoo", seed: int = 0) -> ReWOOAgent:
-    """Wire models, tools and prompts from an AgentConfig; `planner` overrides the configured one (eval)."""
-    from distill.llm import build_chat
-    from distill.tools.registry import TOOL_DESCRIPTIONS
+def build_agent(
+    cfg,
+    cache=None,
+    *,
+    kind: str = "rewoo",
+    planner=None,
+    planner_prompt: str | None = None,
+    method: str = "rewoo",
+    seed: int = 0,
+    wrap_tools: Callable[[dict, Any], dict] | None = None,
+    react_max_steps: int = 6,
+    react_max_tokens: int = 256,
+):
+    """The one factory from an AgentConfig to an agent, for generate, eval and ask.
 
-    wiki = build_wikipedia(cfg)  # before loading any model: a bad corpus path should fail in a second
+    `kind` is rewoo, or one of the baselines (react, direct) that eval measures it against, so every method
+    gets its Solver, tools and tool list wired the same way. `planner` (a ModelSpec) and `planner_prompt`
+    override the config's own (eval has one per row); `wrap_tools` alters each question's tools (eval's
+    injected failures).
+    """
+    from distill.llm import build_chat
+    from distill.tools.registry import tool_descriptions
+
+    if kind == "direct":
+        from distill.baselines import DirectAgent
+
+        solver = build_chat(cfg.solver, cfg.prices, cache)
+        return DirectAgent(solver, max_tokens=cfg.solver.max_tokens, method=method, seed=seed)
+    descriptions = tool_descriptions(cfg.tools)
+    wiki = build_wikipedia(cfg, descriptions)  # before loading any model: a bad corpus path should fail in a second
     solver = build_chat(cfg.solver, cfg.prices, cache)
-    planner = planner or build_chat(cfg.planner, cfg.prices, cache)
     llm_tool_model = build_chat(cfg.llm_tool, cfg.prices, cache) if cfg.llm_tool else solver
-    descriptions = {name: TOOL_DESCRIPTIONS[name] for name in cfg.tools if name in TOOL_DESCRIPTIONS}
+    tools_for = make_tools_for(cfg, llm_tool_model, cache, wiki, wrap_tools)
+    if kind == "react":
+        from distill.baselines import ReActAgent
+
+        return ReActAgent(
+            solver, tools_for, descriptions, max_steps=react_max_steps, max_tokens=react_max_tokens,
+            worker=worker_config(cfg), method=method, seed=seed,
+        )
+    if kind != "rewoo":
+        from distill.errors import DistillError
+
+        raise DistillError(f"unknown agent kind {kind!r}; known: rewoo, react, direct")
+    spec = planner or cfg.planner
     return ReWOOAgent(
-        planner,
+        build_chat(spec, cfg.prices, cache),
         solver,
-        make_tools_for(cfg, llm_tool_model, cache, wiki),
+        tools_for,
         descriptions,
-        fewshot=cfg.planner_prompt == "fewshot",
-        planner_temperature=cfg.planner.temperature,
-        planner_max_tokens=cfg.planner.max_tokens,
-        planner_stop=cfg.planner.stop,
+        fewshot=(planner_prompt or cfg.planner_prompt) == "fewshot",
+        planner_temperature=spec.temperature,
+        planner_max_tokens=spec.max_tokens,
+        planner_stop=spec.stop,
         solver_max_tokens=cfg.solver.max_tokens,
         worker=worker_config(cfg),
         method=method,

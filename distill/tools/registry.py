@@ -33,6 +33,24 @@ def canonical_name(name: str) -> str:
     raise DistillError(f"unknown tool {name!r}; known tools: {', '.join(TOOL_DESCRIPTIONS)}")
 
 
+def tool_descriptions(names: Iterable[str]) -> dict[str, str]:
+    """Name -> description, in the order given and spelled as the registry spells them.
+
+    The only place tool names become the planner prompt's tool list: generation, sft-data, eval and ask all
+    come through here, so the student is served exactly the list it was trained on. Case is fixed (configs
+    are written by hand); a repeat or an empty list is refused, since either would change the prompt.
+    """
+    out: dict[str, str] = {}
+    for raw in names:
+        name = canonical_name(raw)
+        if name in out:
+            raise DistillError(f"tool {name!r} is listed twice")
+        out[name] = TOOL_DESCRIPTIONS[name]
+    if not out:
+        raise DistillError("no tools given")
+    return out
+
+
 def build_tools(
     names: Iterable[str], *, wikipedia: Tool | None, llm_model: Any = None, llm_max_tokens: int = 256
 ) -> dict[str, Tool]:
@@ -41,13 +59,10 @@ def build_tools(
     The Wikipedia backend is passed in already built because choosing it (online, local corpus, per-question
     scope) is the caller's decision; the LLM tool is built here around `llm_model` (a ChatModel).
     """
-    tools: dict[str, Tool] = {}
-    for raw in names:
-        name = canonical_name(raw)
-        if name in tools:
-            raise DistillError(f"tool {name!r} is listed twice")
-        tools[name] = _build_one(name, wikipedia=wikipedia, llm_model=llm_model, llm_max_tokens=llm_max_tokens)
-    return tools
+    return {
+        name: _build_one(name, wikipedia=wikipedia, llm_model=llm_model, llm_max_tokens=llm_max_tokens)
+        for name in tool_descriptions(names)
+    }
 
 
 def _build_one(name: str, *, wikipedia: Tool | None, llm_model: Any, llm_max_tokens: int = 256) -> Tool:
