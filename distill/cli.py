@@ -27,12 +27,12 @@ from distill.errors import DistillError
 
 # (argv words, module, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
-    (("ask",), "distill.commands.ask", "answer one question with the ReWOO agent"),
+    (("ask",), "distill.rewoo.agent", "answer one question with the ReWOO agent"),
     (("plan", "check"), "distill.rewoo.plan", "parse and validate a plan"),
     (("generate",), "distill.commands.generate", "record teacher trajectories (resumable)"),
     (("filter",), "distill.filter", "keep correct, well-formed trajectories"),
     (("score",), "distill.metrics", "score predictions with official EM/F1"),
-    (("sft-data",), "distill.commands.sft_data", "turn kept trajectories into an SFT dataset"),
+    (("sft-data",), "distill.sft_data", "turn kept trajectories into an SFT dataset"),
     (("train",), "distill.commands.train", "LoRA SFT of the student planner (prefer `accelerate launch -m distill.train`)"),
     (("merge",), "distill.merge", "merge a LoRA adapter into full weights"),
     (("serve",), "distill.serve", "serve the student planner with vLLM"),

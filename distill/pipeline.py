@@ -51,7 +51,7 @@ class PipelineConfig(Strict):
     generate: dict[str, Any]  # GenerateConfig keys (output_dir and cache are set by the pipeline)
     teacher_server: dict[str, Any] | None = None  # ServeConfig keys: a vLLM server for the teacher, or none
     filter: dict[str, Any] = Field(default_factory=dict)  # FilterConfig keys
-    sft_data: dict[str, Any] = Field(default_factory=dict)  # tools, val_fraction, seed, tokenizer
+    sft_data: dict[str, Any] = Field(default_factory=dict)  # SftDataConfig keys (kept and out are set)
     train: dict[str, Any]  # TrainConfig keys (dataset_dir and output_dir are set by the pipeline)
     student_server: dict[str, Any] = Field(default_factory=dict)  # ServeConfig keys (adapter is set)
     eval: dict[str, Any]  # EvalConfig keys (output_dir is set)
@@ -132,18 +132,12 @@ class Pipeline:
     def train_dirs(self) -> tuple[str, str]:
         return str(self.stage_dir("sft-data")), str(self.stage_dir("train"))
 
-    def sft_data_settings(self) -> dict:
-        """The sft_data section as keyword arguments of `build_sft_data`, whose signature is the check until
-        sft-data has a config class of its own."""
-        import inspect
+    def sft_data_config(self):
+        from distill.config import validate
+        from distill.sft_data import SftDataConfig
 
-        from distill.sft_data import build_sft_data
-
-        known = list(inspect.signature(build_sft_data).parameters)[2:]  # after kept_path, out_dir
-        unknown = sorted(set(self.cfg.sft_data) - set(known))
-        if unknown:
-            raise DistillError(f"sft_data (pipeline): unknown key(s) {', '.join(unknown)} (known: {', '.join(known)})")
-        return dict(self.cfg.sft_data)
+        paths = {"kept": str(self.stage_dir("filter") / "kept.jsonl"), "out": str(self.stage_dir("sft-data"))}
+        return validate(SftDataConfig, self.cfg.sft_data | paths, "sft_data (pipeline)")
 
     # ------------------------------------------------------------------ stages
     def server(self, raw: dict | None, adapter: str | None, name: str):
@@ -184,9 +178,7 @@ class Pipeline:
     def sft_data(self) -> dict:
         from distill.sft_data import format_summary
 
-        summary = self.entry("sft-data")(
-            self.stage_dir("filter") / "kept.jsonl", self.stage_dir("sft-data"), **self.sft_data_settings()
-        )
+        summary = self.entry("sft-data")(self.sft_data_config())
         print(format_summary(summary))
         return {"examples": {split: s["examples"] for split, s in summary["splits"].items()}}
 
@@ -227,7 +219,7 @@ class Pipeline:
         url = "http://127.0.0.1:1/v1"
         validate(GenerateConfig, fill_server(self.cfg.generate, url) | {"output_dir": "x"}, "generate")
         validate(FilterConfig, self.cfg.filter, "filter")
-        self.sft_data_settings()
+        self.sft_data_config()
         train_config(self.cfg.train, *self.train_dirs())
         validate(EvalConfig, fill_server(self.cfg.eval, url) | {"output_dir": "x"}, "eval")
         for name in ("teacher_server", "student_server"):

@@ -12,6 +12,7 @@ of a sibling sample.
 
 from __future__ import annotations
 
+import argparse
 import random
 import statistics
 from collections import Counter
@@ -20,7 +21,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 from pydantic import Field, field_validator
 
-from distill.config import Strict
+from distill.config import Strict, add_config_args, parse_overrides, read_yaml, validate
 from distill.data import normalize_question
 from distill.errors import DistillError
 from distill.rewoo.plan import parse_plan, render_plan
@@ -215,15 +216,10 @@ def load_tokenizer(name: str | None):
         raise DistillError(f"cannot load tokenizer {name!r}: {str(exc).splitlines()[0]}") from None
 
 
-def build_sft_data(cfg: SftDataConfig | str | Path, out_dir: str | Path | None = None, **settings: Any) -> dict:
-    """Read kept records, write `save_to_disk(out)`, `preview.jsonl` and `summary.json`; return the summary.
-
-    Takes an SftDataConfig, or (kept, out, **settings), which are validated into one."""
-    from distill.config import validate
+def build_sft_data(cfg: SftDataConfig) -> dict:
+    """Read kept records, write `save_to_disk(out)`, `preview.jsonl` and `summary.json`; return the summary."""
     from distill.store import read_jsonl, write_json, write_jsonl
 
-    if not isinstance(cfg, SftDataConfig):
-        cfg = validate(SftDataConfig, {"kept": str(cfg), "out": str(out_dir), **settings}, "sft-data")
     if not cfg.kept or not cfg.out:
         raise DistillError("sft-data needs both `kept` (the kept records) and `out` (the dataset folder)")
     records = read_jsonl(cfg.kept)
@@ -252,3 +248,28 @@ def build_sft_data(cfg: SftDataConfig | str | Path, out_dir: str | Path | None =
     )
     write_json(out / "summary.json", summary)
     return summary
+
+
+# ------------------------------------------------------------------------------------------ command line
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("kept", metavar="KEPT.jsonl", help="kept trajectory records (output of `distill filter`)")
+    parser.add_argument("--out", required=True, help="dataset folder to write")
+    parser.add_argument(
+        "--tools", help="comma-separated tools of the student prompt (default Wikipedia,LLM,Calculator)"
+    )
+    parser.add_argument("--val-fraction", type=float, help="share of questions held out for validation (default 0.1)")
+    parser.add_argument("--seed", type=int, help="seed of the question split (default 0)")
+    parser.add_argument("--tokenizer", help="tokenizer for the length summary ('none' to skip)")
+    add_config_args(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    flags = {"kept": args.kept, "out": args.out, "tools": args.tools, "val_fraction": args.val_fraction,
+             "seed": args.seed, "tokenizer": args.tokenizer}
+    data = (read_yaml(args.config) if args.config else {}) | {k: v for k, v in flags.items() if v is not None}
+    cfg = validate(SftDataConfig, data | parse_overrides(args.set), args.config or "sft-data")
+    summary = build_sft_data(cfg)
+    print(format_summary(summary))
+    print(f"wrote {cfg.out} (save_to_disk), {cfg.out}/preview.jsonl, {cfg.out}/summary.json")
+    return 0

@@ -182,7 +182,7 @@ def test_each_stage_gets_its_folders_and_settings_and_done_json_its_counts(tmp_p
 
 @pytest.mark.parametrize("section, value, message", [
     ("eval", {"react_max_step": 3}, "eval: react_max_step: Extra inputs are not permitted"),
-    ("sft_data", {"val_fractoin": 0.1}, "sft_data (pipeline): unknown key(s) val_fractoin"),
+    ("sft_data", {"val_fractoin": 0.1}, "sft_data (pipeline): val_fractoin: Extra inputs are not permitted"),
     ("train", {"config": "configs/smollm2-135m_lora_cpu.yaml", "lora_rank": 4}, "train (pipeline): lora_rank"),
     ("train", {"config": "configs/nope.yaml"}, "config not found: configs/nope.yaml"),
     ("student_server", {"gpu_memory_utilisation": 0.5}, "student_server: gpu_memory_utilisation"),

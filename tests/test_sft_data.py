@@ -234,7 +234,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
         tool_descriptions(["Wikipedia", "Bing"])
     kept = write_kept(tmp_path / "kept.jsonl", bad_records())
     with pytest.raises(DistillError, match="no record has a usable plan"):
-        build_sft_data(kept, tmp_path / "out", tokenizer=None)
+        build_sft_data(SftDataConfig(kept=str(kept), out=str(tmp_path / "out"), tokenizer=None))
     assert cli_main(["sft-data", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o")]) == 2
     assert "error:" in capsys.readouterr().err
 
@@ -243,7 +243,7 @@ def test_no_validation_split_still_saves_both_splits(tmp_path):
     from datasets import load_from_disk
 
     kept = write_kept(tmp_path / "kept.jsonl", kept_records())
-    summary = build_sft_data(kept, tmp_path / "sft", val_fraction=0.0, tokenizer=None)
+    summary = build_sft_data(SftDataConfig(kept=str(kept), out=str(tmp_path / "sft"), val_fraction=0.0, tokenizer=None))
     data = load_from_disk(str(tmp_path / "sft"))
     assert len(data["train"]) == 12 and len(data["validation"]) == 0
     assert data["validation"].column_names == data["train"].column_names
