@@ -25,7 +25,6 @@ import hashlib
 import re
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
@@ -33,10 +32,10 @@ from pydantic import Field, field_validator, model_validator
 
 from distill.config import AgentConfig, ModelSpec, Strict
 from distill.errors import DistillError
-from distill.generate import DatasetSource
+from distill.data import DatasetSource
 
 RECORDS_DIR = "records"
-MANIFEST = "manifest.json"
+ERRORS = "errors.jsonl"  # failed attempts of every method, keyed (method, id); a rerun retries them
 BASELINE_NAMES = ("react", "direct")
 _METHOD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # it becomes a file name
 
@@ -258,6 +257,7 @@ def build_method(cfg: EvalConfig, method: Method, cache=None):
 
 def make_work(cfg: EvalConfig, method: Method, agent, judge_model) -> Callable:
     """The per-question coroutine: run the agent, tag the record for the report, judge it if asked."""
+    from distill.run import add_judgement
 
     async def work(example) -> dict:
         rec = await agent.run(example)
@@ -268,12 +268,7 @@ def make_work(cfg: EvalConfig, method: Method, agent, judge_model) -> Callable:
             gold_hops=gold_hops(example),
             tool_failure_rate=cfg.tool_failure_rate,
         )
-        if judge_model is not None and example.answers:
-            from distill.metrics import judge
-
-            verdict = await judge(judge_model, example.question, example.answers, rec["prediction"])
-            rec["scores"]["judge"] = verdict["verdict"]
-            rec["judge"] = verdict
+        await add_judgement(judge_model, example, rec)
         return rec
 
     return work
@@ -327,11 +322,11 @@ def preflight(cfg: EvalConfig, methods: list[Method], out: Path) -> None:
             check_resumable(store.records(), cfg, method, path)
 
 
-def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path) -> dict:
-    """Run (or resume) one method over every example; returns its running summary."""
+def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, errors):
+    """Run (or resume) one method over every example; returns how it ended (distill.runner.RunResult)."""
     from contextlib import ExitStack
 
-    from distill.llm import build_chat
+    from distill.run import build_judge
     from distill.runner import run_resumable
     from distill.store import JsonlStore
 
@@ -342,17 +337,16 @@ def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path) -> di
         if cache is not None:
             stack.callback(cache.close)
         agent = build_method(cfg, method, cache)
-        judge_model = build_chat(cfg.judge, cfg.prices, cache) if cfg.judge is not None else None
+        judge_model = build_judge(cfg, cache)
         items = [((method.name, ex.id), ex) for ex in examples]
-        stats = run_resumable(
-            items, make_work(cfg, method, agent, judge_model), store, record_key,
+        return run_resumable(
+            items, make_work(cfg, method, agent, judge_model), store, record_key, errors=errors,
             concurrency=cfg.concurrency, desc=method.name,
         )
-    return stats.summary()
 
 
 def build_manifest(cfg: EvalConfig, config_path: str | None, methods: list[Method], examples: list) -> dict:
-    from distill.generate import manifest_header
+    from distill.run import manifest_header
 
     return manifest_header("eval", cfg, config_path) | {
         "methods": [{"name": m.name, "kind": m.kind, "prompt": m.prompt} for m in methods],
@@ -360,36 +354,26 @@ def build_manifest(cfg: EvalConfig, config_path: str | None, methods: list[Metho
         "bootstrap_samples": cfg.bootstrap_samples,
         "seed": cfg.seed,
         "examples": [[ex.dataset, ex.id] for ex in examples],
-        "status": "running",
     }
 
 
 def evaluate(cfg: EvalConfig, config_path: str | None = None) -> dict:
     """Run (or resume) every method, then write results.json, report.md and the plots; returns the results."""
     from distill.report import write_report
-    from distill.store import write_json
+    from distill.run import raise_if_stopped, report_errors, run_lifecycle
+    from distill.store import JsonlStore
 
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     examples = load_eval_examples(cfg)
     methods = methods_of(cfg)
-    preflight(cfg, methods, out)
     manifest = build_manifest(cfg, config_path, methods, examples)
-    write_json(out / MANIFEST, manifest)
-    t0 = time.perf_counter()
-    runs = {}
-    try:
+    with run_lifecycle(out, manifest, check=lambda: preflight(cfg, methods, out)), JsonlStore(out / ERRORS) as errors:
+        t0 = time.perf_counter()
+        runs = manifest.setdefault("runs", {})
         for method in methods:
-            runs[method.name] = run_method(cfg, method, examples, out)
-    except KeyboardInterrupt:
-        manifest.update(status="interrupted")
-        write_json(out / MANIFEST, manifest)
-        raise
-    manifest.update(
-        status="complete",
-        finished_at=datetime.now(timezone.utc).isoformat(),
-        wall_s_this_run=round(time.perf_counter() - t0, 2),
-        runs=runs,
-    )
-    write_json(out / MANIFEST, manifest)
+            result = run_method(cfg, method, examples, out, errors)
+            runs[method.name] = result.summary()
+            raise_if_stopped(result)
+            report_errors(result, out / ERRORS)
+        manifest.update(wall_s_this_run=round(time.perf_counter() - t0, 2))
     return write_report(out)
