@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""python scripts/kill_resume_check.py generate|eval --config CONFIG [--kills 5] [--seed 0] [--set k=v ...]
+"""python scripts/kill_resume_check.py [generate|eval] --config CONFIG [--kills 5] [--seed 0] [--set k=v ...]
 
 Crash-safety check: runs `distill generate` or `distill eval` with the config, SIGKILLs it at random points
 and resumes it each time, then lets it finish and verifies that every planned record is on disk exactly once,
@@ -8,6 +8,8 @@ code (`kill_and_resume`) in CI against a real vLLM server.
 
 Kill points: the first at a random moment of start-up; then each after one or two more records are on disk
 plus a random 0-0.5 s, so it lands anywhere in the next record's work or write, and each run makes progress.
+A record's write is too short for a kill to land inside it often, so after the third kill the check also
+leaves what such a kill would: half a record at the end of a record file, which the resumed run must cut.
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ def kill_and_resume(command: str, config: str, out: Path, kills: int, seed: int,
             break
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        if k == 2 and record_files(command, out):
+            with record_files(command, out)[-1].open("ab") as f:
+                f.write(b'{"id": "torn-by-a-kill", "method": "x", "sample": 0, "prediction": "hal')
         keys, torn = read_complete(command, out)
         torn_seen += torn
         seen |= set(keys)
@@ -114,7 +119,7 @@ def verdict(result: dict) -> bool:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=sorted(KEYS))
+    p.add_argument("command", nargs="?", default="generate", choices=sorted(KEYS))
     p.add_argument("--config", required=True)
     p.add_argument("--kills", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)

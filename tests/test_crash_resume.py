@@ -10,6 +10,7 @@ scripts/kill_resume_check.py's, so the script and CI check the same thing. `pyte
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import random
 from pathlib import Path
@@ -69,6 +70,11 @@ def run_check(command: str, cfg: dict, tmp_path: Path) -> dict:
     assert result["duplicates"] == 0 and result["lost"] == 0 and result["torn_at_end"] == 0
     assert result["distinct"] == result["records"] == result["planned"]
     assert krc.verdict(result)
+    assert result["torn_tails_repaired"] >= 1
+    manifest = json.loads((Path(cfg["output_dir"]) / "manifest.json").read_text())
+    counts = [manifest["counts"]] if command == "generate" else [r["counts"] for r in manifest["runs"].values()]
+    assert all(c["errors"] == 0 and c["not_run"] == 0 and c["done"] == c["planned"] for c in counts)
+    assert sum(c["planned"] for c in counts) == result["planned"]
     return result
 
 

@@ -103,6 +103,34 @@ def test_a_record_that_cannot_be_written_stops_the_run(tmp_path):
     assert result.done == 0 and result.not_run == 20
 
 
+def test_ctrl_c_stops_between_records_and_the_counts_add_up(tmp_path):
+    code = textwrap.dedent(f"""
+        import asyncio, json, sys
+        from pathlib import Path
+        from distill.runner import run_resumable
+        from distill.store import JsonlStore
+
+        async def work(i):
+            await asyncio.sleep(0.2)
+            print("record", i, flush=True)
+            return {{"id": f"q{{i}}", "sample": 0}}
+
+        store = JsonlStore(Path({str(tmp_path / "records.jsonl")!r}))
+        items = [((f"q{{i}}", 0), i) for i in range(50)]
+        result = run_resumable(items, work, store, lambda r: (r["id"], r["sample"]), concurrency=2)
+        print(json.dumps([result.status, result.counts()]), flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    assert proc.stdout.readline().startswith("record")
+    proc.send_signal(signal.SIGINT)
+    last = proc.communicate(timeout=60)[0].strip().splitlines()[-1]
+    status, counts = json.loads(last)
+    assert status == "interrupted" and 0 < counts["done"] < 50 and counts["errors"] == 0
+    assert counts["done"] + counts["not_run"] == 50 == counts["planned"]
+    assert len(read_jsonl(tmp_path / "records.jsonl")) == counts["done"]
+
+
 def test_lifecycle_marks_the_manifest_and_turns_io_failures_into_one_line(tmp_path):
     out = tmp_path / "run"
     manifest = {"command": "test"}
