@@ -223,3 +223,16 @@ def test_generate_against_a_dead_server_fails_in_one_line_and_the_manifest_says_
     c = manifest["counts"]
     assert c["planned"] == 6 == c["done"] + c["errors"] + c["not_run"] and c["errors"] >= 2 and c["not_run"] > 0
     assert len(read_jsonl(out / "errors.jsonl")) == c["errors"]
+
+
+def test_an_io_failure_is_one_line_and_exit_2_and_verbose_keeps_the_traceback(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    config = write_generate_config(tmp_path, blocker / "run")  # the output folder cannot be made
+    cmd = [sys.executable, "-m", "distill.cli", "generate", "--config", str(config)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("error: NotADirectoryError:")
+    verbose = subprocess.run([sys.executable, "-m", "distill.cli", "-v", *cmd[3:]], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120)
+    assert verbose.returncode == 2 and "Traceback" in verbose.stderr
