@@ -7,8 +7,8 @@ the only thing that changes between ReWOO rows is the Planner (the teacher few-s
 zero-shot, the untuned base model zero-shot) and between ReWOO and the baselines the way the Solver model
 is driven. Each method writes one trajectory record per question to `<output_dir>/records/<method>.jsonl`,
 appended and fsynced as it is made, so a rerun resumes where a crash or Ctrl-C left off; the report is then
-recomputed from those files alone (`distill.report`). A question that fails is logged to `errors.jsonl` and retried
-by the rerun (distill.runner says when a run stops instead).
+recomputed from those files alone (`distill.report`). A question that fails is logged to `errors.jsonl`
+and retried by the rerun (distill.runner says when a whole run stops instead).
 
 Questions: the first `n` distinct questions of each dataset in file order (after dedup). Not a random
 sample, so every run, every method and every later, larger run sees the same questions, and raising `n`
