@@ -156,8 +156,11 @@ def test_lifecycle_marks_the_manifest_and_turns_io_failures_into_one_line(tmp_pa
     saved = json.loads((out / "manifest.json").read_text())
     assert saved["status"] == "complete" and saved["counts"] == {"planned": 0}
 
+    def refuse() -> None:
+        raise DistillError("settings differ")
+
     with pytest.raises(DistillError, match="settings differ"):  # a refused check leaves the manifest alone
-        with run_lifecycle(out, {"command": "other"}, check=lambda: (_ for _ in ()).throw(DistillError("settings differ"))):
+        with run_lifecycle(out, {"command": "other"}, check=refuse):
             pass
     assert json.loads((out / "manifest.json").read_text())["command"] == "test"
 
