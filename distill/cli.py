@@ -22,8 +22,9 @@ import argparse
 import importlib
 import logging
 import sys
+import traceback
 
-from distill.errors import DistillError
+from distill.errors import DistillError, is_environment_failure, one_line
 
 # (argv words, module, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
@@ -94,8 +95,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(importlib.import_module(args._module).main(args) or 0)
-    except DistillError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except Exception as exc:
+        # a user's input or world (files, network, a model server) failing is one line and exit 2;
+        # anything else is a bug and keeps its traceback. -v shows the traceback in every case.
+        if not is_environment_failure(exc):
+            raise
+        if args.verbose:
+            traceback.print_exc()
+        print(f"error: {exc if isinstance(exc, DistillError) else one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: finished work is saved; rerun the same command to resume", file=sys.stderr)

@@ -17,10 +17,21 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from distill.config import Strict
 from distill.errors import DistillError
 from distill.store import read_jsonl
+
+
+class DatasetSource(Strict):
+    """Where questions come from: `hub:<name>[:<config>]` or a local .json/.jsonl file."""
+
+    name: Literal["hotpotqa", "triviaqa"] | str
+    source: str
+    split: str = "train"
+    n: int | None = None  # how many distinct questions to draw; None = all
+
 
 HOTPOT = "hotpotqa"
 TRIVIA = "triviaqa"

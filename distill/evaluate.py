@@ -6,8 +6,10 @@ Every method answers the same questions with the same Solver model and the same 
 the only thing that changes between ReWOO rows is the Planner (the teacher few-shot, the distilled student
 zero-shot, the untuned base model zero-shot) and between ReWOO and the baselines the way the Solver model
 is driven. Each method writes one trajectory record per question to `<output_dir>/records/<method>.jsonl`,
-appended and fsynced as it is made, so a rerun resumes where a crash or Ctrl-C left off. Evaluation writes
-records only; the report stage (`distill report`, `distill.report`) recomputes every number from those files.
+appended and fsynced as it is made, so a rerun resumes where a crash or Ctrl-C left off. A question that
+fails is logged to `errors.jsonl` and retried by the rerun (distill.runner says when a whole run stops
+instead). Evaluation writes records only; the report stage (`distill report`, `distill.report`) recomputes
+every number from those files.
 
 Questions: the first `n` distinct questions of each dataset in file order (after dedup). Not a random
 sample, so every run, every method and every later, larger run sees the same questions, and raising `n`
@@ -26,18 +28,17 @@ import hashlib
 import re
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
 from pydantic import Field, field_validator, model_validator
 
 from distill.config import AgentConfig, ModelSpec, Strict, add_config_args, load_config
+from distill.data import DatasetSource
 from distill.errors import DistillError
-from distill.generate import DatasetSource
 from distill.report import RECORDS_DIR
 
-MANIFEST = "manifest.json"
+ERRORS = "errors.jsonl"  # failed attempts of every method, keyed (method, id); a rerun retries them
 BASELINE_NAMES = ("react", "direct")
 _METHOD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # it becomes a file name
 
@@ -227,6 +228,7 @@ def build_method(cfg: EvalConfig, method: Method, cache=None):
 
 def make_work(cfg: EvalConfig, method: Method, agent, judge_model) -> Callable:
     """The per-question coroutine: run the agent, tag the record for the report, judge it if asked."""
+    from distill.run import add_judgement
 
     async def work(example) -> dict:
         rec = await agent.run(example)
@@ -237,12 +239,7 @@ def make_work(cfg: EvalConfig, method: Method, agent, judge_model) -> Callable:
             gold_hops=gold_hops(example),
             tool_failure_rate=cfg.tool_failure_rate,
         )
-        if judge_model is not None and example.answers:
-            from distill.metrics import judge
-
-            verdict = await judge(judge_model, example.question, example.answers, rec["prediction"])
-            rec["scores"]["judge"] = verdict["verdict"]
-            rec["judge"] = verdict
+        await add_judgement(judge_model, example, rec)
         return rec
 
     return work
@@ -290,38 +287,37 @@ def preflight(cfg: EvalConfig, methods: list[Method], out: Path) -> None:
         path = records_path(out, method)
         if not path.exists():
             continue
-        with JsonlStore(path) as store:
+        with JsonlStore(path, key=record_key) as store:
             if store.repaired:
                 print(f"note: {path} ended in a torn line from an earlier crash; it was cut and will be redone")
             check_resumable(store.records(), cfg, method, path)
 
 
-def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path) -> dict:
-    """Run (or resume) one method over every example; returns its running summary."""
+def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, errors):
+    """Run (or resume) one method over every example; returns how it ended (distill.runner.RunResult)."""
     from contextlib import ExitStack
 
-    from distill.llm import build_chat
+    from distill.run import build_judge
     from distill.runner import run_resumable
     from distill.store import JsonlStore
 
     with ExitStack() as stack:
-        store = JsonlStore(records_path(out, method))
+        store = JsonlStore(records_path(out, method), key=record_key)
         stack.callback(store.close)
         cache = method_cache(cfg, out, method)
         if cache is not None:
             stack.callback(cache.close)
         agent = build_method(cfg, method, cache)
-        judge_model = build_chat(cfg.judge, cfg.prices, cache) if cfg.judge is not None else None
+        judge_model = build_judge(cfg, cache)
         items = [((method.name, ex.id), ex) for ex in examples]
-        stats = run_resumable(
-            items, make_work(cfg, method, agent, judge_model), store, record_key,
+        return run_resumable(
+            items, make_work(cfg, method, agent, judge_model), store, record_key, errors=errors,
             concurrency=cfg.concurrency, desc=method.name,
         )
-    return stats.summary()
 
 
 def build_manifest(cfg: EvalConfig, config_path: str | None, methods: list[Method], examples: list) -> dict:
-    from distill.generate import manifest_header
+    from distill.run import manifest_header
 
     return manifest_header("eval", cfg, config_path) | {
         "methods": [{"name": m.name, "kind": m.kind, "prompt": m.prompt} for m in methods],
@@ -329,38 +325,28 @@ def build_manifest(cfg: EvalConfig, config_path: str | None, methods: list[Metho
         "bootstrap_samples": cfg.bootstrap_samples,
         "seed": cfg.seed,
         "examples": [[ex.dataset, ex.id] for ex in examples],
-        "status": "running",
     }
 
 
 def evaluate(cfg: EvalConfig, config_path: str | None = None) -> dict:
     """Run (or resume) every method, writing its records; returns the finished manifest (the report is the
     next stage's job, so it can be rebuilt without running any model)."""
-    from distill.store import write_json
+    from distill.run import raise_if_stopped, report_errors, run_lifecycle
+    from distill.store import JsonlStore
 
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     examples = load_eval_examples(cfg)
     methods = methods_of(cfg)
-    preflight(cfg, methods, out)
     manifest = build_manifest(cfg, config_path, methods, examples)
-    write_json(out / MANIFEST, manifest)
-    t0 = time.perf_counter()
-    runs = {}
-    try:
+    with run_lifecycle(out, manifest, check=lambda: preflight(cfg, methods, out)), JsonlStore(out / ERRORS) as errors:
+        t0 = time.perf_counter()
+        runs = manifest.setdefault("runs", {})
         for method in methods:
-            runs[method.name] = run_method(cfg, method, examples, out)
-    except KeyboardInterrupt:
-        manifest.update(status="interrupted")
-        write_json(out / MANIFEST, manifest)
-        raise
-    manifest.update(
-        status="complete",
-        finished_at=datetime.now(timezone.utc).isoformat(),
-        wall_s_this_run=round(time.perf_counter() - t0, 2),
-        runs=runs,
-    )
-    write_json(out / MANIFEST, manifest)
+            result = run_method(cfg, method, examples, out, errors)
+            runs[method.name] = result.summary()
+            raise_if_stopped(result)
+            report_errors(result, out / ERRORS)
+        manifest.update(wall_s_this_run=round(time.perf_counter() - t0, 2))
     return manifest
 
 

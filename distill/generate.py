@@ -6,33 +6,24 @@
 A teacher run costs real money and hours, so: one record per (example, sample) appended and fsynced as soon
 as it exists, a rerun of the same command finishes what is missing, and every model and tool call goes
 through a content-addressed cache, so even a deleted output is rebuilt without paying again.
+A question whose work fails becomes a line in `errors.jsonl` (retried by the rerun) instead of stopping the
+run; the lock, the manifest's states and what stops a whole run are distill.run's and distill.runner's.
 """
 
 from __future__ import annotations
 
-import json
-import platform
-import subprocess
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
-from distill.config import AgentConfig, ModelSpec, Strict
+from distill.config import AgentConfig, ModelSpec
+from distill.data import DatasetSource
 from distill.errors import DistillError
 
 TRAJECTORIES = "trajectories.jsonl"
-
-
-class DatasetSource(Strict):
-    """Where questions come from: `hub:<name>[:<config>]` or a local .json/.jsonl file."""
-
-    name: Literal["hotpotqa", "triviaqa"] | str
-    source: str
-    split: str = "train"
-    n: int | None = None  # how many distinct questions to draw; None = all
+ERRORS = "errors.jsonl"  # one line per failed attempt at a record; a rerun retries them
 
 
 class GenerateConfig(AgentConfig):
@@ -45,31 +36,6 @@ class GenerateConfig(AgentConfig):
     cache: str | None = "auto"  # auto = <output_dir>/calls.sqlite; null turns the cache off
     judge: ModelSpec | None = None  # optional LLM judge (the paper's "Acc")
     leak_policy: Literal["refuse", "exclude"] = "refuse"  # exclude: draw around eval questions instead of failing
-
-
-def code_version() -> str:
-    from distill import __version__
-
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-            cwd=Path(__file__).parent,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        sha = ""
-    return f"{__version__}+{sha}" if sha else __version__
-
-
-def manifest_header(command: str, cfg, config_path: str | None) -> dict:
-    """What every run manifest starts with: enough to tell later what produced the records beside it."""
-    return {
-        "command": command,
-        "config_file": config_path,
-        "config": cfg.model_dump(mode="json"),
-        "code_version": code_version(),
-        "python": platform.python_version(),
-        "started_at": datetime.now(timezone.utc).isoformat(),
-    }
 
 
 def load_questions(cfg: GenerateConfig):
@@ -108,59 +74,45 @@ def record_key(rec: dict) -> tuple[str, int]:
 def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
     """Run (or resume) generation; returns the summary that is also written to summary.json."""
     from distill.rewoo.agent import build_agent
+    from distill.run import add_judgement, build_judge, manifest_header, raise_if_stopped, report_errors, run_lifecycle
     from distill.runner import run_resumable
     from distill.store import JsonlStore, write_json
 
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     examples = load_questions(cfg)
-    cache = resolve_cache(cfg, out)
-    agent = build_agent(cfg, cache, method="rewoo-teacher", seed=cfg.seed)
-    judge_model = None
-    if cfg.judge is not None:
-        from distill.llm import build_chat
-
-        judge_model = build_chat(cfg.judge, cfg.prices, cache)
-
-    async def work(item):
-        example, sample = item
-        rec = await agent.run(example, sample)
-        if judge_model is not None and example.answers:
-            from distill.metrics import judge
-
-            verdict = await judge(judge_model, example.question, example.answers, rec["prediction"])
-            rec["scores"]["judge"] = verdict["verdict"]
-            rec["judge"] = verdict
-        return rec
-
     items = [((ex.id, s), (ex, s)) for ex in examples for s in range(cfg.samples_per_question)]
-    manifest = manifest_header("generate", cfg, config_path) | {"planned_records": len(items), "status": "running"}
-    write_json(out / "manifest.json", manifest)
-    store = JsonlStore(out / TRAJECTORIES)
-    if store.repaired:
-        print(f"note: {store.path} ended in a torn line from an earlier crash; it was cut and will be redone")
-    t0 = time.perf_counter()
-    try:
-        stats = run_resumable(
-            items, work, store, record_key, concurrency=cfg.concurrency, desc="generate"
-        )
-    except KeyboardInterrupt:
-        manifest.update(status="interrupted", records_on_disk=len(store))
-        write_json(out / "manifest.json", manifest)
-        raise
-    finally:
-        store.close()
-    summary = stats.summary() | {
-        "planned_records": len(items),
-        "questions": len(examples),
-        "wall_s_this_run": round(time.perf_counter() - t0, 2),
-        "cache": None if cache is None else {
-            "hits": cache.hits, "misses": cache.misses, "model_misses": cache.misses_by_kind.get("model", 0),
-        },
-    }
-    manifest.update(status="complete", finished_at=datetime.now(timezone.utc).isoformat(), totals=summary)
-    write_json(out / "manifest.json", manifest)
-    write_json(out / "summary.json", summary)
+    manifest = manifest_header("generate", cfg, config_path) | {"planned_records": len(items)}
+    with run_lifecycle(out, manifest):
+        cache = resolve_cache(cfg, out)
+        agent = build_agent(cfg, cache, method="rewoo-teacher", seed=cfg.seed)
+        judge_model = build_judge(cfg, cache)
+
+        async def work(item):
+            example, sample = item
+            rec = await agent.run(example, sample)
+            await add_judgement(judge_model, example, rec)
+            return rec
+
+        t0 = time.perf_counter()
+        with JsonlStore(out / TRAJECTORIES, key=record_key) as store, JsonlStore(out / ERRORS) as errors:
+            if store.repaired:
+                print(f"note: {store.path} ended in a torn line from an earlier crash; it was cut and will be redone")
+            result = run_resumable(
+                items, work, store, record_key, errors=errors, concurrency=cfg.concurrency, desc="generate"
+            )
+        summary = result.summary() | {
+            "planned_records": len(items),
+            "questions": len(examples),
+            "wall_s_this_run": round(time.perf_counter() - t0, 2),
+            "cache": None if cache is None else {
+                "hits": cache.hits, "misses": cache.misses, "model_misses": cache.misses_by_kind.get("model", 0),
+            },
+        }
+        manifest.update(counts=result.counts(), records_on_disk=result.done)
+        raise_if_stopped(result)
+        report_errors(result, out / ERRORS)
+        manifest.update(totals=summary)
+        write_json(out / "summary.json", summary)
     return summary
 
 

@@ -3,6 +3,20 @@
 Work items are keyed; whatever the store already holds is skipped, each finished record is appended
 (durably) the moment it exists, and Ctrl-C stops the loop between writes, so a record is never torn and
 never lost. Only the items in flight at the interrupt are redone on the next run.
+
+Every planned item ends in one of three ways, and the counts always add up
+(`planned = done + errors + not_run`):
+
+- a record (`done`, counting those already on disk);
+- an error record, when its work raised: one odd question must not stop a 4k-question run, so the
+  exception becomes one line in the error log (`errors.jsonl` beside the records) and the queue goes
+  on. Error records are not results: a rerun tries those items again (a passing fault heals; a
+  deterministic one costs one more attempt, mostly answered by the call cache);
+- `not_run`, only when the whole run stopped: Ctrl-C/SIGTERM (`interrupted`), or `failed` when going on
+  would only turn every remaining item into an error: the work raised `ServerUnreachable` (a model
+  server that did not answer after its retries), `max_consecutive_errors` items failed in a row with
+  no success between (whatever the exception: a dead server, a full disk, a systematic bug), or
+  writing a record failed. The reason is the last error, in one line.
 """
 
 from __future__ import annotations
@@ -12,6 +26,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Hashable
 
+from distill.errors import ServerUnreachable, one_line
 from distill.store import JsonlStore
 
 
@@ -27,6 +42,7 @@ class RunningStats:
     cost_usd: float = 0.0
     valid_plans: int = 0
     by_dataset: dict[str, dict[str, float]] = field(default_factory=dict)
+    errors: int = 0  # error records made by this run
 
     def add(self, rec: dict) -> None:
         self.n += 1
@@ -45,7 +61,8 @@ class RunningStats:
 
     def postfix(self) -> str:
         acc = f"EM {self.em / self.scored:.3f}" if self.scored else "EM -"
-        return f"{acc} tok {self.tokens / 1e3:.1f}k ${self.cost_usd:.4f}"
+        errors = f" errors {self.errors}" if self.errors else ""
+        return f"{acc} tok {self.tokens / 1e3:.1f}k ${self.cost_usd:.4f}{errors}"
 
     def summary(self) -> dict:
         per = {
@@ -63,42 +80,104 @@ class RunningStats:
         }
 
 
+@dataclass
+class RunResult:
+    """How one run of the loop ended, with counts that add up to the planned items."""
+
+    stats: RunningStats
+    planned: int
+    done: int  # planned items with a record on disk (earlier runs included)
+    errors: int  # items whose work raised in this run: an error record each
+    status: str  # complete | interrupted | failed
+    reason: str | None = None  # why the run stopped, one line (failed only)
+
+    @property
+    def not_run(self) -> int:
+        return self.planned - self.done - self.errors
+
+    def counts(self) -> dict:
+        return {"planned": self.planned, "done": self.done, "errors": self.errors, "not_run": self.not_run}
+
+    def summary(self) -> dict:
+        return self.stats.summary() | {"counts": self.counts()}
+
+
+def default_max_consecutive_errors(concurrency: int) -> int:
+    """A dead server fails every question in flight at once, so at `concurrency` failures in a row the run
+    has seen no success from a whole wave; at least 3 so that a single worker does not stop on one odd
+    question."""
+    return max(3, concurrency)
+
+
+def error_record(key: Hashable, exc: BaseException) -> dict:
+    from distill.run import now
+
+    return {
+        "key": list(key) if isinstance(key, tuple) else key,
+        "error": one_line(exc),
+        "type": type(exc).__name__,
+        "at": now(),
+    }
+
+
 async def _run(
     todo: list[tuple[Hashable, Any]],
     work: Callable[[Any], Awaitable[dict]],
     store: JsonlStore,
     concurrency: int,
     on_record: Callable[[dict], None],
-) -> bool:
-    """Returns True when every item finished, False when interrupted."""
+    on_error: Callable[[Hashable, BaseException], None],
+    max_consecutive_errors: int,
+) -> tuple[str, str | None]:
+    """Returns (status, reason): complete, interrupted, or failed with the one-line reason."""
     queue: asyncio.Queue = asyncio.Queue()
     for item in todo:
         queue.put_nowait(item)
-    interrupted = asyncio.Event()
     loop = asyncio.get_running_loop()
+    ending: dict[str, str | None] = {}  # set once: status and reason of the stop
+    in_a_row = 0
+
+    def stop(status: str, reason: str | None = None) -> None:
+        if ending:
+            return
+        ending.update(status=status, reason=reason)
+        for w in workers:
+            if w is not asyncio.current_task():
+                w.cancel()
 
     async def worker() -> None:
-        while not interrupted.is_set():
+        nonlocal in_a_row
+        while not ending:
             try:
-                _, payload = queue.get_nowait()
+                key, payload = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            record = await work(payload)
-            if interrupted.is_set():
+            try:
+                record = await work(payload)
+            except Exception as exc:  # the question's own failure; a cancel (BaseException) passes through
+                try:
+                    on_error(key, exc)
+                except Exception as write_exc:
+                    stop("failed", f"writing an error record failed: {one_line(write_exc)}")
+                    return
+                in_a_row += 1
+                if isinstance(exc, ServerUnreachable):
+                    stop("failed", one_line(exc))
+                elif in_a_row >= max_consecutive_errors:
+                    stop("failed", f"{in_a_row} questions failed in a row, the last with: {one_line(exc)}")
+                continue
+            in_a_row = 0
+            try:  # no await below: a cancel cannot land between the write and its count
+                store.append(record)
+                on_record(record)
+            except Exception as exc:
+                stop("failed", f"writing a record to {store.path} failed: {one_line(exc)}")
                 return
-            store.append(record)
-            on_record(record)
 
     workers = [asyncio.create_task(worker()) for _ in range(max(1, concurrency))]
-
-    def stop() -> None:
-        interrupted.set()
-        for w in workers:
-            w.cancel()
-
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            loop.add_signal_handler(sig, stop)
+            loop.add_signal_handler(sig, stop, "interrupted")
         except (NotImplementedError, RuntimeError):  # not the main thread / platform without it
             pass
     try:
@@ -109,10 +188,10 @@ async def _run(
                 loop.remove_signal_handler(sig)
             except (NotImplementedError, RuntimeError):
                 pass
-    errors = [r for r in results if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)]
-    if errors:
-        raise errors[0]
-    return not interrupted.is_set()
+    bugs = [r for r in results if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)]
+    if bugs:  # the loop's own code failed: not a question's fault
+        raise bugs[0]
+    return ending.get("status", "complete"), ending.get("reason")
 
 
 def run_resumable(
@@ -121,11 +200,14 @@ def run_resumable(
     store: JsonlStore,
     key: Callable[[dict], Hashable],
     *,
+    errors: JsonlStore | None = None,
     concurrency: int = 4,
+    max_consecutive_errors: int | None = None,
     desc: str = "run",
     stats: RunningStats | None = None,
-) -> RunningStats:
-    """Run every item whose key is not in the store yet; raise KeyboardInterrupt after a clean stop."""
+) -> RunResult:
+    """Run every item whose key is not in the store yet (error records are retried); never raises for a
+    question's failure or a stop: the result says how the run ended (see the module docstring)."""
     from tqdm import tqdm
 
     stats = stats or RunningStats()
@@ -137,16 +219,25 @@ def run_resumable(
     todo = [(k, p) for k, p in items if k not in done]
     bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=desc, unit="rec", dynamic_ncols=True)
     bar.set_postfix_str(stats.postfix())
+    failed: set[Hashable] = set()
 
     def on_record(rec: dict) -> None:
         stats.add(rec)
         bar.update(1)
         bar.set_postfix_str(stats.postfix())
 
+    def on_error(k: Hashable, exc: BaseException) -> None:
+        if errors is not None:
+            errors.append(error_record(k, exc))
+        failed.add(k)
+        stats.errors += 1
+        bar.update(1)
+        bar.set_postfix_str(stats.postfix())
+
+    limit = max_consecutive_errors or default_max_consecutive_errors(concurrency)
     try:
-        finished = asyncio.run(_run(todo, work, store, concurrency, on_record))
+        status, reason = asyncio.run(_run(todo, work, store, concurrency, on_record, on_error, limit))
     finally:
         bar.close()
-    if not finished:
-        raise KeyboardInterrupt
-    return stats
+    on_disk = store.keys(key) & wanted
+    return RunResult(stats, len(wanted), len(on_disk), len(failed - on_disk), status, reason)

@@ -17,7 +17,7 @@ import random
 import time
 from collections import Counter
 
-from distill.errors import DistillError
+from distill.errors import DistillError, ServerUnreachable
 from distill.llm.base import Completion, Price, Usage, weights_fingerprint
 
 # Statuses that mean "not now" rather than "never": rate limits, timeouts and server errors.
@@ -32,6 +32,15 @@ class ServerError(DistillError):
     def __init__(self, message: str, kind: str, retryable: bool):
         super().__init__(message)
         self.kind, self.retryable = kind, retryable
+
+
+class ServerDown(ServerError, ServerUnreachable):
+    """The server cannot serve this run: retries ran out on its own faults (5xx, timeouts, dropped connections,
+    bad bodies), or it refuses every request alike (401/403/404: key, permission, model name). A run stops
+    on it at once; a refusal of one request (400: e.g. a prompt over the context) stays that question's error."""
+
+
+RUN_STOPPING_STATUS = frozenset({"401", "403", "404"})
 
 
 class _Fault(Exception):
@@ -196,7 +205,8 @@ class OpenAIChat:
                 self.faults[fault.kind] += 1
                 if not fault.retry or attempt == self._max_retries:
                     tries = "" if not fault.retry else f" after {attempt + 1} attempt{'s' * bool(attempt)}"
-                    raise ServerError(
+                    stops_run = fault.retry or fault.kind in RUN_STOPPING_STATUS
+                    raise (ServerDown if stops_run else ServerError)(
                         f"model server {self._urls[i]} (model {self.name}): {fault.detail}{tries}",
                         fault.kind, fault.retry,
                     ) from None

@@ -1,0 +1,157 @@
+"""The lifecycle every resumable run shares (generation and evaluation).
+
+One writer per output folder: an exclusive `flock` on `<output_dir>/run.lock`, which holds the PID and
+command of its holder so a second run can say who is in the way. The kernel drops the lock when its process
+dies, however it dies, so a SIGKILLed run never leaves a lock that blocks the rerun.
+
+`manifest.json` tells what happened: `running` while the run goes, then `complete`, `interrupted` (Ctrl-C or
+SIGTERM: a clean stop between records) or `failed` with a one-line `reason`. Records finished before a stop
+are on disk whatever the ending, and rerunning the same command resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterator
+
+from distill.errors import DistillError, is_environment_failure, one_line
+
+LOCK_FILE = "run.lock"
+MANIFEST = "manifest.json"
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+def code_version() -> str:
+    from distill import __version__
+
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).parent,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return f"{__version__}+{sha}" if sha else __version__
+
+
+def manifest_header(command: str, cfg, config_path: str | None) -> dict:
+    """What every run manifest starts with: enough to tell later what produced the records beside it."""
+    return {
+        "command": command,
+        "config_file": config_path,
+        "config": cfg.model_dump(mode="json"),
+        "code_version": code_version(),
+        "python": platform.python_version(),
+        "started_at": now(),
+    }
+
+
+@contextmanager
+def folder_lock(out: Path) -> Iterator[None]:
+    """Hold `out`'s lock for the block, or raise a DistillError naming the process that holds it."""
+    import fcntl
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = " ".join(os.pread(fd, 4096, 0).decode("utf-8", "replace").split()) or "another process"
+            raise DistillError(f"{out} is in use by {holder}; wait for it to finish or stop it") from None
+        # the holder's line is written only once the lock is ours, so it never mixes two runs' words
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} ({' '.join(sys.argv)[:300]})\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+class RunStopped(DistillError):
+    """The run loop stopped the whole run (see distill.runner): its message is the manifest's reason."""
+
+
+@contextmanager
+def run_lifecycle(out: Path, manifest: dict, check: Callable[[], None] | None = None) -> Iterator[dict]:
+    """Lock the folder, mark the manifest `running`, and on leaving write how the run ended.
+
+    `check` runs under the lock before the manifest is touched: a refusal (say, records made under other
+    settings) leaves the earlier run's manifest as it was.
+
+    The block fills `manifest` with whatever it wants kept (counts, totals) before it returns or raises.
+    A failure from the user's world (I/O, a server) leaves as a one-line DistillError; a bug keeps its
+    traceback, but the manifest says `failed` either way.
+    """
+    from distill.store import write_json
+
+    with folder_lock(out):
+        if check is not None:
+            check()
+        manifest.update(status="running")
+        write_json(out / MANIFEST, manifest)
+        try:
+            yield manifest
+        except KeyboardInterrupt:
+            manifest.update(status="interrupted", finished_at=now())
+            write_json(out / MANIFEST, manifest)
+            raise
+        except Exception as exc:
+            reason = one_line(exc)
+            manifest.update(status="failed", reason=reason, finished_at=now())
+            write_json(out / MANIFEST, manifest)
+            if isinstance(exc, DistillError) or not is_environment_failure(exc):
+                raise
+            raise DistillError(f"{reason} (finished records are kept; rerun to resume)") from exc
+        manifest.update(status="complete", finished_at=now())
+        write_json(out / MANIFEST, manifest)
+
+
+def build_judge(cfg, cache):
+    """The optional LLM judge (the paper's "Acc") of a run's config, or None."""
+    if cfg.judge is None:
+        return None
+    from distill.llm import build_chat
+
+    return build_chat(cfg.judge, cfg.prices, cache)
+
+
+async def add_judgement(judge_model, example, rec: dict) -> None:
+    """Let the judge grade the record's prediction against the gold answers (when there are both)."""
+    if judge_model is None or not example.answers:
+        return
+    from distill.metrics import judge
+
+    verdict = await judge(judge_model, example.question, example.answers, rec["prediction"])
+    rec["scores"]["judge"] = verdict["verdict"]
+    rec["judge"] = verdict
+
+
+def raise_if_stopped(result) -> None:
+    """Turn a run loop's stop (distill.runner.RunResult) into the exception `run_lifecycle` records."""
+    if result.status == "interrupted":
+        raise KeyboardInterrupt
+    if result.status == "failed":
+        raise RunStopped(
+            f"run stopped: {result.reason} ({result.not_run} of {result.planned} not run; "
+            "finished records are kept; rerun to resume)"
+        )
+
+
+def report_errors(result, errors_path: Path) -> None:
+    """Say on stderr that some items ended as error records, where they are, and that a rerun retries them."""
+    if result.errors:
+        print(
+            f"note: {result.errors} of {result.planned} failed and were logged to {errors_path}; "
+            "rerun the same command to retry them",
+            file=sys.stderr,
+        )
