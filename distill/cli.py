@@ -30,7 +30,7 @@ from distill.errors import DistillError, is_environment_failure, one_line
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("ask",), "distill.rewoo.agent", "answer one question with the ReWOO agent"),
     (("plan", "check"), "distill.rewoo.plan", "parse and validate a plan"),
-    (("generate",), "distill.commands.generate", "record teacher trajectories (resumable)"),
+    (("generate",), "distill.generate", "record teacher trajectories (resumable)"),
     (("filter",), "distill.filter", "keep correct, well-formed trajectories"),
     (("score",), "distill.metrics", "score predictions with official EM/F1"),
     (("sft-data",), "distill.sft_data", "turn kept trajectories into an SFT dataset"),

@@ -12,13 +12,15 @@ run; the lock, the manifest's states and what stops a whole run are distill.run'
 
 from __future__ import annotations
 
+import argparse
+import json
 import time
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
-from distill.config import AgentConfig, ModelSpec
+from distill.config import AgentConfig, ModelSpec, add_config_args, load_config
 from distill.data import DatasetSource
 from distill.errors import DistillError
 
@@ -73,7 +75,7 @@ def record_key(rec: dict) -> tuple[str, int]:
 
 def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
     """Run (or resume) generation; returns the summary that is also written to summary.json."""
-    from distill.rewoo.agent import build_agent
+    from distill.rewoo.agent import build_agent, retries_of
     from distill.run import add_judgement, build_judge, manifest_header, raise_if_stopped, report_errors, run_lifecycle
     from distill.runner import run_resumable
     from distill.store import JsonlStore, write_json
@@ -104,6 +106,7 @@ def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
             "planned_records": len(items),
             "questions": len(examples),
             "wall_s_this_run": round(time.perf_counter() - t0, 2),
+            "retries": retries_of(agent),
             "cache": None if cache is None else {
                 "hits": cache.hits, "misses": cache.misses, "model_misses": cache.misses_by_kind.get("model", 0),
             },
@@ -116,14 +119,25 @@ def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry for scripts/generate_trajectories.py; the same as `distill generate`."""
-    from distill.cli import main as cli_main
+# ------------------------------------------------------------------------------------------ command line
 
-    return cli_main(["generate", *(argv or [])])
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    add_config_args(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    if not args.config:
+        raise DistillError("--config is required (e.g. configs/generate_teacher.yaml)")
+    cfg = load_config(GenerateConfig, args.config, args.set)
+    summary = generate(cfg, args.config)
+    print(json.dumps(summary, indent=2))
+    print(f"trajectories: {cfg.output_dir}/trajectories.jsonl")
+    return 0
 
 
 if __name__ == "__main__":
     import sys
 
-    sys.exit(main(sys.argv[1:]))
+    from distill.cli import main as cli_main
+
+    sys.exit(cli_main(["generate", *sys.argv[1:]]))

@@ -240,7 +240,7 @@ def build_agent(
         from distill.baselines import DirectAgent
 
         solver = build_chat(cfg.solver, cfg.prices, cache)
-        return DirectAgent(solver, max_tokens=cfg.solver.max_tokens, method=method, seed=seed)
+        return _with_endpoints(DirectAgent(solver, max_tokens=cfg.solver.max_tokens, method=method, seed=seed), solver)
     descriptions = tool_descriptions(cfg.tools)
     wiki = build_wikipedia(cfg, descriptions)  # before loading any model: a bad corpus path should fail in a second
     solver = build_chat(cfg.solver, cfg.prices, cache)
@@ -249,17 +249,19 @@ def build_agent(
     if kind == "react":
         from distill.baselines import ReActAgent
 
-        return ReActAgent(
+        react = ReActAgent(
             solver, tools_for, descriptions, max_steps=react_max_steps, max_tokens=react_max_tokens,
             worker=worker_config(cfg), method=method, seed=seed,
         )
+        return _with_endpoints(react, solver, llm_tool_model, wiki)
     if kind != "rewoo":
         from distill.errors import DistillError
 
         raise DistillError(f"unknown agent kind {kind!r}; known: rewoo, react, direct")
     spec = planner or cfg.planner
-    return ReWOOAgent(
-        build_chat(spec, cfg.prices, cache),
+    planner_model = build_chat(spec, cfg.prices, cache)
+    agent = ReWOOAgent(
+        planner_model,
         solver,
         tools_for,
         descriptions,
@@ -274,6 +276,19 @@ def build_agent(
         max_plan_chars=cfg.max_plan_chars,
         max_plan_steps=cfg.max_plan_steps,
     )
+    return _with_endpoints(agent, planner_model, solver, llm_tool_model, wiki)
+
+
+def _with_endpoints(agent, *endpoints):
+    """Remember the agent's models and tools once each, so a run can say how often they had to retry."""
+    agent.endpoints = tuple({id(e): e for e in endpoints if e is not None}.values())
+    return agent
+
+
+def retries_of(agent) -> int:
+    """Retries the agent's model servers and online tools made in this process (a run summary's figure: a
+    rate-limited API shows here before it shows as failed steps)."""
+    return sum(getattr(e, "retries", 0) for e in getattr(agent, "endpoints", ()))
 
 
 # ------------------------------------------------------------------------------------------ command line
