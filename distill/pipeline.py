@@ -123,11 +123,10 @@ class Pipeline:
         return {"examples": summary.get("counts", summary)}
 
     def train(self) -> dict:
-        from distill.config import validate
-        from distill.train import TrainConfig, train
+        from distill.train import launch
 
         data = self.cfg.train | {"dataset_dir": str(self.stage_dir("sft-data")), "output_dir": str(self.stage_dir("train"))}
-        info = train(validate(TrainConfig, data, "train (pipeline)"))
+        info = launch(data)  # accelerate launch, one process per visible GPU; one plain process on CPU
         return {k: info.get(k) for k in ("global_step", "final_train_loss", "final_eval_loss", "wall_s")}
 
     def eval(self) -> dict:
