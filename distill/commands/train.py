@@ -1,4 +1,5 @@
-"""`distill train --config configs/smollm2-135m_lora_cpu.yaml [--set key=value ...]`: LoRA SFT in this process.
+"""`distill train --config configs/smollm2-135m_lora_cpu.yaml [--set key=value ...]`: LoRA SFT in this process
+(any SFTConfig / ModelConfig key can be set).
 
 The same code as `accelerate launch -m distill.train --config ...`, which is the way to use several GPUs (or
 DeepSpeed / FSDP): see docs/TRAINING.md and configs/accelerate/.
