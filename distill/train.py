@@ -296,7 +296,8 @@ def choose_batching(cfg: TrainConfig) -> None:
 def model_init_kwargs(cfg: TrainConfig) -> dict:
     """What SFTTrainer passes to `from_pretrained` (as in TRL's sft.py), plus QLoRA's one copy per DDP rank."""
     import torch
-    from trl import get_kbit_device_map, get_quantization_config
+    from accelerate import PartialState
+    from trl import get_quantization_config
 
     kwargs: dict[str, Any] = {"revision": cfg.model.model_revision, "dtype": cfg.model.dtype}
     if cfg.model.attn_implementation:
@@ -306,7 +307,7 @@ def model_init_kwargs(cfg: TrainConfig) -> dict:
         _require("bitsandbytes", "load_in_4bit / load_in_8bit (QLoRA)")
         if not torch.cuda.is_available():
             raise DistillError("load_in_4bit / load_in_8bit (QLoRA) needs a CUDA GPU")
-        kwargs |= {"quantization_config": quantization, "device_map": get_kbit_device_map()}
+        kwargs |= {"quantization_config": quantization, "device_map": {"": PartialState().local_process_index}}
     return kwargs | (cfg.sft.model_init_kwargs or {})
 
 
