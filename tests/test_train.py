@@ -465,3 +465,19 @@ def test_gpu_check_arguments_grid_and_table():
     assert len(table) == 4 and table[0].count("|") == table[2].count("|") == table[3].count("|")
     assert "| 8 | yes | no | no (no) | 6,420 | 0.184 | 16.9 |" in table[2]
     assert table[3].startswith("| 32 | no | yes | yes |") and "out of memory" in table[3]
+
+
+@pytest.mark.slow
+def test_pipeline_launch_trains_in_a_child_process(sft_dir, tmp_path):
+    """The pipeline's train stage on CPU: the section becomes a config file, one child process trains from it."""
+    from distill.train import launch
+
+    section = yaml.safe_load(SMOKE.read_text()) | {
+        "dataset_dir": str(sft_dir), "output_dir": str(tmp_path / "train"), "max_steps": 1, "global_batch_size": 2,
+        "eval_strategy": "no", "save_strategy": "no", "use_rslora": True,  # a TRL key distill never mentions
+    }
+    info = launch(section, gpus=0)
+    assert info["global_step"] == 1 and info["world_size"] == 1 and info["effective_batch_size"] == 2
+    assert yaml.safe_load((tmp_path / "train" / "stage_config.yaml").read_text()) == section
+    adapter = json.loads((tmp_path / "train" / "adapter_config.json").read_text())
+    assert adapter["use_rslora"] is True and adapter["r"] == 8
