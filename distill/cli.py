@@ -34,7 +34,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("filter",), "distill.filter", "keep correct, well-formed trajectories"),
     (("score",), "distill.metrics", "score predictions with official EM/F1"),
     (("sft-data",), "distill.sft_data", "turn kept trajectories into an SFT dataset"),
-    (("train",), "distill.commands.train", "LoRA SFT of the student planner (prefer `accelerate launch -m distill.train`)"),
+    (("train",), "distill.train", "LoRA SFT of the student planner (prefer `accelerate launch -m distill.train`)"),
     (("merge",), "distill.merge", "merge a LoRA adapter into full weights"),
     (("serve",), "distill.serve", "serve the student planner with vLLM"),
     (("eval",), "distill.evaluate", "evaluate planners and baselines"),

@@ -37,7 +37,7 @@ ENTRIES = {
     "generate": "distill.generate:generate",
     "filter": "distill.filter:run_filter",
     "sft-data": "distill.sft_data:build_sft_data",
-    "train": "distill.train:train",
+    "train": "distill.train:launch",
     "eval": "distill.evaluate:evaluate",
     "report": "distill.report:write_report",
 }
@@ -84,15 +84,6 @@ def fill_server(obj: Any, url: str | None) -> Any:
     return obj
 
 
-def train_config(section: dict, dataset_dir: str, output_dir: str):
-    """A train section (or a training config file's keys) as distill.train reads it: the one place outside
-    distill.train that knows the shape of a training config."""
-    from distill.config import validate
-    from distill.train import TrainConfig
-
-    return validate(TrainConfig, section | {"dataset_dir": dataset_dir, "output_dir": output_dir}, "train (pipeline)")
-
-
 class Pipeline:
     def __init__(self, cfg: PipelineConfig, config_path: str | None = None,
                  entries: Mapping[str, Callable] | None = None):
@@ -129,8 +120,14 @@ class Pipeline:
                 d.rename(d.with_name(f"{d.name}.before-{stamp}"))
 
     # ------------------------------------------------------------------ stage settings
-    def train_dirs(self) -> tuple[str, str]:
-        return str(self.stage_dir("sft-data")), str(self.stage_dir("train"))
+    def train_section(self) -> dict:
+        """The train section with the run's folders, checked by distill.train's own (TRL) parser."""
+        from distill.config import validate
+        from distill.train import TrainConfig
+
+        data = self.cfg.train | {"dataset_dir": str(self.stage_dir("sft-data")), "output_dir": str(self.stage_dir("train"))}
+        validate(TrainConfig, data, "train (pipeline)")
+        return data
 
     def sft_data_config(self):
         from distill.config import validate
@@ -183,7 +180,8 @@ class Pipeline:
         return {"examples": {split: s["examples"] for split, s in summary["splits"].items()}}
 
     def train(self) -> dict:
-        info = self.entry("train")(train_config(self.cfg.train, *self.train_dirs()))
+        # accelerate launch with one process per visible GPU (one plain process on CPU), from the checked section
+        info = self.entry("train")(self.train_section())
         return {k: info.get(k) for k in ("global_step", "final_train_loss", "final_eval_loss", "wall_s")}
 
     def eval(self) -> dict:
@@ -220,7 +218,7 @@ class Pipeline:
         validate(GenerateConfig, fill_server(self.cfg.generate, url) | {"output_dir": "x"}, "generate")
         validate(FilterConfig, self.cfg.filter, "filter")
         self.sft_data_config()
-        train_config(self.cfg.train, *self.train_dirs())
+        self.train_section()
         validate(EvalConfig, fill_server(self.cfg.eval, url) | {"output_dir": "x"}, "eval")
         for name in ("teacher_server", "student_server"):
             raw = getattr(self.cfg, name)

@@ -1,97 +1,187 @@
-"""LoRA SFT of the student Planner: TRL `SFTTrainer` + PEFT `LoraConfig`, launched by accelerate.
+"""LoRA SFT of the student Planner, written the way TRL's `trl/scripts/sft.py` is: TRL's own argument classes.
 
     accelerate launch --config_file configs/accelerate/multi_gpu.yaml -m distill.train \
-        --config configs/qwen2.5-7b_lora_gpu.yaml [--set key=value ...]
+        --config configs/qwen2.5-7b_lora_gpu.yaml [--set key=value ...] [--learning_rate 2e-4 ...]
     distill train --config configs/smollm2-135m_lora_cpu.yaml          # one process, same code
 
-The dataset is `distill sft-data`'s prompt/completion DatasetDict; TRL computes the loss on the completion only
-(`completion_only_loss`), so the prompt masking is TRL's own, not ours. The config names the *effective*
-batch (`global_batch_size`) and the accumulation is derived from the number of processes, so the
-optimisation is the same on 1 GPU or 8. Rerunning the same command after an interruption resumes from the
-last checkpoint in `output_dir`.
+The config is one flat YAML whose keys are the fields of TRL's `SFTConfig` and `ModelConfig` (so any TRL option,
+`use_liger_kernel`, `packing`, `padding_free`, `neftune_noise_alpha` ..., works without a code change) plus
+`DistillArguments`, the little TRL lacks. The dataset is `distill sft-data`'s prompt/completion DatasetDict; TRL
+computes the loss on the completion only. The config names the *effective* batch (`global_batch_size`) and the
+accumulation is derived from the number of processes, so the optimisation is the same on 1 GPU or 8. Rerunning
+the same command after an interruption resumes from the last checkpoint in `output_dir`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import enum
 import importlib.util
 import json
 import logging
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import Field, field_validator, model_validator
 
-from distill.config import Strict, add_config_args, load_config
 from distill.errors import DistillError
+from distill.merge import ADAPTER_INFO
 
 log = logging.getLogger("distill.train")
 
-ADAPTER_INFO = "distill_adapter.json"
-Strategy = Literal["no", "steps", "epoch"]
+ROOT = Path(__file__).resolve().parents[1]
+ACCELERATE_CONFIGS = ROOT / "configs" / "accelerate"
+# Attention implementations that read packed sequences' boundaries from position_ids (varlen kernels).
+VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
 
 
-class TrainConfig(Strict):
-    """One flat training config; every key is documented in docs/TRAINING.md."""
+@dataclass
+class DistillArguments:
+    """What TRL's argument classes lack."""
 
-    model_name_or_path: str = "smollm2-135m-instruct"  # HF id, local folder, or an embedded alias
-    dataset_dir: str  # `distill sft-data` output (save_to_disk folder with train/validation)
-    output_dir: str
-    # LoRA (paper: r 8, alpha 16, dropout 0.05)
-    lora_r: int = Field(8, ge=1)
-    lora_alpha: int = Field(16, ge=1)
-    lora_dropout: float = Field(0.05, ge=0, lt=1)
-    lora_target_modules: str | list[str] = "all-linear"
-    # optimisation
-    learning_rate: float = Field(1e-4, gt=0)
-    num_train_epochs: float = Field(10, gt=0)
-    max_steps: int = -1  # > 0 overrides num_train_epochs
-    per_device_train_batch_size: int = Field(4, ge=1)
-    per_device_eval_batch_size: int | None = None  # defaults to the train one
-    global_batch_size: int = Field(128, ge=1)  # effective batch = per_device x accumulation x processes
-    lr_scheduler_type: str = "cosine"
-    warmup_ratio: float = Field(0.03, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float = 1.0
-    max_length: int = Field(2048, ge=16)
-    # precision and memory
-    bf16: bool = False
-    gradient_checkpointing: bool = False
-    load_in_4bit: bool = False  # QLoRA: nf4, double quantisation, bf16 compute (needs bitsandbytes and CUDA)
-    attn_implementation: str | None = None  # sdpa, eager, flash_attention_2; None lets transformers choose
-    torch_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    # logging, evaluation, checkpoints
-    logging_steps: int = Field(10, ge=1)
-    eval_strategy: Strategy = "epoch"
-    eval_steps: int | None = None
-    eval_on_start: bool = False  # a step-0 validation loss, so the curve shows where training started
-    save_strategy: Strategy = "epoch"
-    save_steps: int | None = None
-    save_total_limit: int | None = 2
-    report_to: Literal["none", "tensorboard", "wandb"] = "none"
-    seed: int = 0
-    dataloader_num_workers: int = Field(0, ge=0)
-    resume: bool = True  # continue from the last checkpoint in output_dir when there is one
+    dataset_dir: str | None = field(default=None, metadata={"help": "`distill sft-data` output folder"})
+    global_batch_size: int = field(
+        default=128, metadata={"help": "effective batch = per-device x accumulation x processes"}
+    )
+    resume: bool = field(default=True, metadata={"help": "continue from the last checkpoint in output_dir"})
+    accelerate_config: str | None = field(
+        default=None, metadata={"help": "`distill pipeline` only: accelerate config (default: single/multi GPU)"}
+    )
+    num_processes: int | None = field(
+        default=None, metadata={"help": "`distill pipeline` only: training processes (default: one per GPU)"}
+    )
 
-    @field_validator("eval_strategy", "save_strategy", mode="before")
+
+# distill's recipe where it differs from TRL's defaults (the paper: LoRA r 8, alpha 16 on all linear layers,
+# lr 1e-4, 10 epochs, cosine), so a pipeline section need not repeat it; bf16 and gradient checkpointing are off
+# unless a config asks (TRL turns both on, which a CPU run pays for).
+DEFAULTS: dict[str, Any] = {
+    "model_name_or_path": "smollm2-135m-instruct",
+    "use_peft": True,
+    "lora_r": 8,
+    "lora_alpha": 16,
+    "lora_target_modules": "all-linear",
+    "learning_rate": 1e-4,
+    "num_train_epochs": 10,
+    "lr_scheduler_type": "cosine",
+    "eval_strategy": "epoch",
+    "save_strategy": "epoch",
+    "save_total_limit": 2,
+    "bf16": False,
+    "gradient_checkpointing": False,
+    "completion_only_loss": True,
+    "gradient_checkpointing_kwargs": {"use_reentrant": False},
+    "logging_first_step": True,
+    "ddp_find_unused_parameters": False,
+}
+
+
+class TrainConfig:
+    """A training config split by TRL's own parser into `DistillArguments`, `SFTConfig` and `ModelConfig`.
+
+    `model_validate` / `model_dump` mirror the pydantic configs of the other stages so `distill.config.load_config`
+    and the pipeline load this one the same way (YAML + `--set`)."""
+
+    def __init__(self, data: dict, distill: DistillArguments, sft, model):
+        self.data, self.distill, self.sft, self.model = data, distill, sft, model
+
     @classmethod
-    def _yaml_no(cls, value: Any) -> Any:
-        """YAML reads a bare `no` (as in `--set eval_strategy=no`) as false."""
-        return "no" if value is False else value
+    def model_validate(cls, data: dict, argv: list[str] | None = None) -> TrainConfig:
+        return parse_train_config(data, argv)
 
-    @model_validator(mode="after")
-    def _check(self) -> "TrainConfig":
-        if self.eval_strategy == "steps" and not self.eval_steps:
-            raise ValueError("eval_strategy 'steps' needs eval_steps")
-        if self.save_strategy == "steps" and not self.save_steps:
-            raise ValueError("save_strategy 'steps' needs save_steps")
-        if self.load_in_4bit and self.torch_dtype == "float32":
-            raise ValueError("load_in_4bit computes in bfloat16: set torch_dtype to bfloat16 or auto")
-        return self
+    def model_dump(self) -> dict:
+        return dict(self.data)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TrainConfig) and self.data == other.data
+
+    def value(self, name: str) -> Any:
+        for part in (self.distill, self.sft, self.model):
+            if hasattr(part, name):
+                return getattr(part, name)
+        return None
+
+    def accumulation(self, processes: int) -> int:
+        return gradient_accumulation_steps(
+            self.distill.global_batch_size, self.sft.per_device_train_batch_size, processes
+        )
+
+
+def _fail(message: str):
+    raise DistillError(f"train config: {message}")
+
+
+def _portable_warmup(data: dict, sft_fields: set[str]) -> dict:
+    """`warmup_ratio` is a field on transformers 4.x; 5.x dropped it and reads a float `warmup_steps` below 1 as a
+    ratio. Configs say `warmup_ratio` and run on both."""
+    if "warmup_ratio" in data and "warmup_ratio" not in sft_fields:
+        if "warmup_steps" in data:
+            _fail("set warmup_ratio or warmup_steps, not both")
+        data = dict(data)
+        ratio = data.pop("warmup_ratio")
+        if not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
+            _fail(f"warmup_ratio must be a number in [0, 1), got {ratio!r}")
+        data["warmup_steps"] = float(ratio)
+    return data
+
+
+def parse_train_config(data: dict, argv: list[str] | None = None, processes: int | None = None) -> TrainConfig:
+    """TRL's `TrlParser` over our flat dict (YAML + `--set`) and TRL-style flags; every problem is one line."""
+    from trl import ModelConfig, SFTConfig, TrlParser
+
+    if "gradient_accumulation_steps" in data:
+        _fail("gradient_accumulation_steps is derived from global_batch_size and the number of processes; "
+              "set global_batch_size instead")
+    sft_fields = {f.name for f in dataclasses.fields(SFTConfig)}
+    given = _portable_warmup(data, sft_fields)
+    # YAML reads a bare `no` (as in `--set eval_strategy=no`) as false
+    given = {k: "no" if v is False and k.endswith("_strategy") else v for k, v in given.items()}
+    parser = TrlParser((DistillArguments, SFTConfig, ModelConfig), prog="distill.train")
+    parser.error = _fail  # argparse would print the whole usage of ~200 TRL options, then exit
+    dynamic = {"use_cpu": not _has_accelerator(), "disable_tqdm": not sys.stderr.isatty()}
+    unknown = parser.set_defaults_with_config(**(DEFAULTS | dynamic | given))
+    if unknown:
+        _fail(f"unknown key(s) {', '.join(u[2:] for u in unknown[::2])} (keys are SFTConfig, ModelConfig and "
+              "DistillArguments fields: see docs/TRAINING.md)")
+    try:
+        distill, sft, model = parser.parse_args_into_dataclasses(args=list(argv or []))
+    except (ValueError, TypeError) as exc:
+        _fail(str(exc).splitlines()[0])
+    for name in ("dataset_dir", "output_dir"):
+        if not (getattr(distill, name, None) or getattr(sft, name, None)):
+            _fail(f"{name} is required")
+    if not model.use_peft:
+        _fail("distill trains a LoRA adapter: use_peft must be true")
+    if sft.data_seed is None:
+        sft.data_seed = sft.seed
+    cfg = TrainConfig(dict(data), distill, sft, model)
+    sft.gradient_accumulation_steps = cfg.accumulation(world_size() if processes is None else processes)
+    return cfg
+
+
+def load_train_config(path: str | None, overrides: list[str] | None = None, argv: list[str] | None = None):
+    """The YAML, its `--set` overrides and TRL-style flags; the flags are folded into `data` so the
+    `train_config.yaml` written with the adapter reproduces the run."""
+    from distill.config import load_config
+
+    if not path:
+        raise DistillError("--config is required (e.g. configs/smollm2-135m_lora_cpu.yaml)")
+    cfg = load_config(TrainConfig, path, overrides)
+    if not argv:
+        return cfg
+    cfg = parse_train_config(cfg.data, argv)
+    for token in argv:
+        name = token[2:].split("=")[0] if token.startswith("--") else None
+        if name:
+            name = name[3:] if name.startswith("no_") and cfg.value(name) is None else name
+            value = cfg.value(name)
+            cfg.data[name] = value.value if isinstance(value, enum.Enum) else value
+    return cfg
 
 
 # ---------------------------------------------------------------------------------------------- arithmetic
@@ -123,102 +213,102 @@ def gradient_accumulation_steps(global_batch_size: int, per_device: int, process
     return global_batch_size // per_step
 
 
+# ---------------------------------------------------------------------------------------------- launching
+
+
+def visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def launch_command(config_path: str | Path, cfg: TrainConfig, gpus: int) -> list[str]:
+    """How `distill pipeline` starts training: one process per GPU under `accelerate launch` (settable with
+    num_processes), or one plain process on CPU. The effective batch is the same either way."""
+    processes = cfg.distill.num_processes or max(gpus, 1)
+    train = ["-m", "distill.train", "--config", str(config_path)]
+    if gpus == 0:
+        if processes != 1:
+            raise DistillError(f"num_processes {processes}: no GPU is visible, training runs as one CPU process")
+        return [sys.executable, *train]
+    if processes > gpus:
+        raise DistillError(f"num_processes {processes} but only {gpus} GPU(s) are visible")
+    cfg.accumulation(processes)  # indivisible batches fail here, before the launch
+    default = "single_gpu.yaml" if processes == 1 else "multi_gpu.yaml"
+    accelerate = cfg.distill.accelerate_config or str(ACCELERATE_CONFIGS / default)
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", accelerate,
+            "--num_processes", str(processes), *train]
+
+
+def launch(data: dict, gpus: int | None = None) -> dict:
+    """Train in child process(es) with the pipeline's section written as a config file; returns the adapter's
+    record. The child prints its own one-line error, so a failure here only names the stage."""
+    import shlex
+    import subprocess
+
+    cfg = parse_train_config(data, processes=1)
+    out = Path(cfg.sft.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = out / "stage_config.yaml"
+    config.write_text("# written by `distill pipeline` from its train section\n" + yaml.safe_dump(data, sort_keys=False))
+    cmd = launch_command(config, cfg, visible_gpus() if gpus is None else gpus)
+    print(f"[pipeline] {shlex.join(cmd)}", flush=True)
+    if subprocess.run(cmd).returncode != 0:
+        raise DistillError(f"training failed ({shlex.join(cmd[1:4])}...); its error is printed above")
+    return json.loads((out / ADAPTER_INFO).read_text())
+
+
 # ---------------------------------------------------------------------------------------------- building
 
 
-def build_sft_config(cfg: TrainConfig, processes: int, has_eval: bool, resuming: bool = False):
-    """TRL's SFTConfig from ours; TrainingArguments are made before the model so ZeRO-3 can shard at load.
-    A resumed run skips the step-0 evaluation: its result is already in the restored log history."""
-    from trl import SFTConfig
-
-    accumulation = gradient_accumulation_steps(cfg.global_batch_size, cfg.per_device_train_batch_size, processes)
-    eval_strategy = cfg.eval_strategy if has_eval else "no"
-    return SFTConfig(
-        output_dir=cfg.output_dir,
-        per_device_train_batch_size=cfg.per_device_train_batch_size,
-        per_device_eval_batch_size=cfg.per_device_eval_batch_size or cfg.per_device_train_batch_size,
-        gradient_accumulation_steps=accumulation,
-        learning_rate=cfg.learning_rate,
-        num_train_epochs=cfg.num_train_epochs,
-        max_steps=cfg.max_steps,
-        lr_scheduler_type=cfg.lr_scheduler_type,
-        warmup_steps=cfg.warmup_ratio,  # transformers 5: a float below 1 is a ratio of the total steps
-        weight_decay=cfg.weight_decay,
-        max_grad_norm=cfg.max_grad_norm,
-        max_length=cfg.max_length,
-        completion_only_loss=True,  # loss on the plan only; TRL builds the labels from the prompt/completion split
-        assistant_only_loss=False,
-        packing=False,
-        bf16=cfg.bf16,
-        fp16=False,
-        gradient_checkpointing=cfg.gradient_checkpointing,
-        gradient_checkpointing_kwargs={"use_reentrant": False} if cfg.gradient_checkpointing else None,
-        logging_steps=cfg.logging_steps,
-        logging_first_step=True,
-        eval_strategy=eval_strategy,
-        eval_steps=cfg.eval_steps,
-        eval_on_start=cfg.eval_on_start and eval_strategy != "no" and not resuming,
-        save_strategy=cfg.save_strategy,
-        save_steps=cfg.save_steps or 500,
-        save_total_limit=cfg.save_total_limit,
-        report_to=[] if cfg.report_to == "none" else [cfg.report_to],
-        seed=cfg.seed,
-        data_seed=cfg.seed,
-        dataloader_num_workers=cfg.dataloader_num_workers,
-        remove_unused_columns=True,
-        ddp_find_unused_parameters=False,
-        disable_tqdm=not sys.stderr.isatty(),
-        use_cpu=not _has_accelerator(),  # also what makes several CPU processes (gloo) train as one job
-    )
-
-
-def build_lora_config(cfg: TrainConfig):
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=cfg.lora_r,
-        lora_alpha=cfg.lora_alpha,
-        lora_dropout=cfg.lora_dropout,
-        target_modules=cfg.lora_target_modules,
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
-
-
-def _require(module: str, why: str) -> None:
+def _require(module: str, why: str, package: str | None = None) -> None:
     if importlib.util.find_spec(module) is None:
-        raise DistillError(f"{why} needs the package {module!r} (pip install {module})")
+        raise DistillError(f"{why} needs the package {module!r} (pip install {package or module})")
 
 
-def load_model(cfg: TrainConfig, path: str):
-    """The frozen base. Loaded by us (not by TRL from a string) so QLoRA and device placement are explicit."""
+def varlen_attention_available(attn_implementation: str | None) -> bool:
+    """Whether the model would run flash-attention's variable-length kernels (needs the package and a GPU)."""
+    from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available
+
+    usable = {"flash_attention_2": is_flash_attn_2_available, "flash_attention_3": is_flash_attn_3_available}
+    if attn_implementation is None:
+        return is_flash_attn_2_available()
+    return attn_implementation in usable and usable[attn_implementation]()
+
+
+def choose_batching(cfg: TrainConfig) -> None:
+    """Packed / padding-free batches only where the attention kernels keep examples apart (position_ids); SDPA and
+    eager would attend across the examples of a packed row, so they get ordinary padded batches and a message."""
+    sft, model = cfg.sft, cfg.model
+    if not (sft.packing or sft.padding_free):
+        return
+    if varlen_attention_available(model.attn_implementation):
+        model.attn_implementation = model.attn_implementation or "flash_attention_2"
+        return
+    log.warning(
+        "packing/padding_free need flash-attention's variable-length kernels (attn_implementation "
+        "flash_attention_2 with flash-attn installed and a CUDA GPU); attn_implementation is %s here, so training "
+        "runs on unpacked, padded batches (no attention across examples)", model.attn_implementation or "the default",
+    )
+    sft.packing = sft.padding_free = False
+
+
+def model_init_kwargs(cfg: TrainConfig) -> dict:
+    """What SFTTrainer passes to `from_pretrained` (as in TRL's sft.py), plus QLoRA's one copy per DDP rank."""
     import torch
     from accelerate import PartialState
-    from transformers import AutoModelForCausalLM
+    from trl import get_quantization_config
 
-    kwargs: dict[str, Any] = {"dtype": "auto" if cfg.torch_dtype == "auto" else getattr(torch, cfg.torch_dtype)}
-    if cfg.attn_implementation:
-        kwargs["attn_implementation"] = cfg.attn_implementation
-    if cfg.load_in_4bit:
-        _require("bitsandbytes", "load_in_4bit (QLoRA)")
+    kwargs: dict[str, Any] = {"revision": cfg.model.model_revision, "dtype": cfg.model.dtype}
+    if cfg.model.attn_implementation:
+        kwargs["attn_implementation"] = cfg.model.attn_implementation
+    quantization = get_quantization_config(cfg.model)
+    if quantization is not None:
+        _require("bitsandbytes", "load_in_4bit / load_in_8bit (QLoRA)")
         if not torch.cuda.is_available():
-            raise DistillError("load_in_4bit (QLoRA) needs a CUDA GPU")
-        from transformers import BitsAndBytesConfig
-
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=torch.bfloat16,
-        )
-        kwargs["dtype"] = torch.bfloat16
-        kwargs["device_map"] = {"": PartialState().local_process_index}  # each DDP rank holds its own copy
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except OSError as exc:
-        raise DistillError(f"cannot load model {cfg.model_name_or_path!r}: {str(exc).splitlines()[0]}") from None
-    model.config.use_cache = False  # the KV cache is useless in training and fights gradient checkpointing
-    return model
+            raise DistillError("load_in_4bit / load_in_8bit (QLoRA) needs a CUDA GPU")
+        kwargs |= {"quantization_config": quantization, "device_map": {"": PartialState().local_process_index}}
+    return kwargs | (cfg.sft.model_init_kwargs or {})
 
 
 def load_tokenizer(path: str, name: str):
@@ -249,34 +339,41 @@ def load_splits(dataset_dir: str):
 
 def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: bool = False):
     """The SFTTrainer exactly as training uses it (tests take their batches from it)."""
-    from trl import SFTTrainer
+    from transformers.trainer_utils import IntervalStrategy
+    from trl import SFTTrainer, get_peft_config
 
     from distill.llm.embedded import resolve_model_path
 
-    if cfg.report_to != "none":
-        _require(cfg.report_to, f"report_to {cfg.report_to}")
-    path = resolve_model_path(cfg.model_name_or_path)
-    train, val = load_splits(cfg.dataset_dir)
+    args = cfg.sft
+    for integration in [r for r in args.report_to if r != "none"]:
+        _require(integration, f"report_to {integration}")
+    if args.use_liger_kernel:
+        _require("liger_kernel", "use_liger_kernel", "liger-kernel")
+    path = resolve_model_path(cfg.model.model_name_or_path)
+    train, val = load_splits(cfg.distill.dataset_dir)
     processes = world_size()
-    args = build_sft_config(cfg, processes, has_eval=val is not None, resuming=resuming)
     if args.world_size != processes:
         raise DistillError(f"WORLD_SIZE says {processes} process(es) but accelerate runs {args.world_size}")
-    tokenizer = load_tokenizer(path, cfg.model_name_or_path)
-    model = load_model(cfg, path)
+    if val is None:
+        args.eval_strategy = IntervalStrategy.NO
+        args.eval_on_start = False
+    if resuming:
+        args.eval_on_start = False  # its step-0 result is already in the restored log history
+    choose_batching(cfg)
+    args.model_init_kwargs = model_init_kwargs(cfg)
+    tokenizer = load_tokenizer(path, cfg.model.model_name_or_path)
     log.info(
         "effective batch %d = per-device %d x accumulation %d x %d process(es); %d train / %d validation examples",
-        cfg.global_batch_size, cfg.per_device_train_batch_size, args.gradient_accumulation_steps, processes,
-        len(train), len(val) if val is not None else 0,
+        cfg.distill.global_batch_size, args.per_device_train_batch_size, args.gradient_accumulation_steps,
+        processes, len(train), len(val) if val is not None else 0,
     )
-    return SFTTrainer(
-        model=model,
-        args=args,
-        train_dataset=train,
-        eval_dataset=val,
-        processing_class=tokenizer,
-        peft_config=build_lora_config(cfg),
-        callbacks=callbacks,
-    )
+    try:
+        return SFTTrainer(
+            model=path, args=args, train_dataset=train, eval_dataset=val, processing_class=tokenizer,
+            peft_config=get_peft_config(cfg.model), callbacks=callbacks,
+        )
+    except OSError as exc:
+        raise DistillError(f"cannot load model {cfg.model.model_name_or_path!r}: {str(exc).splitlines()[0]}") from None
 
 
 # ---------------------------------------------------------------------------------------------- outputs
@@ -300,10 +397,10 @@ def write_outputs(trainer, cfg: TrainConfig, started: float) -> dict:
     from distill.llm.embedded import resolve_model_path
     from distill.store import write_json
 
-    trainer.save_model(cfg.output_dir)
+    trainer.save_model(cfg.sft.output_dir)
     if not trainer.is_world_process_zero():
         return {}
-    out = Path(cfg.output_dir)
+    out = Path(cfg.sft.output_dir)
     args = trainer.args
     processes = args.world_size
     derived = {
@@ -313,20 +410,21 @@ def write_outputs(trainer, cfg: TrainConfig, started: float) -> dict:
     }
     header = "".join(f"# {k}: {v}\n" for k, v in derived.items())
     (out / "train_config.yaml").write_text(
-        "# resolved config of this run\n" + header + yaml.safe_dump(cfg.model_dump(), sort_keys=False)
+        "# the config of this run (loadable again)\n" + header + yaml.safe_dump(cfg.model_dump(), sort_keys=False)
     )
     history = loss_history(trainer.state.log_history)
     write_json(out / "loss_history.json", history)
+    model = cfg.model
     info = {
         "format_version": 1,
-        "base_model": cfg.model_name_or_path,
-        "base_model_path": resolve_model_path(cfg.model_name_or_path),
-        "lora_r": cfg.lora_r,
-        "lora_alpha": cfg.lora_alpha,
-        "lora_target_modules": cfg.lora_target_modules,
-        "max_length": cfg.max_length,
+        "base_model": model.model_name_or_path,
+        "base_model_path": resolve_model_path(model.model_name_or_path),
+        "lora_r": model.lora_r,
+        "lora_alpha": model.lora_alpha,
+        "lora_target_modules": model.lora_target_modules,
+        "max_length": args.max_length,
         "chat_template": "chat_template.jinja",
-        "dataset_dir": cfg.dataset_dir,
+        "dataset_dir": cfg.distill.dataset_dir,
         "global_step": trainer.state.global_step,
         "final_train_loss": history["train"][-1]["loss"] if history["train"] else None,
         "final_eval_loss": history["eval"][-1]["eval_loss"] if history["eval"] else None,
@@ -346,7 +444,7 @@ def last_checkpoint(output_dir: str) -> str | None:
 def train(cfg: TrainConfig, callbacks: list | None = None) -> dict:
     """Train (resuming when a checkpoint exists), make sure the final eval loss is logged, save everything."""
     started = time.time()
-    resume = last_checkpoint(cfg.output_dir) if cfg.resume else None
+    resume = last_checkpoint(cfg.sft.output_dir) if cfg.distill.resume else None
     if resume:
         log.info("resuming from %s", resume)
     trainer = build_trainer(cfg, callbacks, resuming=resume is not None)
@@ -360,37 +458,35 @@ def train(cfg: TrainConfig, callbacks: list | None = None) -> dict:
     return write_outputs(trainer, cfg, started)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="distill.train", description="LoRA SFT of the student planner")
-    configure(parser)
-    return parser
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    from distill.config import add_config_args
 
-
-def configure(parser: argparse.ArgumentParser) -> None:
     add_config_args(parser, default=None)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `accelerate launch -m distill.train`; errors are one line, like the CLI's."""
-    args = build_parser().parse_args(argv)
+def main(args: argparse.Namespace, rest: list[str] | None = None) -> int:
+    """`distill train`, and each process of `accelerate launch -m distill.train` (see `launcher_main`)."""
+    cfg = load_train_config(args.config, args.set, rest)
+    info = train(cfg)
+    if info:
+        print(json.dumps({k: info[k] for k in ("global_step", "final_train_loss", "final_eval_loss", "wall_s")}))
+        print(f"adapter written to {cfg.sft.output_dir}")
+    return 0
+
+
+def launcher_main(argv: list[str] | None = None) -> int:
+    """Entry of `accelerate launch -m distill.train` and scripts/train.py: flags other than --config/--set are
+    TRL's own (`--learning_rate 2e-4`). Errors are one line, like the CLI's."""
+    parser = argparse.ArgumentParser(prog="distill.train", description="LoRA SFT of the student planner")
+    configure_parser(parser)
+    args, rest = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return run(args)
+        return main(args, rest)
     except DistillError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
 
-def run(args: argparse.Namespace) -> int:
-    if not args.config:
-        raise DistillError("--config is required (e.g. configs/smollm2-135m_lora_cpu.yaml)")
-    cfg = load_config(TrainConfig, args.config, args.set)
-    info = train(cfg)
-    if info:
-        print(json.dumps({k: info[k] for k in ("global_step", "final_train_loss", "final_eval_loss", "wall_s")}))
-        print(f"adapter written to {cfg.output_dir}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(launcher_main())

@@ -12,11 +12,17 @@ from distill.config import AgentConfig, load_config, read_yaml
 from distill.evaluate import EvalConfig
 from distill.filter import FilterConfig
 from distill.generate import GenerateConfig
-from distill.pipeline import Pipeline, PipelineConfig, train_config
+from distill.pipeline import Pipeline, PipelineConfig
 from distill.serve import ServeConfig
+from distill.train import parse_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
+
+
+def train_config(data: dict):
+    """A training config through distill.train's own (TRL) parser, with the folders the pipeline would set."""
+    return parse_train_config(data | {"dataset_dir": "d", "output_dir": "o"}, processes=1)
 
 
 def load_pipeline(path: Path) -> Pipeline:
@@ -33,8 +39,8 @@ LOADERS = {  # file name prefix -> how the command that reads it loads it
     "serve_": lambda p: load_config(ServeConfig, p),
     "pipeline_": load_pipeline,
     "demo_": load_pipeline,
-    "qwen2.5-7b_": lambda p: train_config(read_yaml(p), "d", "o"),
-    "smollm2-135m_": lambda p: train_config(read_yaml(p), "d", "o"),
+    "qwen2.5-7b_": lambda p: train_config(read_yaml(p)),
+    "smollm2-135m_": lambda p: train_config(read_yaml(p)),
 }
 
 
@@ -60,8 +66,8 @@ def test_the_7b_pipeline_runs_its_stage_configs(monkeypatch):
     """The sections name the stage configs, so what `distill train/eval --config` runs is what the pipeline runs."""
     monkeypatch.chdir(ROOT)
     pipeline = load_pipeline(CONFIGS / "pipeline_hotpot_trivia_7b.yaml")
-    alone = train_config(read_yaml(CONFIGS / "qwen2.5-7b_lora_gpu.yaml"), "d", "o")
-    assert train_config(pipeline.cfg.train, "d", "o") == alone
+    alone = train_config(read_yaml(CONFIGS / "qwen2.5-7b_lora_gpu.yaml"))
+    assert train_config(pipeline.cfg.train) == alone
     evaluation = load_config(EvalConfig, CONFIGS / "eval_hotpot_trivia_7b.yaml")
     assert pipeline.cfg.eval["react_max_steps"] == evaluation.react_max_steps
     assert pipeline.cfg.eval["judge"] == evaluation.judge.model_dump(exclude_unset=True)

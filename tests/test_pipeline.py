@@ -119,11 +119,11 @@ class Recorder:
         write_jsonl(Path(cfg.output_dir) / "trajectories.jsonl", records)
         return {"records": len(records)}
 
-    def train(self, cfg):
-        self.calls.append(("train", cfg))
-        assert (Path(cfg.dataset_dir) / "dataset_dict.json").exists()  # sft-data's real output
-        (Path(cfg.output_dir) / "adapter_config.json").write_text("{}")
-        return {"global_step": cfg.max_steps, "final_train_loss": 1.5, "final_eval_loss": 1.6, "wall_s": 0.1}
+    def train(self, data):
+        self.calls.append(("train", data))
+        assert (Path(data["dataset_dir"]) / "dataset_dict.json").exists()  # sft-data's real output
+        (Path(data["output_dir"]) / "adapter_config.json").write_text("{}")
+        return {"global_step": data["max_steps"], "final_train_loss": 1.5, "final_eval_loss": 1.6, "wall_s": 0.1}
 
     def evaluate(self, cfg, config_path):
         from test_report import rec
@@ -158,8 +158,8 @@ def test_each_stage_gets_its_folders_and_settings_and_done_json_its_counts(tmp_p
     assert gen.output_dir == str(run / "generate") and gen.cache == str(run / "calls.sqlite")
     assert gen.planner.base_url == gen.solver.base_url == "http://teacher.test/v1"
     train = calls["train"]
-    assert (train.dataset_dir, train.output_dir) == (str(run / "sft-data"), str(run / "train"))
-    assert train.max_steps == 2 and train.learning_rate == 1e-3  # the override on top of the named stage config
+    assert (train["dataset_dir"], train["output_dir"]) == (str(run / "sft-data"), str(run / "train"))
+    assert train["max_steps"] == 2 and train["learning_rate"] == 1e-3  # the override on top of the named stage config
     ev = calls["eval"]
     assert ev.output_dir == str(run / "eval") and ev.planners[0].spec.base_url == "http://student.test/v1"
 
@@ -183,7 +183,7 @@ def test_each_stage_gets_its_folders_and_settings_and_done_json_its_counts(tmp_p
 @pytest.mark.parametrize("section, value, message", [
     ("eval", {"react_max_step": 3}, "eval: react_max_step: Extra inputs are not permitted"),
     ("sft_data", {"val_fractoin": 0.1}, "sft_data (pipeline): val_fractoin: Extra inputs are not permitted"),
-    ("train", {"config": "configs/smollm2-135m_lora_cpu.yaml", "lora_rank": 4}, "train (pipeline): lora_rank"),
+    ("train", {"config": "configs/smollm2-135m_lora_cpu.yaml", "lora_rank": 4}, "train config: unknown key(s) lora_rank"),
     ("train", {"config": "configs/nope.yaml"}, "config not found: configs/nope.yaml"),
     ("student_server", {"gpu_memory_utilisation": 0.5}, "student_server: gpu_memory_utilisation"),
 ])

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_sft_data import TOOLS, kept_records, write_kept
 
 from distill.config import load_config
 from distill.errors import DistillError
 from distill.rewoo.prompts import planner_messages
-from distill.sft_data import build_sft_data, tool_descriptions
-from distill.train import TrainConfig, gradient_accumulation_steps
-from test_sft_data import TOOLS, kept_records, write_kept
+from distill.sft_data import SftDataConfig, build_sft_data, tool_descriptions
+from distill.train import TrainConfig, gradient_accumulation_steps, parse_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -28,7 +28,8 @@ def sft_dir(tmp_path_factory) -> Path:
     """12 kept records over 6 questions -> 8 train examples (4 questions) and 4 validation (2 questions)."""
     root = tmp_path_factory.mktemp("sft")
     kept = write_kept(root / "kept.jsonl", kept_records())
-    build_sft_data(kept, root / "sft", tools=TOOLS, val_fraction=0.34, seed=0, tokenizer=None)
+    build_sft_data(SftDataConfig(kept=str(kept), out=str(root / "sft"), tools=TOOLS, val_fraction=0.34, seed=0,
+                                 tokenizer=None))
     return root / "sft"
 
 
@@ -36,12 +37,15 @@ def sft_dir(tmp_path_factory) -> Path:
 def trainer(sft_dir, tmp_path_factory):
     from distill.train import build_trainer
 
-    cfg = TrainConfig(
-        dataset_dir=str(sft_dir), output_dir=str(tmp_path_factory.mktemp("out")), torch_dtype="float32",
-        per_device_train_batch_size=2, global_batch_size=2, max_steps=2, learning_rate=1e-3, warmup_ratio=0.0,
-        eval_strategy="no", save_strategy="no", logging_steps=1,
-    )
-    return build_trainer(cfg)
+    return build_trainer(TrainConfig.model_validate(_small(sft_dir, tmp_path_factory.mktemp("out"))))
+
+
+def _small(sft_dir, out, **over) -> dict:
+    return {
+        "dataset_dir": str(sft_dir), "output_dir": str(out), "dtype": "float32", "per_device_train_batch_size": 2,
+        "global_batch_size": 2, "max_steps": 2, "learning_rate": 1e-3, "warmup_ratio": 0.0, "eval_strategy": "no",
+        "save_strategy": "no", "logging_steps": 1,
+    } | over
 
 
 def _expected_sequences(tokenizer, sft_dir: Path) -> dict[tuple[int, ...], int]:
@@ -117,14 +121,15 @@ def test_a_few_steps_change_the_adapter_and_not_the_base(trainer):
 
 def test_every_config_file_parses():
     files = sorted(CONFIGS.rglob("*.yaml"))
-    assert len(files) >= 9 and len(TRAIN_CONFIGS) == 3
+    assert len(files) >= 9 and len(TRAIN_CONFIGS) == 4
     for path in files:
         assert isinstance(yaml.safe_load(path.read_text()), dict), path
     for path in TRAIN_CONFIGS:
         cfg = load_config(TrainConfig, path)
         first = path.read_text().splitlines()[0]
         assert first.startswith("#"), f"{path.name} must open with the command to run"
-        assert cfg.global_batch_size % cfg.per_device_train_batch_size == 0
+        assert cfg.distill.global_batch_size % cfg.sft.per_device_train_batch_size == 0
+        assert "effective batch 128" in path.read_text() or path == SMOKE  # the derived numbers in the header
     for path in sorted((CONFIGS / "accelerate").glob("*.yaml")):
         data = yaml.safe_load(path.read_text())
         for key in ("compute_environment", "distributed_type", "mixed_precision", "num_machines", "num_processes"):
@@ -140,38 +145,67 @@ def test_every_config_file_parses():
 
 def test_paper_hyperparameters_and_qlora():
     lora = load_config(TrainConfig, CONFIGS / "qwen2.5-7b_lora_gpu.yaml")
-    assert (lora.lora_r, lora.lora_alpha, lora.lora_dropout, lora.learning_rate) == (8, 16, 0.05, 1e-4)
-    schedule = (lora.global_batch_size, lora.num_train_epochs, lora.lr_scheduler_type, lora.warmup_ratio)
-    assert schedule == (128, 10, "cosine", 0.03)
-    assert lora.bf16 and lora.gradient_checkpointing and not lora.load_in_4bit
+    for name in ("qwen2.5-7b_lora_gpu.yaml", "qwen2.5-7b_lora_80gb.yaml"):
+        lora = load_config(TrainConfig, CONFIGS / name)
+        m, s = lora.model, lora.sft
+        assert (m.lora_r, m.lora_alpha, m.lora_dropout, s.learning_rate) == (8, 16, 0.05, 1e-4)
+        schedule = (lora.distill.global_batch_size, s.num_train_epochs, s.lr_scheduler_type, s.get_warmup_steps(160))
+        assert schedule == (128, 10, "cosine", 5)  # 3% of 160 steps, rounded up
+        assert s.bf16 and m.lora_target_modules == "all-linear" and not m.load_in_4bit and s.completion_only_loss
+    assert load_config(TrainConfig, CONFIGS / "qwen2.5-7b_lora_gpu.yaml").sft.gradient_checkpointing
+    big = load_config(TrainConfig, CONFIGS / "qwen2.5-7b_lora_80gb.yaml").sft
+    assert not big.gradient_checkpointing and big.use_liger_kernel and big.padding_free
+    assert big.per_device_train_batch_size == 16
     qlora = load_config(TrainConfig, CONFIGS / "qwen2.5-7b_qlora_gpu.yaml")
-    assert qlora.load_in_4bit and qlora.per_device_train_batch_size == 4 and qlora.global_batch_size == 128
+    assert qlora.model.load_in_4bit and qlora.model.use_bnb_nested_quant and qlora.model.bnb_4bit_quant_type == "nf4"
+    assert qlora.sft.per_device_train_batch_size == 4 and qlora.distill.global_batch_size == 128
     smoke = load_config(TrainConfig, SMOKE)
-    assert smoke.torch_dtype == "float32" and not smoke.bf16 and smoke.report_to == "none" and smoke.eval_on_start
+    assert smoke.model.dtype == "float32" and not smoke.sft.bf16 and smoke.sft.report_to == [] and smoke.sft.eval_on_start
 
 
 @pytest.mark.parametrize(
     "config, expected",
     [("qwen2.5-7b_lora_gpu.yaml", {1: 16, 2: 8, 8: 2}), ("qwen2.5-7b_qlora_gpu.yaml", {1: 32, 2: 16, 8: 4}),
-     ("smollm2-135m_lora_cpu.yaml", {1: 2, 2: 1})],
+     ("qwen2.5-7b_lora_80gb.yaml", {1: 8, 2: 4, 8: 1}), ("smollm2-135m_lora_cpu.yaml", {1: 2, 2: 1, 8: None})],
 )
 def test_effective_batch_stays_at_the_target(config, expected):
-    cfg = load_config(TrainConfig, CONFIGS / config)
+    """Through the parser, as `accelerate launch` with 1, 2 and 8 processes would resolve it."""
+    data = yaml.safe_load((CONFIGS / config).read_text())
     for processes, accumulation in expected.items():
-        got = gradient_accumulation_steps(cfg.global_batch_size, cfg.per_device_train_batch_size, processes)
+        if accumulation is None:  # the CPU smoke batch of 4 cannot spread over 8 processes of 2
+            with pytest.raises(DistillError, match="not divisible"):
+                parse_train_config(data, processes=processes)
+            continue
+        cfg = parse_train_config(data, processes=processes)
+        got = cfg.sft.gradient_accumulation_steps
         assert got == accumulation
-        assert got * cfg.per_device_train_batch_size * processes == cfg.global_batch_size
+        assert got * cfg.sft.per_device_train_batch_size * processes == cfg.distill.global_batch_size
 
 
 def test_sft_config_carries_the_derived_accumulation():
-    from distill.train import build_sft_config
-
-    cfg = load_config(TrainConfig, CONFIGS / "qwen2.5-7b_lora_gpu.yaml", ["bf16=false", "report_to=none"])
-    args = build_sft_config(cfg, processes=2, has_eval=True)
+    data = yaml.safe_load((CONFIGS / "qwen2.5-7b_lora_gpu.yaml").read_text()) | {"bf16": False, "report_to": "none"}
+    args = parse_train_config(data, processes=2).sft
     assert args.gradient_accumulation_steps == 8 and args.completion_only_loss is True
     assert args.assistant_only_loss is False and args.max_length == 1024
-    assert args.get_warmup_steps(160) == 5  # 3% of 160 steps, rounded up
-    assert build_sft_config(cfg, processes=1, has_eval=False).eval_strategy == "no"
+    assert args.get_warmup_steps(160) == 5  # warmup_ratio 0.03 of 160 steps, rounded up, on transformers 4 and 5
+    with pytest.raises(DistillError, match="derived"):
+        parse_train_config(data | {"gradient_accumulation_steps": 4})
+
+
+def test_any_trl_key_works_from_yaml_set_and_flags(tmp_path):
+    """Options distill never mentions reach TRL's SFTConfig / ModelConfig untouched."""
+    from distill.train import load_train_config
+
+    sets = ["neftune_noise_alpha=5", "use_liger_kernel=true", "packing=true", "packing_strategy=bfd",
+            "gradient_checkpointing_kwargs={use_reentrant: true}", "use_rslora=true", "learning_rate=3e-4"]
+    cfg = load_train_config(str(SMOKE), sets, ["--weight_decay", "0.1", "--lora_dropout=0.1", "--no_resume"])
+    s, m = cfg.sft, cfg.model
+    assert (s.neftune_noise_alpha, s.use_liger_kernel, s.packing, s.packing_strategy) == (5, True, True, "bfd")
+    assert s.gradient_checkpointing_kwargs == {"use_reentrant": True} and m.use_rslora and s.learning_rate == 3e-4
+    assert (s.weight_decay, m.lora_dropout, cfg.distill.resume) == (0.1, 0.1, False)
+    # the flags are part of the config written beside the adapter, so it reproduces the run
+    assert (cfg.data["weight_decay"], cfg.data["lora_dropout"], cfg.data["resume"]) == (0.1, 0.1, False)
+    assert load_config(TrainConfig, SMOKE, ["eval_strategy=no"]).sft.eval_strategy == "no"  # YAML's `no` is false
 
 
 def test_indivisible_batches_and_bad_configs_are_one_line_errors(tmp_path, capsys):
@@ -179,13 +213,19 @@ def test_indivisible_batches_and_bad_configs_are_one_line_errors(tmp_path, capsy
         gradient_accumulation_steps(4, 2, 8)
     with pytest.raises(DistillError, match="lora_rank"):
         load_config(TrainConfig, SMOKE, ["lora_rank=4"])
-    with pytest.raises(DistillError, match="eval_steps"):
-        load_config(TrainConfig, SMOKE, ["eval_steps=null"])
-    assert load_config(TrainConfig, SMOKE, ["eval_strategy=no"]).eval_strategy == "no"  # YAML's `no` is false
+    with pytest.raises(DistillError, match="sometimes"):  # TRL's own checks, on one line
+        load_config(TrainConfig, SMOKE, ["eval_strategy=sometimes"])
+    with pytest.raises(DistillError, match="invalid float value"):
+        load_config(TrainConfig, SMOKE, ["learning_rate=fast"])
+    assert load_config(TrainConfig, SMOKE, ["eval_strategy=no"]).sft.eval_strategy == "no"  # YAML's `no` is false
     from distill.cli import main as cli_main
-    from distill.train import main as train_main
+    from distill.train import launcher_main as train_main
 
     assert train_main(["--config", str(tmp_path / "missing.yaml")]) == 2
+    assert train_main(["--config", str(SMOKE), "--no_such_option", "1"]) == 2
+    assert train_main(["--config", str(SMOKE), "--set", "lora_rank=4"]) == 2
+    err = capsys.readouterr().err
+    assert "no_such_option" in err and "lora_rank" in err and len(err.strip().splitlines()) == 3
     assert cli_main(["train", "--config", str(SMOKE), "--set", f"dataset_dir={tmp_path}"]) == 2
     assert "not a dataset folder" in capsys.readouterr().err
 
@@ -236,6 +276,7 @@ def test_cpu_smoke_config_trains_resumes_and_merges(sft_dir, tmp_path, smollm2, 
     info = json.loads((out / "distill_adapter.json").read_text())
     assert info["base_model"] == "smollm2-135m-instruct" and info["lora_r"] == 8 and info["global_step"] == 6
     assert info["effective_batch_size"] == 2 and info["gradient_accumulation_steps"] == 1
+    assert info["lora_target_modules"] == "all-linear" and info["max_length"] == 1024
     assert load_config(TrainConfig, out / "train_config.yaml") == cfg
 
     # The saved chat template is the one used in training, and renders the inference prompt exactly.
@@ -269,6 +310,7 @@ GPU_CHECK = ROOT / "scripts" / "gpu_check_train.sh"
 
 
 def test_gpu_check_script_parses():
+    """bash -n and --help: the shell wrapper and the option list load."""
     import subprocess
     import sys
 
@@ -324,3 +366,119 @@ def test_two_processes_keep_the_effective_batch(sft_dir, tmp_path):
     losses = {name: [e["loss"] for e in h] for name, h in history.items()}
     assert len(losses["ddp"]) == len(losses["single"]) == 2
     assert losses["ddp"] == pytest.approx(losses["single"], abs=5e-3), losses
+
+
+# ---------------------------------------------------------------------------------------------- packing
+
+
+def test_packed_batches_keep_examples_apart_and_mask_exactly_the_prompts(sft_dir, tmp_path, monkeypatch):
+    """A packed, padding-free batch from the real trainer (real tokenizer, TRL's real collator). The varlen
+    flash-attention kernels cannot run on this CPU, so the gate is told they exist and the model stays SDPA:
+    only the batches are inspected, never a forward pass over them."""
+    import distill.train as T
+
+    monkeypatch.setattr(T, "varlen_attention_available", lambda attn: True)
+    cfg = TrainConfig.model_validate(_small(sft_dir, tmp_path, packing=True, attn_implementation="sdpa"))
+    trainer = T.build_trainer(cfg)
+    expected = _expected_sequences(trainer.processing_class, sft_dir)
+    seen = 0
+    for batch in _batches(trainer):
+        assert "attention_mask" not in batch  # a padded mask would make flash-attention ignore the boundaries
+        ids, positions, labels = (batch[k][0].tolist() for k in ("input_ids", "position_ids", "labels"))
+        starts = [i for i, p in enumerate(positions) if p == 0] + [len(ids)]
+        assert starts[0] == 0 and len(starts) > 2  # several examples share one row
+        for a, b in zip(starts, starts[1:]):
+            assert positions[a:b] == list(range(b - a))  # positions restart: no attention across examples
+            prompt_len = expected[tuple(ids[a:b])]  # each segment is exactly one whole example
+            assert labels[a:a + prompt_len] == [-100] * prompt_len
+            assert labels[a + prompt_len:b] == ids[a + prompt_len:b]
+            seen += 1
+    assert seen == 8
+
+
+def test_packing_without_varlen_kernels_falls_back_to_padded_batches(sft_dir, tmp_path, caplog):
+    from distill.train import build_trainer
+
+    caplog.set_level(logging.WARNING, logger="distill.train")
+    trainer = build_trainer(TrainConfig.model_validate(_small(sft_dir, tmp_path, packing=True, padding_free=True)))
+    assert "flash-attention's variable-length kernels" in caplog.text and "unpacked" in caplog.text
+    assert not trainer.args.packing and not trainer.args.padding_free
+    batch = _batches(trainer)[0]
+    assert "attention_mask" in batch and batch["input_ids"].shape[0] == 2  # one row per example
+
+
+# ---------------------------------------------------------------------------------------------- launching
+
+
+def test_pipeline_train_stage_launches_one_process_per_gpu():
+    import sys
+
+    from distill.train import ACCELERATE_CONFIGS, launch_command
+
+    data = yaml.safe_load((CONFIGS / "qwen2.5-7b_lora_gpu.yaml").read_text())
+    cfg = parse_train_config(data, processes=1)
+    train = ["-m", "distill.train", "--config", "stage.yaml"]
+    assert launch_command("stage.yaml", cfg, gpus=0) == [sys.executable, *train]
+    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
+    single, multi = str(ACCELERATE_CONFIGS / "single_gpu.yaml"), str(ACCELERATE_CONFIGS / "multi_gpu.yaml")
+    assert launch_command("stage.yaml", cfg, gpus=1) == [*accelerate, single, "--num_processes", "1", *train]
+    assert launch_command("stage.yaml", cfg, gpus=8) == [*accelerate, multi, "--num_processes", "8", *train]
+    assert parse_train_config(data, processes=8).sft.gradient_accumulation_steps == 2  # what the 8 children get
+    named = parse_train_config(data | {"accelerate_config": "configs/accelerate/fsdp.yaml", "num_processes": 2},
+                               processes=1)
+    assert launch_command("s.yaml", named, gpus=8)[4:7] == ["configs/accelerate/fsdp.yaml", "--num_processes", "2"]
+    with pytest.raises(DistillError, match="only 8 GPU"):
+        launch_command("s.yaml", parse_train_config(data | {"num_processes": 16}, processes=1), gpus=8)
+    smoke = load_config(TrainConfig, SMOKE)
+    with pytest.raises(DistillError, match="not divisible"):  # a batch of 4 cannot spread over 8 GPUs
+        launch_command("s.yaml", smoke, gpus=8)
+    for path in (single, multi):
+        assert Path(path).is_file()
+
+
+def test_gpu_check_arguments_grid_and_table():
+    """The sweep's CPU-side parts: options, the grid, the per-point command, the table (no GPU run here)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check_train", GPU_CHECK.with_suffix(".py"))
+    g = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(g)
+    args = g.parse_args(["--sweep"])
+    assert (args.steps, args.warmup, args.batch_size, args.gradient_checkpointing) == (15, 3, 8, True)
+    grid = g.sweep_grid(args)
+    assert len(grid) == 16 and len({tuple(p.values()) for p in grid}) == 16
+    assert grid[0] == {"batch_size": 8, "gradient_checkpointing": True, "liger": False, "packing": False}
+    argv = g.point_argv(grid[-1], args, "p.json")
+    assert argv[:2] == ["--batch-size", "32"] and "--no-gradient-checkpointing" in argv
+    assert "--liger" in argv and "--packing" in argv
+    point = g.parse_args(argv)  # a point's command parses back to the point
+    assert (point.batch_size, point.gradient_checkpointing, point.liger, point.packing) == (32, False, True, True)
+    narrow = g.parse_args(["--sweep", "--sweep-batch", "16", "--sweep-packing", "off"])
+    assert len(g.sweep_grid(narrow)) == 4
+    with pytest.raises(SystemExit):
+        g.sweep_grid(g.parse_args(["--sweep", "--sweep-kernels", "maybe"]))
+    big = g.parse_args(["--config", str(CONFIGS / "qwen2.5-7b_lora_80gb.yaml")])
+    assert (big.batch_size, big.gradient_checkpointing, big.liger, big.packing) == (16, False, True, True)
+    assert g.parse_args(["--config", str(CONFIGS / "qwen2.5-7b_lora_80gb.yaml"), "--batch-size", "32"]).batch_size == 32
+    rows = [dict(grid[0], result={"tokens_per_s": 6420.4, "mfu": 0.1842, "peak_memory_gib": 16.94, "packing": False}),
+            dict(grid[-1], error="out of memory")]
+    table = g.format_table(rows).splitlines()
+    assert len(table) == 4 and table[0].count("|") == table[2].count("|") == table[3].count("|")
+    assert "| 8 | yes | no | no (no) | 6,420 | 0.184 | 16.9 |" in table[2]
+    assert table[3].startswith("| 32 | no | yes | yes |") and "out of memory" in table[3]
+
+
+@pytest.mark.slow
+def test_pipeline_launch_trains_in_a_child_process(sft_dir, tmp_path):
+    """The pipeline's train stage on CPU: the section becomes a config file, one child process trains from it."""
+    from distill.train import launch
+
+    section = yaml.safe_load(SMOKE.read_text()) | {
+        "dataset_dir": str(sft_dir), "output_dir": str(tmp_path / "train"), "max_steps": 1, "global_batch_size": 2,
+        "eval_strategy": "no", "save_strategy": "no", "use_rslora": True,  # a TRL key distill never mentions
+    }
+    info = launch(section, gpus=0)
+    assert info["global_step"] == 1 and info["world_size"] == 1 and info["effective_batch_size"] == 2
+    assert yaml.safe_load((tmp_path / "train" / "stage_config.yaml").read_text()) == section
+    adapter = json.loads((tmp_path / "train" / "adapter_config.json").read_text())
+    assert adapter["use_rslora"] is True and adapter["r"] == 8
