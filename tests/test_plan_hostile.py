@@ -249,14 +249,17 @@ def test_agent_runs_at_most_max_plan_steps_tool_calls(smollm2) -> None:
         tools=["Calculator"], wikipedia_corpus=None, solver=ModelSpec(max_tokens=4),
         max_plan_steps=3, max_plan_chars=2000,
     )
-    agent = build_agent(cfg, planner=RunawayPlanner(steps_text(13)))
+    agent = build_agent(cfg)
+    agent.planner = RunawayPlanner(steps_text(13))
     record = asyncio.run(agent.run(Question("What is 6 + 1?")))
     assert record["tool_calls"] == 3
     assert [e["output"] for e in record["evidence"]] == ["2", "3", "4"]
     assert record["plan"]["valid"] is False
     assert [(e["code"], e["step"]) for e in record["plan"]["errors"]] == [("too_many_steps", "#E4")]
     cfg = cfg.model_copy(update={"max_plan_steps": 20, "max_plan_chars": 300})
-    record = asyncio.run(build_agent(cfg, planner=RunawayPlanner(steps_text(13))).run(Question("What is 6 + 1?")))
+    agent = build_agent(cfg)
+    agent.planner = RunawayPlanner(steps_text(13))
+    record = asyncio.run(agent.run(Question("What is 6 + 1?")))
     assert "too_long" in [e["code"] for e in record["plan"]["errors"]]
     assert 0 < record["tool_calls"] == len(record["plan"]["steps"]) < 13
 
