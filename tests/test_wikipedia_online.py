@@ -305,13 +305,14 @@ def test_the_budget_ends_a_call_with_its_fault_instead_of_waiting_past_it(fake: 
 def test_the_agent_config_settings_reach_the_client() -> None:
     from distill.config import AgentConfig
     from distill.rewoo.agent import build_wikipedia
+    from distill.tools.registry import tool_descriptions
 
     cfg = AgentConfig(
         wikipedia_backend="online", wikipedia_contact="ops@example.org", wikipedia_max_concurrency=3,
         wikipedia_max_retries=7, wikipedia_timeout_s=4.0, wikipedia_max_wait_s=9.0, wikipedia_top_k=2,
         tool_timeout_s=20.0,
     )
-    tool = build_wikipedia(cfg)
+    tool = build_wikipedia(cfg, tool_descriptions(cfg.tools))
     assert isinstance(tool, OnlineWikipedia) and "ops@example.org" in tool.user_agent
     settings = (tool.max_concurrency, tool.max_retries, tool.timeout_s, tool.max_wait_s, tool.top_k)
     assert settings == (3, 7, 4.0, 9.0, 2)
