@@ -40,6 +40,7 @@ PLOTS = {
     "accuracy_vs_tokens": "accuracy_vs_tokens.png",
     "tokens_by_hops": "tokens_by_hops.png",
     "latency": "latency.png",
+    "recall_vs_prompt": "recall_vs_prompt.png",
 }
 
 
@@ -394,7 +395,7 @@ def recompute(output_dir: str | Path) -> dict:
 
 
 def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str | Path) -> dict[str, str]:
-    """Write the three PNGs beside report.md; returns {plot: file name}."""
+    """Write the PNGs beside report.md; returns {plot: file name}."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -405,7 +406,30 @@ def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str 
     _plot_accuracy(plt, results, methods, out / PLOTS["accuracy_vs_tokens"])
     _plot_hops(plt, results, methods, out / PLOTS["tokens_by_hops"])
     _plot_latency(plt, by_method, methods, out / PLOTS["latency"])
+    _plot_recall(plt, results, methods, out / PLOTS["recall_vs_prompt"])
     return dict(PLOTS)
+
+
+def _plot_recall(plt, results: dict, methods: list[str], path: Path) -> None:
+    """The Planner's own trade-off: what its evidence holds against what its prompt costs (ReWOO planners)."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for m in methods:
+        pm = results["per_method"][m]
+        recall, x = pm["evidence_recall"], pm["planner_prompt_tokens_mean"]
+        if recall is None or x is None:
+            continue
+        err = [[recall["mean"] - recall["lo"]], [recall["hi"] - recall["mean"]]]
+        ax.errorbar([x], [recall["mean"]], yerr=err, fmt="o", capsize=4, label=m)
+        ax.annotate(m, (x, recall["mean"]), textcoords="offset points", xytext=(6, 6), fontsize=8)
+    ax.set_xlabel("planner prompt tokens (mean)")
+    ax.set_ylabel("evidence recall (95% bootstrap CI)")
+    ax.set_title("Evidence recall against planner prompt size")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _plot_accuracy(plt, results: dict, methods: list[str], path: Path) -> None:
@@ -671,6 +695,8 @@ def render_markdown(results: dict) -> str:
         f"![Tokens per question by hops]({results['plots']['tokens_by_hops']})",
         "",
         f"![Latency per question]({results['plots']['latency']})",
+        "",
+        f"![Evidence recall against planner prompt tokens]({results['plots']['recall_vs_prompt']})",
         "",
     ]
     return "\n".join(lines)

@@ -294,7 +294,8 @@ def test_write_report_equals_recompute_and_has_every_section(tmp_path):
                    "latency p95 s", "ΔEM [95% CI]", "by hops taken", "by gold hops", "Planner prompt size",
                    "## The Planner apart from the Solver", "evidence recall [95% CI]", "all gold pages [95% CI]",
                    "Δrecall [95% CI]", "Δsteps/plan [95% CI]", "too many steps",
-                   "](accuracy_vs_tokens.png)", "](tokens_by_hops.png)", "](latency.png)"):
+                   "](accuracy_vs_tokens.png)", "](tokens_by_hops.png)", "](latency.png)",
+                   "](recall_vs_prompt.png)"):
         assert needle in report, needle
     for name in results["methods"]:
         assert f"| {name} |" in report
