@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 
 from distill.errors import DistillError
 from distill.llm.base import Completion, Usage
+from distill.metrics import evidence_recall, gold_titles
 from distill.rewoo import prompts
 from distill.rewoo.agent import FORMAT_VERSION, call_record, sample_seed, score_record
 from distill.rewoo.plan import Plan, Step, parse_plan
@@ -317,6 +318,7 @@ class ReActAgent:
             },
             "prediction": prediction,
             "scores": score_record(example, prediction),
+            "evidence_recall": evidence_recall(gold_titles(getattr(example, "supporting_facts", None)), state.evidence),
             "tool_usage": usage_dict(tool_usage),
             "tokens": {
                 "planner": 0,

@@ -8,6 +8,12 @@ only writes records, so a report can be rebuilt, or written elsewhere, without a
 reference, which questions the run covers, the bootstrap settings), so anyone can delete results.json and
 get the same numbers back from the records, and a test checks that they do.
 
+The Planner is also measured apart from the Solver, whose answers a small model gets wrong whatever the
+plan: evidence recall (the share of a question's gold supporting pages the evidence holds, and whether it
+holds all of them), recomputed from each record's gold pages and evidence as EM/F1 are from its prediction;
+steps per plan and the share of plans cut at `max_plan_steps`. A method or dataset without gold pages
+(TriviaQA, Direct) has no recall, shown "–", never 0, because a missing measurement is not a miss.
+
 What "hops" means per method: the number of plan steps for a ReWOO planner, the number of tool actions for
 ReAct, and 0 for Direct. Gold hops come from the dataset (HotpotQA: 2; TriviaQA: unknown). Grouping tokens
 by hops is what shows ReAct's cost growing with each hop (every turn resends the history) while ReWOO's
@@ -34,6 +40,7 @@ PLOTS = {
     "accuracy_vs_tokens": "accuracy_vs_tokens.png",
     "tokens_by_hops": "tokens_by_hops.png",
     "latency": "latency.png",
+    "recall_vs_prompt": "recall_vs_prompt.png",
 }
 
 
@@ -92,6 +99,29 @@ def rescore(rec: dict) -> dict | None:
     return dict(score(rec["dataset"], rec.get("prediction"), rec["answers"]))
 
 
+def recall_of(rec: dict) -> dict | None:
+    """{recall, all} recomputed from the record's gold pages and evidence, so a stale stored value never
+    leaks into the report; None without gold pages (TriviaQA, or a method that records none)."""
+    from distill.metrics import evidence_recall
+
+    gold = (rec.get("evidence_recall") or {}).get("gold")
+    if not gold:
+        return None
+    found = evidence_recall(gold, rec.get("evidence") or [])
+    return {"recall": float(found["recall"]), "all": float(found["all"])}
+
+
+def plan_steps_of(rec: dict) -> dict | None:
+    """Steps of a ReWOO plan (those kept: a plan over `max_plan_steps` is cut there); None for other kinds."""
+    if rec["kind"] != "rewoo":
+        return None
+    return {"steps": float(len((rec.get("plan") or {}).get("steps") or []))}
+
+
+def too_many_steps(rec: dict) -> bool:
+    return any(e.get("code") == "too_many_steps" for e in (rec.get("plan") or {}).get("errors") or [])
+
+
 # ------------------------------------------------------------------------------------------- numbers
 
 
@@ -139,15 +169,30 @@ def _tool_failures(records: list[dict]) -> dict | None:
     }
 
 
-def _by_dataset(records: list[dict], scores: list[dict | None]) -> dict:
-    groups: dict[str, list[dict]] = defaultdict(list)
-    for rec, sc in zip(records, scores):
+def _by_dataset(records: list[dict], scores: list[dict | None], recalls: list[dict | None]) -> dict:
+    groups: dict[str, tuple[list[dict], list[dict]]] = defaultdict(lambda: ([], []))
+    for rec, sc, rc in zip(records, scores, recalls):
+        scored, recalled = groups[rec["dataset"]]
         if sc is not None:
-            groups[rec["dataset"]].append(sc)
+            scored.append(sc)
+        if rc is not None:
+            recalled.append(rc)
     return {
-        name: {"n": len(s), "em": _mean(x["em"] for x in s), "f1": _mean(x["f1"] for x in s)}
-        for name, s in sorted(groups.items())
+        name: {
+            "n": len(s), "em": _mean(x["em"] for x in s), "f1": _mean(x["f1"] for x in s),
+            "n_evidence": len(r), "evidence_recall": _mean(x["recall"] for x in r),
+            "evidence_all": _mean(x["all"] for x in r),
+        }
+        for name, (s, r) in sorted(groups.items())
+        if s or r
     }
+
+
+def _plan_steps(records: list[dict]) -> dict | None:
+    counts = [p["steps"] for p in map(plan_steps_of, records) if p is not None]
+    if not counts:
+        return None
+    return {"mean": float(np.mean(counts)), "p50": float(np.percentile(counts, 50)), "max": float(max(counts))}
 
 
 def method_metrics(records: list[dict], samples: int = 1000, seed: int = 0) -> dict:
@@ -157,6 +202,8 @@ def method_metrics(records: list[dict], samples: int = 1000, seed: int = 0) -> d
     kind = records[0]["kind"]
     scores = [rescore(r) for r in records]
     scored = [s for s in scores if s is not None]
+    recalls = [recall_of(r) for r in records]
+    recalled = [x for x in recalls if x is not None]
     em = [float(s["em"]) for s in scored]
     f1 = [float(s["f1"]) for s in scored]
     costs = [float(r.get("cost_usd", 0.0)) for r in records]
@@ -176,7 +223,12 @@ def method_metrics(records: list[dict], samples: int = 1000, seed: int = 0) -> d
         "em": _ci(em, samples, seed),
         "f1": _ci(f1, samples, seed),
         "judge": _judge(records),
+        "n_evidence": len(recalled),
+        "evidence_recall": _ci([x["recall"] for x in recalled], samples, seed),
+        "evidence_all": _ci([x["all"] for x in recalled], samples, seed),
         "plan_valid_rate": _mean(float(bool(r["plan"]["valid"])) for r in records) if kind == "rewoo" else None,
+        "plan_steps": _plan_steps(records),
+        "too_many_steps_rate": _mean(float(too_many_steps(r)) for r in records) if kind == "rewoo" else None,
         "steps_mean": _mean(steps_of(r) for r in records),
         "hops_mean": _mean(hops_of(r) for r in records),
         "tool_calls_mean": _mean(len(r.get("evidence") or []) for r in records),
@@ -188,7 +240,7 @@ def method_metrics(records: list[dict], samples: int = 1000, seed: int = 0) -> d
         "latency_s": _latency(records),
         "tool_failures": _tool_failures(records),
         "react_finished_rate": _mean(float(bool(x.get("finished"))) for x in react) if react else None,
-        "by_dataset": _by_dataset(records, scores),
+        "by_dataset": _by_dataset(records, scores, recalls),
     }
 
 
@@ -196,23 +248,40 @@ def _key(rec: dict) -> tuple[str, str]:
     return (rec["dataset"], rec["id"])
 
 
-def paired_vs_reference(
-    records: list[dict], reference: list[dict], samples: int = 1000, seed: int = 0
+def _paired_on(
+    records: list[dict], reference: list[dict], measure: Any, metrics: tuple[str, ...], samples: int, seed: int
 ) -> dict | None:
-    """method - reference in EM and F1 over the questions both answered (sorted, so the pairing is fixed)."""
+    """method - reference in each of `measure(rec)`'s `metrics`, over the questions both have it for (sorted,
+    so the pairing is fixed); None when they share none."""
     from distill.metrics import paired_bootstrap
 
-    mine = {_key(r): rescore(r) for r in records}
-    ref = {_key(r): rescore(r) for r in reference}
+    mine = {_key(r): measure(r) for r in records}
+    ref = {_key(r): measure(r) for r in reference}
     common = sorted(k for k in mine.keys() & ref.keys() if mine[k] is not None and ref[k] is not None)
     if not common:
         return None
     out: dict[str, Any] = {"n": len(common)}
-    for metric in ("em", "f1"):
+    for metric in metrics:
         a = [float(mine[k][metric]) for k in common]
         b = [float(ref[k][metric]) for k in common]
         out[metric] = paired_bootstrap(a, b, n=samples, seed=seed)
     return out
+
+
+def paired_vs_reference(
+    records: list[dict], reference: list[dict], samples: int = 1000, seed: int = 0
+) -> dict | None:
+    """method - reference: EM and F1 (`n`, `em`, `f1`) over the questions both answered; evidence recall and
+    the all-gold-pages rate (`evidence`) over those both have gold pages for; steps per plan (`plan_steps`)
+    when both are ReWOO planners. None when they share no question with any of these."""
+    out: dict[str, Any] = _paired_on(records, reference, rescore, ("em", "f1"), samples, seed) or {}
+    evidence = _paired_on(records, reference, recall_of, ("recall", "all"), samples, seed)
+    if evidence:
+        out["evidence"] = evidence
+    steps = _paired_on(records, reference, plan_steps_of, ("steps",), samples, seed)
+    if steps:
+        out["plan_steps"] = steps
+    return out or None
 
 
 def tokens_by(records: list[dict], hops: Any) -> dict[str, dict]:
@@ -326,7 +395,7 @@ def recompute(output_dir: str | Path) -> dict:
 
 
 def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str | Path) -> dict[str, str]:
-    """Write the three PNGs beside report.md; returns {plot: file name}."""
+    """Write the PNGs beside report.md; returns {plot: file name}."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -337,7 +406,30 @@ def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str 
     _plot_accuracy(plt, results, methods, out / PLOTS["accuracy_vs_tokens"])
     _plot_hops(plt, results, methods, out / PLOTS["tokens_by_hops"])
     _plot_latency(plt, by_method, methods, out / PLOTS["latency"])
+    _plot_recall(plt, results, methods, out / PLOTS["recall_vs_prompt"])
     return dict(PLOTS)
+
+
+def _plot_recall(plt, results: dict, methods: list[str], path: Path) -> None:
+    """The Planner's own trade-off: what its evidence holds against what its prompt costs (ReWOO planners)."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for m in methods:
+        pm = results["per_method"][m]
+        recall, x = pm["evidence_recall"], pm["planner_prompt_tokens_mean"]
+        if recall is None or x is None:
+            continue
+        err = [[recall["mean"] - recall["lo"]], [recall["hi"] - recall["mean"]]]
+        ax.errorbar([x], [recall["mean"]], yerr=err, fmt="o", capsize=4, label=m)
+        ax.annotate(m, (x, recall["mean"]), textcoords="offset points", xytext=(6, 6), fontsize=8)
+    ax.set_xlabel("planner prompt tokens (mean)")
+    ax.set_ylabel("evidence recall (95% bootstrap CI)")
+    ax.set_title("Evidence recall against planner prompt size")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _plot_accuracy(plt, results: dict, methods: list[str], path: Path) -> None:
@@ -433,7 +525,7 @@ def _accuracy_rows(results: dict) -> list[list[str]]:
         judge = pm["judge"]
         rows.append([
             m, pm["kind"], pm["planner_prompt"] or "–", str(pm["n"]), _ci_text(pm["em"]), _ci_text(pm["f1"]),
-            _f(judge["accuracy"]) if judge else "–", _f(pm["plan_valid_rate"]),
+            _ci_text(pm["evidence_recall"]), _f(judge["accuracy"]) if judge else "–", _f(pm["plan_valid_rate"]),
         ])
     return rows
 
@@ -453,6 +545,12 @@ def _cost_rows(results: dict) -> list[list[str]]:
     return rows
 
 
+def _diff_text(d: dict | None, digits: int = 3) -> str:
+    if d is None:
+        return "–"
+    return f"{d['diff']:+.{digits}f} [{d['lo']:+.{digits}f}, {d['hi']:+.{digits}f}]"
+
+
 def _paired_rows(results: dict) -> list[list[str]]:
     rows = []
     for m, p in results["paired"].items():
@@ -460,10 +558,33 @@ def _paired_rows(results: dict) -> list[list[str]]:
             rows.append([m, "0", "–", "–", "–", "–"])
             continue
         em, f1 = p["em"], p["f1"]
+        rows.append([m, str(p["n"]), _diff_text(em), _f(em["p_value"]), _diff_text(f1), _f(f1["p_value"])])
+    return rows
+
+
+def _planner_rows(results: dict) -> list[list[str]]:
+    rows = []
+    for m in results["methods"]:
+        pm = results["per_method"][m]
+        steps = pm["plan_steps"] or {}
         rows.append([
-            m, str(p["n"]),
-            f"{em['diff']:+.3f} [{em['lo']:+.3f}, {em['hi']:+.3f}]", _f(em["p_value"]),
-            f"{f1['diff']:+.3f} [{f1['lo']:+.3f}, {f1['hi']:+.3f}]", _f(f1["p_value"]),
+            m, pm["kind"], pm["planner_prompt"] or "–", str(pm["n_evidence"]), _ci_text(pm["evidence_recall"]),
+            _ci_text(pm["evidence_all"]), _f(pm["plan_valid_rate"]), _f(steps.get("mean"), 2),
+            _f(steps.get("p50"), 1), _f(steps.get("max"), 0), _f(pm["too_many_steps_rate"]),
+            _f(pm["planner_prompt_tokens_mean"], 0),
+        ])
+    return rows
+
+
+def _paired_planner_rows(results: dict) -> list[list[str]]:
+    rows = []
+    for m, p in results["paired"].items():
+        ev, steps = p.get("evidence"), p.get("plan_steps")
+        rows.append([
+            m, str(ev["n"]) if ev else "0",
+            _diff_text(ev and ev["recall"]), _f(ev and ev["recall"]["p_value"]),
+            _diff_text(ev and ev["all"]), _f(ev and ev["all"]["p_value"]),
+            _diff_text(steps and steps["steps"], 2),
         ])
     return rows
 
@@ -496,8 +617,29 @@ def render_markdown(results: dict) -> str:
         "## Accuracy",
         "",
         *_table(
-            ["method", "kind", "planner prompt", "n", "EM [95% CI]", "F1 [95% CI]", "judge acc", "plan valid"],
+            ["method", "kind", "planner prompt", "n", "EM [95% CI]", "F1 [95% CI]", "evidence recall [95% CI]",
+             "judge acc", "plan valid"],
             _accuracy_rows(results),
+        ),
+        "",
+        "## The Planner apart from the Solver",
+        "",
+        "Evidence recall: the mean share of a question's gold supporting pages that the evidence holds; all gold "
+        "pages: the share of questions with every one. Over the questions with gold pages (n gold); \"–\" where "
+        "there are none (TriviaQA, Direct). Steps per plan count the steps kept (ReWOO); too many steps: the "
+        "share of plans cut at `max_plan_steps`.",
+        "",
+        *_table(
+            ["method", "kind", "planner prompt", "n gold", "evidence recall [95% CI]", "all gold pages [95% CI]",
+             "plan valid", "steps/plan", "p50", "max", "too many steps", "planner prompt tok"],
+            _planner_rows(results),
+        ),
+        "",
+        f"Paired against {results['reference']} (method − reference, same questions):",
+        "",
+        *_table(
+            ["method", "n gold", "Δrecall [95% CI]", "p", "Δall gold pages [95% CI]", "p", "Δsteps/plan [95% CI]"],
+            _paired_planner_rows(results),
         ),
         "",
         "## Cost and efficiency (means per question)",
@@ -537,9 +679,10 @@ def render_markdown(results: dict) -> str:
         "## By dataset",
         "",
         *_table(
-            ["method", "dataset", "n", "EM", "F1"],
+            ["method", "dataset", "n", "EM", "F1", "n gold", "evidence recall", "all gold pages"],
             [
-                [m, ds, str(v["n"]), _f(v["em"]), _f(v["f1"])]
+                [m, ds, str(v["n"]), _f(v["em"]), _f(v["f1"]), str(v["n_evidence"]), _f(v["evidence_recall"]),
+                 _f(v["evidence_all"])]
                 for m, pm in results["per_method"].items()
                 for ds, v in pm["by_dataset"].items()
             ],
@@ -552,6 +695,8 @@ def render_markdown(results: dict) -> str:
         f"![Tokens per question by hops]({results['plots']['tokens_by_hops']})",
         "",
         f"![Latency per question]({results['plots']['latency']})",
+        "",
+        f"![Evidence recall against planner prompt tokens]({results['plots']['recall_vs_prompt']})",
         "",
     ]
     return "\n".join(lines)
@@ -579,8 +724,9 @@ def summary_lines(results: dict) -> list[str]:
         pm = results["per_method"][name]
         em = pm["em"]["mean"] if pm["em"] else float("nan")
         f1 = pm["f1"]["mean"] if pm["f1"] else float("nan")
+        recall = _f(pm["evidence_recall"]["mean"]) if pm["evidence_recall"] else "–"
         lines.append(
-            f"{name:<16} {pm['kind']:<7} n={pm['n']:<5} EM {em:.3f}  F1 {f1:.3f}  "
+            f"{name:<16} {pm['kind']:<7} n={pm['n']:<5} EM {em:.3f}  F1 {f1:.3f}  recall {recall:<5}  "
             f"tokens/q {pm['tokens_mean']['total']:.0f}  LLM calls/q {pm['llm_calls_mean']:.2f}  "
             f"${pm['cost_per_question_usd']:.5f}/q  p50 {pm['latency_s']['p50']:.2f}s"
         )

@@ -41,6 +41,8 @@ class RunningStats:
     tokens: int = 0
     cost_usd: float = 0.0
     valid_plans: int = 0
+    recall: float = 0.0  # evidence recall summed over the records that have gold pages
+    recalled: int = 0  # how many records those are
     by_dataset: dict[str, dict[str, float]] = field(default_factory=dict)
     errors: int = 0  # error records made by this run
 
@@ -49,6 +51,9 @@ class RunningStats:
         self.tokens += rec.get("tokens", {}).get("total", 0)
         self.cost_usd += rec.get("cost_usd", 0.0)
         self.valid_plans += bool(rec.get("plan", {}).get("valid", False))
+        if rec.get("evidence_recall"):
+            self.recalled += 1
+            self.recall += rec["evidence_recall"]["recall"]
         scores = rec.get("scores") or {}
         d = self.by_dataset.setdefault(rec.get("dataset", "?"), {"n": 0, "em": 0.0, "f1": 0.0})
         d["n"] += 1
@@ -61,8 +66,9 @@ class RunningStats:
 
     def postfix(self) -> str:
         acc = f"EM {self.em / self.scored:.3f}" if self.scored else "EM -"
+        recall = f" recall {self.recall / self.recalled:.2f}" if self.recalled else ""
         errors = f" errors {self.errors}" if self.errors else ""
-        return f"{acc} tok {self.tokens / 1e3:.1f}k ${self.cost_usd:.4f}{errors}"
+        return f"{acc}{recall} tok {self.tokens / 1e3:.1f}k ${self.cost_usd:.4f}{errors}"
 
     def summary(self) -> dict:
         per = {
@@ -74,6 +80,7 @@ class RunningStats:
             "em": self.em / self.scored if self.scored else None,
             "f1": self.f1 / self.scored if self.scored else None,
             "valid_plan_rate": self.valid_plans / self.n if self.n else None,
+            "evidence_recall": self.recall / self.recalled if self.recalled else None,
             "tokens": self.tokens,
             "cost_usd": round(self.cost_usd, 6),
             "by_dataset": per,

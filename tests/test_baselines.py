@@ -150,6 +150,8 @@ def test_react_stops_at_the_step_cap(smollm2, mini):
     check_react_record(rec, 1)
     assert rec["react"]["stop_reason"] == "max_steps" and len(rec["react"]["steps"]) == 1
     assert rec["prediction"] == "" and rec["scores"]["em"] == 0
+    recall = rec["evidence_recall"]  # ReAct's evidence is measured as a plan's is, for the report to compare
+    assert recall["gold"] == ["Carmen", "Georges Bizet"] and recall["recall"] == len(recall["found"]) / 2
 
 
 def test_direct_is_one_solver_call(smollm2, mini):

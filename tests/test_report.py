@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from distill.errors import DistillError
-from distill.metrics import bootstrap_ci, paired_bootstrap, score
+from distill.metrics import bootstrap_ci, evidence_recall, paired_bootstrap, score
 from distill.report import (
     compute,
     hops_of,
@@ -18,6 +18,7 @@ from distill.report import (
     paired_vs_reference,
     recompute,
     render_markdown,
+    summary_lines,
     tokens_by,
     write_report,
 )
@@ -41,18 +42,25 @@ def rec(
     dataset: str = "hotpotqa",
     planner_prompt_tokens: int = 50,
     evidence_status: str = "ok",
+    gold: list[str] | None = None,
+    titles: tuple[str, ...] = (),
+    plan_errors: tuple[str, ...] = (),
 ) -> dict:
-    """A record in the trajectory format with just what the report reads; scores as the agents store them."""
+    """A record in the trajectory format with just what the report reads; scores and evidence recall as the
+    agents store them. `gold`: the question's supporting pages; `titles`: the pages the first step retrieved."""
     plan_steps = [{"id": f"#E{i}", "description": "", "tool": "Wikipedia", "input": "x", "deps": []} for i in
                   range(1, steps + 1)]
-    evidence = [{"id": s["id"], "tool": "Wikipedia", "input": "x", "output": "y", "status": evidence_status,
-                 "error": None, "start_s": 0.0, "end_s": 0.1} for s in plan_steps]
+    found = "\n\n".join(f"{t}: a paragraph about {t}." for t in titles)
+    evidence = [{"id": s["id"], "tool": "Wikipedia", "input": "x", "output": found if i == 0 and found else "y",
+                 "status": evidence_status, "error": None, "start_s": 0.0, "end_s": 0.1}
+                for i, s in enumerate(plan_steps)]
     r = {
         "format_version": 1, "id": qid, "dataset": dataset, "question": f"q {qid}?", "answers": [answer],
         "method": method, "sample": 0, "kind": kind, "planner_prompt": "zeroshot" if kind == "rewoo" else None,
         "planner": {"model": "p", "usage": {"prompt_tokens": planner_prompt_tokens, "completion_tokens": 10}}
         if kind == "rewoo" else None,
-        "plan": {"valid": valid, "steps": plan_steps, "errors": []} if kind == "rewoo"
+        "plan": {"valid": valid and not plan_errors, "steps": plan_steps,
+                 "errors": [{"code": c, "step": None, "message": c} for c in plan_errors]} if kind == "rewoo"
         else {"valid": None, "steps": [], "errors": []},
         "evidence": evidence if kind != "direct" else [],
         "solver": {"model": "s", "usage": {"prompt_tokens": 1, "completion_tokens": 1}},
@@ -63,6 +71,7 @@ def rec(
         "llm_calls": 2 if kind == "rewoo" else (steps + 1 if kind == "react" else 1),
         "cost_usd": cost, "wall_s": wall, "gold_hops": gold_hops, "tool_failure_rate": 0.0,
     }
+    r["evidence_recall"] = evidence_recall(gold, r["evidence"]) if gold else None
     if kind == "react":
         actions = [{"action": {"tool": "Wikipedia", "input": "x", "error": None}} for _ in range(steps)]
         r["react"] = {"steps": actions + [{"action": {"tool": "Finish", "input": prediction, "error": None}}],
@@ -154,6 +163,81 @@ def test_paired_uses_common_questions_in_a_fixed_order():
     assert paired_vs_reference([rec("x", "zz", "a", "a")], ref) is None
 
 
+def test_evidence_recall_is_recomputed_from_gold_pages_and_evidence_with_a_bootstrap_ci():
+    records = [
+        rec("m", "a", "x", "x", gold=["Ed Wood", "Tim Burton"], titles=("Ed Wood", "Tim Burton")),  # 1, all
+        rec("m", "b", "x", "x", gold=["Ed Wood", "Tim Burton"], titles=("ed_wood", "Johnny Depp")),  # 1/2
+        rec("m", "c", "x", "x", gold=["Scott Derrickson", "Ed Wood", "Doctor Strange"], titles=("Doctor Strange",)),
+        rec("m", "d", "x", "x", dataset="triviaqa"),  # no gold pages: left out, never a 0
+    ]
+    records[2]["evidence_recall"]["recall"] = 1.0  # a wrong stored value must not leak into the report
+    m = method_metrics(records, samples=400, seed=2)
+    recalls, alls = [1.0, 0.5, 1 / 3], [1.0, 0.0, 0.0]
+    assert m["n_evidence"] == 3
+    assert m["evidence_recall"]["mean"] == pytest.approx(11 / 18)
+    ci = (m["evidence_recall"]["mean"], m["evidence_recall"]["lo"], m["evidence_recall"]["hi"])
+    assert ci == pytest.approx(bootstrap_ci(recalls, n=400, seed=2))
+    assert (m["evidence_all"]["mean"], m["evidence_all"]["lo"], m["evidence_all"]["hi"]) == pytest.approx(
+        bootstrap_ci(alls, n=400, seed=2))
+    assert m["by_dataset"]["hotpotqa"]["evidence_recall"] == pytest.approx(11 / 18)
+    assert m["by_dataset"]["hotpotqa"]["evidence_all"] == pytest.approx(1 / 3)
+    assert m["by_dataset"]["triviaqa"] == {"n": 1, "em": 1.0, "f1": 1.0, "n_evidence": 0, "evidence_recall": None,
+                                           "evidence_all": None}
+
+
+def test_methods_and_datasets_without_gold_pages_show_a_dash_never_zero():
+    trivia = [rec("trivia", f"t{i}", "x", "y", dataset="triviaqa", gold_hops=None) for i in range(3)]
+    hotpot = [rec("hotpot", "h", "x", "y", gold=["Ed Wood"], titles=())]  # measured, and a real 0
+    results = compute({"hotpot": hotpot, "trivia": trivia}, methods=["hotpot", "trivia"], samples=50)
+    pm = results["per_method"]["trivia"]
+    assert pm["evidence_recall"] is None and pm["evidence_all"] is None and pm["n_evidence"] == 0
+    assert results["per_method"]["hotpot"]["evidence_recall"]["mean"] == 0.0
+    assert "evidence" not in results["paired"]["trivia"]  # no question with gold pages in common
+    text = render_markdown(results)
+    assert "| trivia | rewoo | zeroshot | 0 | – | – |" in text
+    assert "| hotpot | rewoo | zeroshot | 1 | 0.000 [0.000, 0.000] | 0.000 [0.000, 0.000] |" in text
+    assert "| trivia | triviaqa | 3 | 0.000 | 0.000 | 0 | – | – |" in text
+    trivia_line, hotpot_line = summary_lines(results)[1], summary_lines(results)[0]
+    assert "recall –" in trivia_line and "recall 0.000" in hotpot_line
+
+
+def test_paired_evidence_and_steps_differences_have_the_sign_of_the_better_planner():
+    qs = [f"q{i}" for i in range(20)]
+    gold = {q: [f"{q} A", f"{q} B"] for q in qs}
+    # the teacher finds both pages of every question in 2 steps; the student one page of half of them, in 5
+    teacher = [rec("teacher", q, "x", "x", steps=2, gold=gold[q], titles=tuple(gold[q])) for q in qs]
+    student = [rec("student", q, "x", "x", steps=5, gold=gold[q], titles=tuple(gold[q][:1]) if i % 2 else ())
+               for i, q in enumerate(qs)]
+    out = paired_vs_reference(student, teacher, samples=300, seed=4)
+    mine = [0.5 if i % 2 else 0.0 for i in range(20)]
+    assert out["evidence"]["n"] == 20
+    assert out["evidence"]["recall"] == pytest.approx(paired_bootstrap(mine, [1.0] * 20, n=300, seed=4))
+    assert out["evidence"]["recall"]["diff"] == pytest.approx(-0.75) and out["evidence"]["recall"]["hi"] < 0
+    assert out["evidence"]["all"]["diff"] == pytest.approx(-1.0)
+    assert out["plan_steps"]["steps"]["diff"] == pytest.approx(3.0)
+    back = paired_vs_reference(teacher, student, samples=300, seed=4)
+    assert back["evidence"]["recall"]["diff"] == pytest.approx(0.75) and back["plan_steps"]["steps"]["diff"] == -3
+    react = [rec("react", q, "x", "x", kind="react", gold=gold[q], titles=tuple(gold[q])) for q in qs]
+    assert "plan_steps" not in paired_vs_reference(react, teacher)  # steps per plan compare planners only
+    text = render_markdown(compute({"teacher": teacher, "student": student}, methods=["teacher", "student"],
+                                   samples=300, seed=4))
+    assert "| student | 20 | -0.750 [" in text and "| +3.00 [+3.00, +3.00] |" in text
+
+
+def test_steps_per_plan_and_the_share_cut_at_max_plan_steps():
+    records = [rec("m", "a", "x", "x", steps=1), rec("m", "b", "x", "x", steps=2), rec("m", "c", "x", "x", steps=2),
+               rec("m", "d", "x", "x", steps=7, plan_errors=("too_many_steps",)),
+               rec("m", "e", "x", "x", steps=0, plan_errors=("empty_plan",))]
+    m = method_metrics(records)
+    assert m["plan_steps"] == {"mean": 2.4, "p50": 2.0, "max": 7.0}
+    assert m["too_many_steps_rate"] == pytest.approx(1 / 5)
+    assert m["plan_valid_rate"] == pytest.approx(3 / 5)
+    react = method_metrics([rec("react", "a", "x", "x", kind="react", steps=3)])
+    assert react["plan_steps"] is None and react["too_many_steps_rate"] is None
+    text = render_markdown(compute({"m": records}, samples=50))
+    assert "| 0.600 | 2.40 | 2.0 | 7 | 0.200 | 50 |" in text
+
+
 def write_run(tmp_path: Path, by_method: dict[str, list[dict]], manifest: dict | None = None) -> Path:
     out = tmp_path / "run"
     for name, records in by_method.items():
@@ -171,13 +255,18 @@ def sample_run() -> dict[str, list[dict]]:
     def guess(q: str, p: float) -> str:
         return gold[q] if rng.random() < p else "wrong"
 
+    def pages(q: str, p: float) -> dict:
+        """The question's two gold pages, each retrieved with probability p."""
+        both = [f"{q} page A", f"{q} page B"]
+        return {"gold": both, "titles": tuple(t for t in both if rng.random() < p)}
+
     return {
         "teacher": [rec("teacher", q, guess(q, 0.8), gold[q], steps=rng.randint(1, 4), tokens=rng.randint(600, 900),
-                        cost=0.001, wall=rng.uniform(1, 3)) for q in qs],
+                        cost=0.001, wall=rng.uniform(1, 3), **pages(q, 0.8)) for q in qs],
         "student": [rec("student", q, guess(q, 0.7), gold[q], steps=rng.randint(1, 4), tokens=rng.randint(300, 400),
-                        wall=rng.uniform(1, 2)) for q in qs],
+                        wall=rng.uniform(1, 2), **pages(q, 0.6)) for q in qs],
         "react": [rec("react", q, guess(q, 0.6), gold[q], kind="react", steps=(s := rng.randint(1, 4)),
-                      tokens=700 * s, wall=rng.uniform(2, 6)) for q in qs],
+                      tokens=700 * s, wall=rng.uniform(2, 6), **pages(q, 0.7)) for q in qs],
         "direct": [rec("direct", q, guess(q, 0.3), gold[q], kind="direct", steps=0, tokens=60, wall=0.3)
                    for q in qs],
     }
@@ -198,9 +287,15 @@ def test_write_report_equals_recompute_and_has_every_section(tmp_path):
     for name in results["plots"].values():
         assert (out / name).stat().st_size > 1000
     report = (out / "report.md").read_text()
+    assert results["per_method"]["teacher"]["evidence_recall"]["mean"] > 0
+    assert results["per_method"]["direct"]["evidence_recall"] is None  # Direct retrieves nothing to measure
+    assert set(results["paired"]["student"]["evidence"]) == {"n", "recall", "all"}
     for needle in ("## Accuracy", "EM [95% CI]", "F1 [95% CI]", "plan valid", "LLM calls", "$ / correct (EM)",
                    "latency p95 s", "ΔEM [95% CI]", "by hops taken", "by gold hops", "Planner prompt size",
-                   "](accuracy_vs_tokens.png)", "](tokens_by_hops.png)", "](latency.png)"):
+                   "## The Planner apart from the Solver", "evidence recall [95% CI]", "all gold pages [95% CI]",
+                   "Δrecall [95% CI]", "Δsteps/plan [95% CI]", "too many steps",
+                   "](accuracy_vs_tokens.png)", "](tokens_by_hops.png)", "](latency.png)",
+                   "](recall_vs_prompt.png)"):
         assert needle in report, needle
     for name in results["methods"]:
         assert f"| {name} |" in report

@@ -20,7 +20,7 @@ import yaml
 
 from distill.errors import DistillError, ServerUnreachable
 from distill.run import RunStopped, folder_lock, raise_if_stopped, run_lifecycle
-from distill.runner import run_resumable
+from distill.runner import RunningStats, run_resumable
 from distill.store import JsonlStore, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,7 +107,7 @@ def test_ctrl_c_stops_between_records_and_the_counts_add_up(tmp_path):
     code = textwrap.dedent(f"""
         import asyncio, json, sys
         from pathlib import Path
-        from distill.runner import run_resumable
+        from distill.runner import RunningStats, run_resumable
         from distill.store import JsonlStore
 
         async def work(i):
@@ -241,3 +241,14 @@ def test_an_io_failure_is_one_line_and_exit_2_and_verbose_keeps_the_traceback(tm
     verbose = subprocess.run([sys.executable, "-m", "distill.cli", "-v", *cmd[3:]], cwd=ROOT, capture_output=True,
                              text=True, timeout=120)
     assert verbose.returncode == 2 and "Traceback" in verbose.stderr
+
+
+def test_running_stats_mean_evidence_recall_over_the_records_that_have_it():
+    stats = RunningStats()
+    stats.add({"dataset": "triviaqa", "evidence_recall": None, "scores": {"em": 0, "f1": 0.0}})
+    assert stats.summary()["evidence_recall"] is None and "recall" not in stats.postfix()  # none has gold pages
+    for recall in (1.0, 0.5, 0.0):
+        stats.add({"dataset": "hotpotqa", "evidence_recall": {"recall": recall, "all": recall == 1.0}})
+    summary = stats.summary()
+    assert summary["evidence_recall"] == 0.5 and summary["records"] == 4  # the TriviaQA record is not a 0
+    assert "recall 0.50" in stats.postfix()
