@@ -1,6 +1,6 @@
 """The one place where planner and solver prompts are built.
 
-Generation (teacher), training (student) and evaluation and `distill ask` all call `planner_messages`, so the
+Generation (teacher), training (student), evaluation and `distill ask` all call `planner_messages`, so the
 student is served exactly the prompt it was trained on. Static text comes first and the question last, so a
 server's prefix cache reuses the instructions, tool list and exemplars across questions.
 """
