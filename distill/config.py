@@ -7,15 +7,18 @@ endpoint has several settings of its own. Every bad key is reported, on one line
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from distill.errors import DistillError
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS
+from distill.rewoo.prompts import PromptKind, canonical_prompt_kind
 
 C = TypeVar("C", bound=BaseModel)
+# A planner prompt kind in a config (fewshot | full | compact); the old name `zeroshot` reads as `full`.
+PlannerPrompt = Annotated[PromptKind, BeforeValidator(canonical_prompt_kind)]
 
 # Dollars per million tokens. Local models cost nothing; API prices change: override in config.
 DEFAULT_PRICES: dict[str, dict[str, float]] = {
@@ -70,7 +73,7 @@ class AgentConfig(Strict):
     planner: ModelSpec = Field(default_factory=ModelSpec)
     solver: ModelSpec = Field(default_factory=lambda: ModelSpec(max_tokens=64))
     llm_tool: ModelSpec | None = None  # the LLM tool's model; defaults to the solver's
-    planner_prompt: Literal["fewshot", "zeroshot"] = "fewshot"
+    planner_prompt: PlannerPrompt = "fewshot"
     tools: list[str] = Field(default_factory=lambda: ["Wikipedia", "LLM", "Calculator"])
     wikipedia_backend: Literal["local", "online"] = "local"
     wikipedia_corpus: str | None = "data/demo/corpus.jsonl"

@@ -33,7 +33,7 @@ from typing import Any, Callable, Literal, Mapping
 
 from pydantic import Field, field_validator, model_validator
 
-from distill.config import AgentConfig, ModelSpec, Strict, add_config_args, load_config
+from distill.config import AgentConfig, ModelSpec, PlannerPrompt, Strict, add_config_args, load_config
 from distill.data import DatasetSource
 from distill.errors import DistillError
 from distill.report import RECORDS_DIR
@@ -48,7 +48,7 @@ class PlannerEntry(Strict):
 
     name: str
     spec: ModelSpec
-    prompt: Literal["fewshot", "zeroshot"]
+    prompt: PlannerPrompt
 
 
 class EvalDatasetSource(DatasetSource):
@@ -110,7 +110,7 @@ class EvalConfig(AgentConfig):
 class Method:
     name: str
     kind: Literal["rewoo", "react", "direct"]
-    prompt: str | None = None  # fewshot | zeroshot for ReWOO planners
+    prompt: str | None = None  # fewshot | full | compact for ReWOO planners
     spec: ModelSpec | None = None
 
 
@@ -255,6 +255,8 @@ def record_key(rec: dict) -> tuple[str, str]:
 def check_resumable(records: list[dict], cfg: EvalConfig, method: Method, path: Path) -> None:
     """Refuse to resume a record file made under other settings (say, `--set tool_failure_rate=1.0` into the
     directory of a clean run): its records would be kept as if they answered the new question."""
+    from distill.rewoo.prompts import canonical_prompt_kind
+
     want = {"tool_failure_rate": cfg.tool_failure_rate, "kind": method.kind, "solver model": cfg.solver.model}
     if method.kind == "rewoo":
         want |= {"planner model": method.spec.model, "planner_prompt": method.prompt}
@@ -264,7 +266,7 @@ def check_resumable(records: list[dict], cfg: EvalConfig, method: Method, path: 
             "kind": rec.get("kind"),
             "solver model": (rec.get("solver") or {}).get("model"),
             "planner model": (rec.get("planner") or {}).get("model"),
-            "planner_prompt": rec.get("planner_prompt"),
+            "planner_prompt": canonical_prompt_kind(rec.get("planner_prompt")),
         }
         for what, value in want.items():
             if have[what] != value:

@@ -1,8 +1,9 @@
 """Kept trajectories -> the SFT dataset of the student Planner (TRL conversational prompt/completion form).
 
-The prompt is built by `planner_messages` over `registry.tool_descriptions(tools)` (zero-shot unless
-`student_prompt` says otherwise), the very functions the agent factory calls for eval and ask, so the student
-is trained on exactly the prompt it will be served. The completion is the teacher's plan parsed
+The prompt is built by `planner_messages` over `registry.tool_descriptions(tools)` in the kind `student_prompt`
+names (`full`: instructions and tool descriptions; `compact`: the tool names only, the rest left to training), the
+very functions the agent factory calls for eval and ask, so the student is trained on exactly the prompt it will
+be served. The completion is the teacher's plan parsed
 and re-rendered canonically: the student learns one spelling of the format, not every teacher quirk.
 
 The train/validation split is by `distill.data.normalize_question`, the leak guard's own key, so samples of one
@@ -17,15 +18,15 @@ import random
 import statistics
 from collections import Counter
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from pydantic import Field, field_validator
 
-from distill.config import Strict, add_config_args, parse_overrides, read_yaml, validate
+from distill.config import PlannerPrompt, Strict, add_config_args, parse_overrides, read_yaml, validate
 from distill.data import normalize_question
 from distill.errors import DistillError
 from distill.rewoo.plan import parse_plan, render_plan
-from distill.rewoo.prompts import planner_messages
+from distill.rewoo.prompts import PromptKind, planner_messages
 from distill.tools.registry import tool_descriptions
 
 DEFAULT_TOOLS = ("Wikipedia", "LLM", "Calculator")
@@ -34,12 +35,13 @@ PREVIEW_ROWS = 20
 
 class SftDataConfig(Strict):
     """`distill sft-data` and the pipeline's sft-data stage. `tools` and `student_prompt` must be what the
-    student will be served with (eval's student row, `distill ask`): together they make its prompt."""
+    student will be served with (eval's student row `prompt`, `distill ask`'s `planner_prompt`): together they
+    make its prompt."""
 
     kept: str | None = None  # kept trajectory records (JSONL); the pipeline fills it in
     out: str | None = None  # dataset folder to write; the pipeline fills it in
     tools: list[str] = Field(default_factory=lambda: list(DEFAULT_TOOLS))
-    student_prompt: Literal["zeroshot", "fewshot"] = "zeroshot"
+    student_prompt: PlannerPrompt = "full"
     val_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
     seed: int = 0
     tokenizer: str | None = "smollm2-135m-instruct"  # for the token-length summary; None or "none" skips it
@@ -60,7 +62,7 @@ class SftDataConfig(Strict):
 
 
 def record_to_example(
-    record: Mapping[str, Any], tools: Mapping[str, str], fewshot: bool = False
+    record: Mapping[str, Any], tools: Mapping[str, str], kind: PromptKind = "full"
 ) -> tuple[dict | None, str]:
     """One SFT example from one kept record, or (None, reason) when the plan is unusable for training.
 
@@ -79,7 +81,7 @@ def record_to_example(
     if not plan.valid:
         return None, "invalid_plan"
     example = {
-        "prompt": planner_messages(question, tools, fewshot),
+        "prompt": planner_messages(question, tools, kind),
         "completion": [{"role": "assistant", "content": render_plan(plan)}],
         "id": str(record.get("id", "")),
         "dataset": str(record.get("dataset", "")),
@@ -89,7 +91,7 @@ def record_to_example(
 
 
 def build_examples(
-    records: Sequence[Mapping[str, Any]], tools: Mapping[str, str], fewshot: bool = False
+    records: Sequence[Mapping[str, Any]], tools: Mapping[str, str], kind: PromptKind = "full"
 ) -> tuple[list[dict], Counter]:
     """Examples plus counts of what was skipped and why; exact (prompt, completion) repeats are dropped so that
     k identical samples of one question do not weigh k times."""
@@ -97,7 +99,7 @@ def build_examples(
     counts: Counter = Counter()
     seen: set[tuple[str, str]] = set()
     for record in records:
-        example, reason = record_to_example(record, tools, fewshot)
+        example, reason = record_to_example(record, tools, kind)
         counts[reason] += 1
         if example is None:
             continue
@@ -158,12 +160,17 @@ def to_dataset_dict(train: Sequence[dict], val: Sequence[dict]):
     return DatasetDict({"train": build(train), "validation": build(val)})
 
 
+def prompt_tokens(messages: Sequence[Mapping[str, str]], tokenizer) -> int:
+    """Prompt tokens as a server and TRL count them: the chat template with the generation prompt appended."""
+    return len(_ids(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)))
+
+
 def token_lengths(example: Mapping[str, Any], tokenizer) -> tuple[int, int]:
-    """(prompt, completion) token counts the way TRL counts them: the prompt with the generation prompt
-    appended, the completion as what prompt+completion adds to it."""
-    prompt = _ids(tokenizer.apply_chat_template(list(example["prompt"]), add_generation_prompt=True, tokenize=True))
+    """(prompt, completion) token counts the way TRL counts them: the completion is what prompt+completion
+    adds to the prompt."""
+    prompt = prompt_tokens(example["prompt"], tokenizer)
     full = _ids(tokenizer.apply_chat_template(list(example["prompt"]) + list(example["completion"]), tokenize=True))
-    return len(prompt), len(full) - len(prompt)
+    return prompt, len(full) - prompt
 
 
 def _ids(out) -> list[int]:
@@ -226,7 +233,7 @@ def build_sft_data(cfg: SftDataConfig) -> dict:
     if not records:
         raise DistillError(f"{cfg.kept}: no records")
     tools = tool_descriptions(cfg.tools)
-    examples, counts = build_examples(records, tools, cfg.student_prompt == "fewshot")
+    examples, counts = build_examples(records, tools, cfg.student_prompt)
     if not examples:
         raise DistillError(f"{cfg.kept}: no record has a usable plan ({dict(counts)})")
     train, val = split_by_question(examples, cfg.val_fraction, cfg.seed)
@@ -258,6 +265,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tools", help="comma-separated tools of the student prompt (default Wikipedia,LLM,Calculator)"
     )
+    parser.add_argument(
+        "--student-prompt", help="planner prompt kind the student is trained on and served: full (default) or compact"
+    )
     parser.add_argument("--val-fraction", type=float, help="share of questions held out for validation (default 0.1)")
     parser.add_argument("--seed", type=int, help="seed of the question split (default 0)")
     parser.add_argument("--tokenizer", help="tokenizer for the length summary ('none' to skip)")
@@ -265,8 +275,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    flags = {"kept": args.kept, "out": args.out, "tools": args.tools, "val_fraction": args.val_fraction,
-             "seed": args.seed, "tokenizer": args.tokenizer}
+    flags = {"kept": args.kept, "out": args.out, "tools": args.tools, "student_prompt": args.student_prompt,
+             "val_fraction": args.val_fraction, "seed": args.seed, "tokenizer": args.tokenizer}
     data = (read_yaml(args.config) if args.config else {}) | {k: v for k, v in flags.items() if v is not None}
     cfg = validate(SftDataConfig, data | parse_overrides(args.set), args.config or "sft-data")
     summary = build_sft_data(cfg)

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from distill.rewoo.prompts import PROMPT_KINDS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -22,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--prompts", type=int, default=16, help="planner prompts, all in flight at once")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--prompt", choices=["fewshot", "zeroshot"], default="fewshot")
+    p.add_argument("--prompt", choices=PROMPT_KINDS, default="fewshot")
     p.add_argument("--questions", default=str(ROOT / "data" / "demo" / "train.jsonl"))
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--backends", default="transformers,vllm")
@@ -46,7 +48,7 @@ def main() -> int:
 
     examples = load_examples(args.questions, "hotpotqa", "train", limit=args.prompts)
     tools = tool_descriptions(["Wikipedia", "LLM"])
-    prompts = [planner_messages(e.question, tools, args.prompt == "fewshot") for e in examples]
+    prompts = [planner_messages(e.question, tools, args.prompt) for e in examples]
     rows = {}
     for backend in args.backends.split(","):
         if backend == "transformers":

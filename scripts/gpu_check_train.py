@@ -68,7 +68,7 @@ def synthetic_example(rng: random.Random, tools: dict[str, str]) -> dict:
     if rng.random() < 0.5:
         steps.append(Step("#E4", "Compute the difference in years.", "Calculator", "#E3", ("#E3",)))
     return {
-        "prompt": planner_messages(question, tools, fewshot=False),
+        "prompt": planner_messages(question, tools, "full"),
         "completion": [{"role": "assistant", "content": render_plan(Plan(tuple(steps), ()))}],
         "id": f"synthetic-{rng.random():.8f}",
         "dataset": "synthetic",

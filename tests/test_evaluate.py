@@ -76,7 +76,7 @@ def test_shipped_configs_load_with_openai_planners():
     demo = load_config(EvalConfig, ROOT / "configs" / "eval_smollm2_cpu.yaml")
     assert [m.name for m in methods_of(demo)] == ["teacher", "student", "base", "react", "direct"]
     student = next(p for p in demo.planners if p.name == "student")
-    assert student.spec.backend == "openai" and student.spec.model == "planner" and student.prompt == "zeroshot"
+    assert student.spec.backend == "openai" and student.spec.model == "planner" and student.prompt == "full"
     real = load_config(EvalConfig, ROOT / "configs" / "eval_hotpot_trivia_7b.yaml")
     assert [d.n for d in real.datasets] == [500, 500] and real.solver.api_key_env == "OPENAI_API_KEY"
     assert next(p for p in real.planners if p.name == "student").spec.base_urls == ["http://127.0.0.1:8000/v1"]
@@ -94,7 +94,7 @@ def test_an_openai_planner_is_wired_to_its_server_and_says_when_it_is_unreachabl
     cfg = validate(EvalConfig, BASE | {"planners": [{"name": "student", "prompt": "zeroshot", "spec": spec}],
                                        "solver": spec | {"model": "smollm2-135m-instruct"}, "tools": ["Calculator"]})
     agent = build_method(cfg, methods_of(cfg)[0])
-    assert isinstance(agent.planner, OpenAIChat) and agent.planner.name == "planner" and not agent.fewshot
+    assert isinstance(agent.planner, OpenAIChat) and agent.planner.name == "planner" and agent.planner_prompt == "full"
     assert agent.planner._urls == [f"http://127.0.0.1:{port}/v1"]
     assert agent.method == "student"
     example = load_eval_examples(cfg)[0]

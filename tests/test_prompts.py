@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from distill.rewoo.plan import parse_plan
-from distill.rewoo.prompts import FEWSHOT_EXEMPLARS, extract_answer, planner_messages, solver_messages
-from distill.tools.registry import TOOL_DESCRIPTIONS
+from distill.rewoo.prompts import PROMPT_KINDS, FEWSHOT_EXEMPLARS, extract_answer, planner_messages, solver_messages
+from distill.tools.registry import TOOL_DESCRIPTIONS, tool_descriptions
 
 
 @pytest.mark.parametrize(
@@ -26,19 +26,67 @@ def test_extract_answer(text, answer):
     assert extract_answer(text) == answer
 
 
-def test_static_text_first_and_question_last():
-    a = planner_messages("Who wrote Dracula?", TOOL_DESCRIPTIONS, fewshot=True)
-    b = planner_messages("Where is Ulm?", TOOL_DESCRIPTIONS, fewshot=True)
+@pytest.mark.parametrize("kind", PROMPT_KINDS)
+def test_static_text_first_and_question_last(kind):
+    a = planner_messages("Who wrote Dracula?", TOOL_DESCRIPTIONS, kind)
+    b = planner_messages("Where is Ulm?", TOOL_DESCRIPTIONS, kind)
     assert a[0] == b[0]  # the whole system message is shared: a server's prefix cache reuses it
-    assert a[1]["content"].endswith("Who wrote Dracula?")
+    assert [m["role"] for m in a] == ["system", "user"] and a[1]["content"] == "Question: Who wrote Dracula?"
+    assert planner_messages("Who wrote Dracula?", TOOL_DESCRIPTIONS, kind) == a  # deterministic
 
 
-def test_zero_shot_student_prompt_has_no_exemplars_but_lists_tools():
-    student = planner_messages("Q?", TOOL_DESCRIPTIONS, fewshot=False)[0]["content"]
-    teacher = planner_messages("Q?", TOOL_DESCRIPTIONS, fewshot=True)[0]["content"]
+def test_full_student_prompt_has_no_exemplars_but_lists_tools():
+    student = planner_messages("Q?", TOOL_DESCRIPTIONS, "full")[0]["content"]
+    teacher = planner_messages("Q?", TOOL_DESCRIPTIONS, "fewshot")[0]["content"]
     assert "For example" not in student and "For example" in teacher
     assert all(f"{name}[input]" in student for name in TOOL_DESCRIPTIONS)
     assert len(student) < len(teacher) / 2
+
+
+def test_compact_prompt_names_the_tools_in_config_order_and_nothing_else():
+    tools = tool_descriptions(["calculator", "Wikipedia"])
+    system = planner_messages("Q?", tools, "compact")[0]["content"]
+    assert system == "Tools: Calculator, Wikipedia"
+    full = planner_messages("Q?", tools, "full")[0]["content"]
+    assert all(desc not in system for desc in tools.values()) and all(desc in full for desc in tools.values())
+
+
+def test_an_unknown_prompt_kind_is_refused_not_guessed():
+    with pytest.raises(ValueError, match="unknown planner prompt kind 'zeroshot'; known: fewshot, full, compact"):
+        planner_messages("Q?", TOOL_DESCRIPTIONS, "zeroshot")  # the old name is read as `full` by configs only
+
+
+def test_configs_read_the_old_name_zeroshot_as_full_and_refuse_unknown_kinds():
+    from distill.config import AgentConfig, validate
+    from distill.errors import DistillError
+    from distill.evaluate import PlannerEntry
+    from distill.sft_data import SftDataConfig
+
+    assert validate(AgentConfig, {"planner_prompt": "zeroshot"}).planner_prompt == "full"
+    assert validate(AgentConfig, {"planner_prompt": "compact"}).planner_prompt == "compact"
+    assert validate(SftDataConfig, {"student_prompt": "zeroshot"}).student_prompt == "full"
+    entry = {"name": "s", "spec": {"model": "m"}}
+    assert validate(PlannerEntry, entry | {"prompt": "zeroshot"}).prompt == "full"
+    for bad in ("short", ["full"]):
+        with pytest.raises(DistillError, match="planner_prompt") as info:
+            validate(AgentConfig, {"planner_prompt": bad})
+        assert "\n" not in str(info.value)
+
+
+def test_compact_prompt_is_at_most_a_fifth_of_the_teachers_in_tokens():
+    """Prompt tokens as the server counts them: the real SmolLM2 tokenizer with its chat template, on the
+    demo's own questions and tools."""
+    from pathlib import Path
+
+    from distill.data import load_examples
+    from distill.sft_data import load_tokenizer, prompt_tokens
+
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    root = Path(__file__).resolve().parents[1]
+    tools = tool_descriptions(["Wikipedia", "LLM"])
+    for example in load_examples(str(root / "data" / "demo" / "dev.jsonl"), "hotpotqa", "dev", limit=3):
+        n = {kind: prompt_tokens(planner_messages(example.question, tools, kind), tokenizer) for kind in PROMPT_KINDS}
+        assert n["compact"] * 5 <= n["fewshot"] and n["compact"] < n["full"] < n["fewshot"]
 
 
 def test_exemplars_are_valid_canonical_plans():
@@ -47,7 +95,7 @@ def test_exemplars_are_valid_canonical_plans():
 
 
 def test_exemplars_needing_a_missing_tool_are_left_out():
-    content = planner_messages("Q?", {"Wikipedia": TOOL_DESCRIPTIONS["Wikipedia"], "LLM": TOOL_DESCRIPTIONS["LLM"]}, True)[0]["content"]
+    content = planner_messages("Q?", {"Wikipedia": TOOL_DESCRIPTIONS["Wikipedia"], "LLM": TOOL_DESCRIPTIONS["LLM"]}, "fewshot")[0]["content"]
     assert "Calculator[" not in content and "Wikipedia[Danube]" in content
 
 
@@ -59,9 +107,11 @@ def test_solver_sees_every_step_with_its_evidence():
     assert text.rstrip().endswith("Question: Q?")
 
 
-def test_student_prompt_bytes_are_the_same_in_sft_data_eval_and_ask(tmp_path, capsys):
-    """The student is served exactly the prompt it was trained on: one config (tools mis-cased, as hand-written
-    configs are), each stage's real code path, the real SmolLM2 as planner and solver (one token each)."""
+@pytest.mark.parametrize("kind", ["full", "compact"])
+def test_student_prompt_bytes_are_the_same_in_sft_data_eval_and_ask(tmp_path, capsys, kind):
+    """The student is served exactly the prompt it was trained on, in either student prompt kind: one config
+    (tools mis-cased, as hand-written configs are), each stage's real code path, the real SmolLM2 as planner
+    and solver (one token each)."""
     import asyncio
     import json
     from pathlib import Path
@@ -82,18 +132,19 @@ def test_student_prompt_bytes_are_the_same_in_sft_data_eval_and_ask(tmp_path, ca
     record = {"id": "q1", "dataset": "hotpotqa", "question": question, "planner": {"output": output}}
     kept.write_text(json.dumps(record))
     out = tmp_path / "sft"
-    assert cli_main(["sft-data", str(kept), "--out", str(out), "--tools", ",".join(tools), "--tokenizer", "none"]) == 0
+    argv = ["sft-data", str(kept), "--out", str(out), "--tools", ",".join(tools), "--tokenizer", "none"]
+    assert cli_main(argv + ["--student-prompt", kind]) == 0
     trained = json.loads((out / "preview.jsonl").read_text().splitlines()[0])["prompt"]
 
     cfg = validate(EvalConfig, {
-        "planners": [{"name": "student", "prompt": "zeroshot", "spec": model}], "solver": model, "tools": tools,
+        "planners": [{"name": "student", "prompt": kind, "spec": model}], "solver": model, "tools": tools,
         "wikipedia_corpus": corpus, "baselines": ["direct"],
     })
     agent = build_method(cfg, methods_of(cfg)[0])
     evaluated = asyncio.run(agent.run(Question(question)))["planner"]["messages"]
 
     capsys.readouterr()
-    sets = [f"tools=[{', '.join(tools)}]", "planner_prompt=zeroshot", "planner.max_tokens=1", "solver.max_tokens=1",
+    sets = [f"tools=[{', '.join(tools)}]", f"planner_prompt={kind}", "planner.max_tokens=1", "solver.max_tokens=1",
             f"wikipedia_corpus={corpus}"]
     argv = ["ask", question, "--config", str(root / "configs" / "ask_smollm2_local.yaml"), "--json"]
     assert cli_main(argv + [arg for s in sets for arg in ("--set", s)]) == 0
@@ -102,5 +153,26 @@ def test_student_prompt_bytes_are_the_same_in_sft_data_eval_and_ask(tmp_path, ca
     as_bytes = [json.dumps(m, ensure_ascii=False).encode() for m in (trained, evaluated, asked)]
     assert as_bytes[0] == as_bytes[1] == as_bytes[2]
     system = trained[0]["content"]
-    assert "Wikipedia[input]" in system and "LLM[input]" in system and "Calculator" not in system
+    if kind == "compact":
+        assert system == "Tools: Wikipedia, LLM"
+    else:
+        assert "Wikipedia[input]" in system and "LLM[input]" in system and "Calculator" not in system
     assert "For example" not in system and trained[-1]["content"].endswith(question)
+
+
+def test_an_eval_run_recorded_under_the_old_name_resumes_as_full_but_not_as_compact(tmp_path):
+    """Records written before `compact` existed say `zeroshot`: the same student prompt as `full`."""
+    from distill.config import validate
+    from distill.errors import DistillError
+    from distill.evaluate import EvalConfig, check_resumable, methods_of
+
+    spec = {"model": "planner"}
+    old = [{"kind": "rewoo", "planner_prompt": "zeroshot", "planner": spec, "solver": {"model": "s"}}]
+    for kind in ("full", "compact"):
+        cfg = validate(EvalConfig, {"planners": [{"name": "student", "prompt": kind, "spec": spec}],
+                                    "solver": {"model": "s"}})
+        if kind == "full":
+            check_resumable(old, cfg, methods_of(cfg)[0], tmp_path / "student.jsonl")
+        else:
+            with pytest.raises(DistillError, match="planner_prompt 'full', but the config says 'compact'"):
+                check_resumable(old, cfg, methods_of(cfg)[0], tmp_path / "student.jsonl")

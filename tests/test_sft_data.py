@@ -73,7 +73,7 @@ def kept_records() -> list[dict]:
                     "sample": sample,
                     "planner": {
                         "model": "teacher",
-                        "messages": planner_messages(question, tool_descriptions(TOOLS), fewshot=True),
+                        "messages": planner_messages(question, tool_descriptions(TOOLS), "fewshot"),
                         "output": output,
                     },
                     "plan": plan.to_dict(),
@@ -106,7 +106,7 @@ def test_examples_use_the_student_prompt_and_the_canonical_plan():
     assert counts == {"ok": 12, "no_steps": 1, "invalid_plan": 1}
     assert len(examples) == 12
     for record, example in zip(kept_records(), examples):
-        assert example["prompt"] == planner_messages(record["question"], tools, fewshot=False)
+        assert example["prompt"] == planner_messages(record["question"], tools, "full")
         completion = example["completion"]
         assert [m["role"] for m in completion] == ["assistant"]
         assert completion[0]["content"] == render_plan(parse_plan(record["planner"]["output"], tools=TOOLS))
@@ -137,7 +137,7 @@ def test_split_keeps_each_question_on_one_side_and_is_seeded():
 
 def test_normalised_questions_share_a_side():
     examples, _ = build_examples(kept_records(), tool_descriptions(TOOLS))
-    shouted = dict(examples[0], prompt=planner_messages("WHICH city hosted the 1992  Summer Olympics", {}, False))
+    shouted = dict(examples[0], prompt=planner_messages("WHICH city hosted the 1992  Summer Olympics", {}, "full"))
     for seed in range(5):
         train, val = split_by_question(examples + [shouted], 0.5, seed)
         first_side = "val" if examples[0] in val else "train"
@@ -150,7 +150,7 @@ def test_the_split_folds_questions_as_the_leak_guard_does():
 
     examples, _ = build_examples(kept_records(), tool_descriptions(TOOLS))
     wide = "Ｗｈｉｃｈ city hosted the 1992 Summer_Olympics?"
-    variant = dict(examples[0], prompt=planner_messages(wide, {}, False))
+    variant = dict(examples[0], prompt=planner_messages(wide, {}, "full"))
     for seed in range(5):
         train, val = split_by_question(examples + [variant], 0.5, seed)
         assert (variant in val) == (examples[0] in val)
@@ -160,7 +160,7 @@ def test_the_split_folds_questions_as_the_leak_guard_does():
 
 def test_config_fixes_tool_case_and_refuses_bad_settings():
     cfg = validate(SftDataConfig, {"tools": "wikipedia, llm", "kept": "k", "out": "o"})
-    assert cfg.tools == ["Wikipedia", "LLM"] and cfg.student_prompt == "zeroshot"
+    assert cfg.tools == ["Wikipedia", "LLM"] and cfg.student_prompt == "full"
     for bad, message in [
         ({"tools": ["LLM", "llm"]}, "listed twice"),
         ({"tools": ["Bing"]}, "unknown tool"),
@@ -181,6 +181,29 @@ def test_a_fewshot_student_prompt_is_the_teachers_prompt(tmp_path):
     first = json.loads((tmp_path / "sft" / "preview.jsonl").read_text().splitlines()[0])
     assert first["prompt"] == kept_records()[0]["planner"]["messages"]
     assert summary["student_prompt"] == "fewshot"
+
+
+def test_a_compact_student_prompt_keeps_the_examples_and_cuts_the_prompt_tokens(tmp_path):
+    """The same kept records and split under `full` and `compact` (the demo compares the two students on the
+    same examples); only the system message differs, and the real tokenizer's count says by how much."""
+    kept = write_kept(tmp_path / "kept.jsonl", kept_records())
+    summaries, previews = {}, {}
+    for kind in ("full", "compact"):
+        out = tmp_path / kind
+        argv = ["sft-data", str(kept), "--out", str(out), "--student-prompt", kind, "--val-fraction", "0.34"]
+        assert cli_main(argv) == 0
+        summaries[kind] = json.loads((out / "summary.json").read_text())
+        previews[kind] = [json.loads(line) for line in (out / "preview.jsonl").read_text().splitlines()]
+    full, compact = summaries["full"], summaries["compact"]
+    assert (full["student_prompt"], compact["student_prompt"]) == ("full", "compact")
+    assert full["records"] == compact["records"]
+    for split in ("train", "validation"):
+        assert full["splits"][split]["examples"] == compact["splits"][split]["examples"] > 0
+        assert full["splits"][split]["completion_tokens"] == compact["splits"][split]["completion_tokens"]
+        assert compact["splits"][split]["prompt_tokens"]["max"] * 3 < full["splits"][split]["prompt_tokens"]["min"]
+    for f, c in zip(previews["full"], previews["compact"]):
+        assert f["completion"] == c["completion"] and f["prompt"][1:] == c["prompt"][1:]
+        assert c["prompt"][0] == {"role": "system", "content": "Tools: Wikipedia, LLM, Calculator"}
 
 
 def test_cli_reads_a_config_and_flags_override_it(tmp_path):

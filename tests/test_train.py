@@ -93,7 +93,7 @@ def test_training_prompt_is_what_inference_sends(trainer, smollm2):
     tools = tool_descriptions(TOOLS)
     inference = {}
     for record in kept_records():
-        ids = smollm2.prompt_ids(planner_messages(record["question"], tools, fewshot=False))
+        ids = smollm2.prompt_ids(planner_messages(record["question"], tools, "full"))
         inference[tuple(ids)] = record["question"]
     matched = set()
     for batch in _batches(trainer):
@@ -281,7 +281,7 @@ def test_cpu_smoke_config_trains_resumes_and_merges(sft_dir, tmp_path, smollm2, 
 
     # The saved chat template is the one used in training, and renders the inference prompt exactly.
     saved = AutoTokenizer.from_pretrained(out)
-    messages = planner_messages(kept_records()[0]["question"], tool_descriptions(TOOLS), fewshot=False)
+    messages = planner_messages(kept_records()[0]["question"], tool_descriptions(TOOLS), "full")
     prompt = _ids(saved.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
     assert prompt == smollm2.prompt_ids(messages)
     assert (out / "chat_template.jinja").read_text() == smollm2.tokenizer.chat_template

@@ -61,7 +61,7 @@ class ReWOOAgent:
         tools_for: Callable[[Any], Mapping[str, Any]],
         tool_descriptions: Mapping[str, str],
         *,
-        fewshot: bool = True,
+        planner_prompt: prompts.PromptKind = "fewshot",
         planner_temperature: float = 0.0,
         planner_max_tokens: int = 512,
         planner_stop: list[str] | None = None,
@@ -75,7 +75,7 @@ class ReWOOAgent:
         self.planner, self.solver = planner, solver
         self.tools_for = tools_for
         self.tool_descriptions = dict(tool_descriptions)
-        self.fewshot = fewshot
+        self.planner_prompt = planner_prompt
         self.planner_temperature = planner_temperature
         self.planner_max_tokens = planner_max_tokens
         self.planner_stop = planner_stop
@@ -86,7 +86,7 @@ class ReWOOAgent:
         self.max_plan_chars, self.max_plan_steps = max_plan_chars, max_plan_steps
 
     async def plan(self, question: str, seed: int | None = None) -> tuple[list[dict], Completion]:
-        messages = prompts.planner_messages(question, self.tool_descriptions, self.fewshot)
+        messages = prompts.planner_messages(question, self.tool_descriptions, self.planner_prompt)
         out = await self.planner.chat(
             messages, temperature=self.planner_temperature, max_tokens=self.planner_max_tokens,
             stop=self.planner_stop, seed=seed,
@@ -265,7 +265,7 @@ def build_agent(
         solver,
         tools_for,
         descriptions,
-        fewshot=(planner_prompt or cfg.planner_prompt) == "fewshot",
+        planner_prompt=planner_prompt or cfg.planner_prompt,
         planner_temperature=spec.temperature,
         planner_max_tokens=spec.max_tokens,
         planner_stop=spec.stop,

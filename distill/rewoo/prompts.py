@@ -1,14 +1,24 @@
 """The one place where planner and solver prompts are built.
 
-Generation (teacher, few-shot), training (student, zero-shot) and evaluation all call `planner_messages`,
-so the student is served exactly the prompt it was trained on. Static text comes first and the question
-last, so a server's prefix cache reuses the instructions, tool list and exemplars across questions.
+Generation (teacher), training (student), evaluation and `distill ask` all call `planner_messages`, so the
+student is served exactly the prompt it was trained on. Static text comes first and the question last, so a
+server's prefix cache reuses the instructions, tool list and exemplars across questions.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Mapping, Sequence
+from typing import Literal, Mapping, Sequence, get_args
+
+# The planner prompt kinds, by what the planner must be told:
+#   fewshot  the teacher: instructions, tool descriptions, format and worked exemplars
+#   full     a student without exemplars: instructions, tool descriptions and format
+#   compact  a trained student: the tool names and the question; instructions, descriptions and format are
+#            what fine-tuning taught it, so sending them again costs prompt tokens on every call
+PromptKind = Literal["fewshot", "full", "compact"]
+PROMPT_KINDS: tuple[str, ...] = get_args(PromptKind)
+# `zeroshot` was the name of `full` before `compact` existed: configs and records written then keep working.
+PROMPT_KIND_ALIASES = {"zeroshot": "full"}
 
 PLANNER_INSTRUCTIONS = (
     "For the following task, make plans that can solve the problem step by step. For each plan, indicate "
@@ -74,9 +84,18 @@ def tool_list(tools: Mapping[str, str]) -> str:
     return "\n".join(f"({i}) {name}[input]: {desc}" for i, (name, desc) in enumerate(tools.items(), 1))
 
 
-def planner_system_prompt(tools: Mapping[str, str], fewshot: bool) -> str:
+def canonical_prompt_kind(kind):
+    """The kind an alias stands for; anything else unchanged (validation says what is wrong with it)."""
+    return PROMPT_KIND_ALIASES.get(kind, kind) if isinstance(kind, str) else kind
+
+
+def planner_system_prompt(tools: Mapping[str, str], kind: PromptKind) -> str:
+    if kind not in PROMPT_KINDS:
+        raise ValueError(f"unknown planner prompt kind {kind!r}; known: {', '.join(PROMPT_KINDS)}")
+    if kind == "compact":
+        return "Tools: " + ", ".join(tools)
     parts = [PLANNER_INSTRUCTIONS, "Tools can be one of the following:\n" + tool_list(tools), PLANNER_FORMAT]
-    if fewshot:
+    if kind == "fewshot":
         allowed = set(tools)
         shots = [
             f"Question: {q}\n{plan}"
@@ -88,10 +107,14 @@ def planner_system_prompt(tools: Mapping[str, str], fewshot: bool) -> str:
     return "\n\n".join(parts)
 
 
-def planner_messages(question: str, tools: Mapping[str, str], fewshot: bool) -> list[dict]:
-    """Teacher (few-shot) and student (zero-shot) planner prompt; the question is the last, variable part."""
+def planner_messages(question: str, tools: Mapping[str, str], kind: PromptKind) -> list[dict]:
+    """The planner prompt of every kind: a system message, then the question, the only part that varies.
+
+    Even the compact prompt has its system message: without one, chat templates insert their own default
+    (SmolLM2's and Qwen2.5's do), which would cost tokens and tell the planner nothing.
+    """
     return [
-        {"role": "system", "content": planner_system_prompt(tools, fewshot)},
+        {"role": "system", "content": planner_system_prompt(tools, kind)},
         {"role": "user", "content": f"Question: {question.strip()}"},
     ]
 
