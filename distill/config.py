@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from distill.errors import DistillError
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS
+from distill.rewoo.worker import SURPRISES, Surprise
 
 C = TypeVar("C", bound=BaseModel)
 
@@ -89,6 +90,11 @@ class AgentConfig(Strict):
     evidence_max_chars: int = 1500
     max_plan_chars: int = Field(default=DEFAULT_MAX_PLAN_CHARS, ge=1)  # planner output read; the rest: too_long
     max_plan_steps: int = Field(default=6, ge=1)  # HotpotQA needs 2-4; more is too_many_steps, not tool calls
+    # re-planning on surprise (off: plain ReWOO): a step whose evidence has a status in replan_on asks the
+    # Planner again with the evidence so far, at most max_replans times per question
+    replan: bool = False
+    replan_on: list[Surprise] = Field(default_factory=lambda: list(SURPRISES))
+    max_replans: int = Field(default=1, ge=1)
     cache: str | None = None  # SQLite call cache path; None turns it off
     prices: dict[str, dict[str, float]] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
 

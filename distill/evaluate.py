@@ -40,15 +40,17 @@ from distill.report import RECORDS_DIR
 
 ERRORS = "errors.jsonl"  # failed attempts of every method, keyed (method, id); a rerun retries them
 BASELINE_NAMES = ("react", "direct")
-_METHOD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # it becomes a file name
+_METHOD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")  # it becomes a file name
 
 
 class PlannerEntry(Strict):
-    """One ReWOO row of the report: a Planner endpoint and the prompt it is given."""
+    """One ReWOO row of the report: a Planner endpoint, the prompt it is given, and whether it re-plans on
+    surprise (method rewoo+replan, with the config's replan_on and max_replans)."""
 
     name: str
     spec: ModelSpec
     prompt: Literal["fewshot", "zeroshot"]
+    replan: bool = False
 
 
 class EvalDatasetSource(DatasetSource):
@@ -96,7 +98,7 @@ class EvalConfig(AgentConfig):
             raise ValueError("nothing to evaluate: add `planners:` and/or `baselines:`")
         bad = [n for n in names if not _METHOD_NAME.match(n)]
         if bad:
-            raise ValueError(f"method name {bad[0]!r} must be letters, digits, '_', '.', '-' (it names a file)")
+            raise ValueError(f"method name {bad[0]!r} must be letters, digits, '_', '.', '+', '-' (it names a file)")
         clash = [n for n in (p.name for p in self.planners) if n in BASELINE_NAMES]
         if clash:
             raise ValueError(f"planner name {clash[0]!r} is reserved for the baseline of that name")
@@ -112,11 +114,12 @@ class Method:
     kind: Literal["rewoo", "react", "direct"]
     prompt: str | None = None  # fewshot | zeroshot for ReWOO planners
     spec: ModelSpec | None = None
+    replan: bool = False
 
 
 def methods_of(cfg: EvalConfig) -> list[Method]:
     """Planners first, in config order (the first is the reference of the paired comparisons), then baselines."""
-    methods = [Method(p.name, "rewoo", p.prompt, p.spec) for p in cfg.planners]
+    methods = [Method(p.name, "rewoo", p.prompt, p.spec, p.replan) for p in cfg.planners]
     return methods + [Method(b, b) for b in cfg.baselines]
 
 
@@ -223,6 +226,7 @@ def build_method(cfg: EvalConfig, method: Method, cache=None):
     return build_agent(
         cfg, cache, kind=method.kind, planner=method.spec, planner_prompt=method.prompt, method=method.name,
         seed=cfg.seed, wrap_tools=failing, react_max_steps=cfg.react_max_steps, react_max_tokens=cfg.react_max_tokens,
+        replan=method.replan,
     )
 
 
@@ -257,7 +261,7 @@ def check_resumable(records: list[dict], cfg: EvalConfig, method: Method, path: 
     directory of a clean run): its records would be kept as if they answered the new question."""
     want = {"tool_failure_rate": cfg.tool_failure_rate, "kind": method.kind, "solver model": cfg.solver.model}
     if method.kind == "rewoo":
-        want |= {"planner model": method.spec.model, "planner_prompt": method.prompt}
+        want |= {"planner model": method.spec.model, "planner_prompt": method.prompt, "replan": method.replan}
     for rec in records:
         have = {
             "tool_failure_rate": rec.get("tool_failure_rate", 0.0),
@@ -265,6 +269,7 @@ def check_resumable(records: list[dict], cfg: EvalConfig, method: Method, path: 
             "solver model": (rec.get("solver") or {}).get("model"),
             "planner model": (rec.get("planner") or {}).get("model"),
             "planner_prompt": rec.get("planner_prompt"),
+            "replan": "replans" in rec,
         }
         for what, value in want.items():
             if have[what] != value:
@@ -320,7 +325,7 @@ def build_manifest(cfg: EvalConfig, config_path: str | None, methods: list[Metho
     from distill.run import manifest_header
 
     return manifest_header("eval", cfg, config_path) | {
-        "methods": [{"name": m.name, "kind": m.kind, "prompt": m.prompt} for m in methods],
+        "methods": [{"name": m.name, "kind": m.kind, "prompt": m.prompt, "replan": m.replan} for m in methods],
         "reference": methods[0].name,
         "bootstrap_samples": cfg.bootstrap_samples,
         "seed": cfg.seed,
