@@ -11,6 +11,10 @@ fails is logged to `errors.jsonl` and retried by the rerun (distill.runner says 
 instead). Evaluation writes records only; the report stage (`distill report`, `distill.report`) recomputes
 every number from those files.
 
+A planner row with `replan: true` (named e.g. `student+replan`) is ReWOO+replan: a step that finds nothing
+or fails asks that Planner once more (`replan_on`, `max_replans`). Its records have kind rewoo plus a
+`replans` list, and their `llm_calls` count the extra Planner calls.
+
 Questions: the first `n` distinct questions of each dataset in file order (after dedup). Not a random
 sample, so every run, every method and every later, larger run sees the same questions, and raising `n`
 only adds questions (and resumes) rather than reshuffling them.
