@@ -135,7 +135,10 @@ def test_empty_evidence_replans_with_continued_ids_that_resolve_and_no_rerun() -
     messages = planner.prompts[1]
     assert messages[: len(planner.prompts[0])] == planner.prompts[0]
     assert messages[-2]["role"] == "assistant" and "#E2 = Wikipedia[zzz qqq]" in messages[-2]["content"]
-    assert "(empty: tool returned no text)" in messages[-1]["content"] and "from #E3" in messages[-1]["content"]
+    request = messages[-1]["content"]
+    assert "Evidence #E2 from Wikipedia[zzz qqq] (empty: tool returned no text)" in request
+    assert "from #E3" in request and "#E1, #E2 by its id" in request
+    assert parse_plan(request).steps == ()  # the evidence cannot be mistaken for steps if echoed back
     assert replan["planner"]["messages"] == messages
     # the Solver sees the whole plan and all evidence
     solver_prompt = solver.prompts[0][-1]["content"]

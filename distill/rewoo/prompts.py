@@ -138,7 +138,7 @@ def replan_messages(
     blocks = []
     for ev in evidence:
         note = "" if ev.status == "ok" else f" ({ev.status}: {ev.error})"
-        blocks.append(f"{ev.id} = {ev.tool}[{ev.input}]{note}\n{ev.output}")
+        blocks.append(f"Evidence {ev.id} from {ev.tool}[{ev.input}]{note}: {ev.output}")
     content = (
         "Evidence so far:\n\n" + "\n\n".join(blocks) + "\n\n"
         f"Step {trigger['step']} gave no usable evidence ({trigger['kind']}). Write a new plan for what the "
