@@ -10,11 +10,19 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from distill.errors import DistillError
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS
 from distill.rewoo.prompts import PromptKind, canonical_prompt_kind
+from distill.rewoo.worker import SURPRISES, Surprise
 
 C = TypeVar("C", bound=BaseModel)
 # A planner prompt kind in a config (fewshot | full | compact); the old name `zeroshot` reads as `full`.
@@ -92,6 +100,11 @@ class AgentConfig(Strict):
     evidence_max_chars: int = 1500
     max_plan_chars: int = Field(default=DEFAULT_MAX_PLAN_CHARS, ge=1)  # planner output read; the rest: too_long
     max_plan_steps: int = Field(default=6, ge=1)  # HotpotQA needs 2-4; more is too_many_steps, not tool calls
+    # re-planning on surprise (off: plain ReWOO): a step whose evidence has a status in replan_on asks the
+    # Planner again with the evidence so far, at most max_replans times per question
+    replan: bool = False
+    replan_on: list[Surprise] = Field(default_factory=lambda: list(SURPRISES))
+    max_replans: int = Field(default=1, ge=1)
     cache: str | None = None  # SQLite call cache path; None turns it off
     prices: dict[str, dict[str, float]] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
 

@@ -11,6 +11,10 @@ fails is logged to `errors.jsonl` and retried by the rerun (distill.runner says 
 instead). Evaluation writes records only; the report stage (`distill report`, `distill.report`) recomputes
 every number from those files.
 
+A planner row with `replan: true` (named e.g. `student+replan`) is ReWOO+replan: a step that finds nothing
+or fails asks that Planner once more (`replan_on`, `max_replans`). Its records have kind rewoo plus a
+`replans` list, and their `llm_calls` count the extra Planner calls.
+
 Questions: the first `n` distinct questions of each dataset in file order (after dedup). Not a random
 sample, so every run, every method and every later, larger run sees the same questions, and raising `n`
 only adds questions (and resumes) rather than reshuffling them.
@@ -33,22 +37,31 @@ from typing import Any, Callable, Literal, Mapping
 
 from pydantic import Field, field_validator, model_validator
 
-from distill.config import AgentConfig, ModelSpec, PlannerPrompt, Strict, add_config_args, load_config
+from distill.config import (
+    AgentConfig,
+    ModelSpec,
+    PlannerPrompt,
+    Strict,
+    add_config_args,
+    load_config,
+)
 from distill.data import DatasetSource
 from distill.errors import DistillError
 from distill.report import RECORDS_DIR
 
 ERRORS = "errors.jsonl"  # failed attempts of every method, keyed (method, id); a rerun retries them
 BASELINE_NAMES = ("react", "direct")
-_METHOD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # it becomes a file name
+_METHOD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")  # it becomes a file name
 
 
 class PlannerEntry(Strict):
-    """One ReWOO row of the report: a Planner endpoint and the prompt it is given."""
+    """One ReWOO row of the report: a Planner endpoint, the prompt it is given, and whether it re-plans on
+    surprise (method rewoo+replan, with the config's replan_on and max_replans)."""
 
     name: str
     spec: ModelSpec
     prompt: PlannerPrompt
+    replan: bool = False
 
 
 class EvalDatasetSource(DatasetSource):
@@ -96,7 +109,7 @@ class EvalConfig(AgentConfig):
             raise ValueError("nothing to evaluate: add `planners:` and/or `baselines:`")
         bad = [n for n in names if not _METHOD_NAME.match(n)]
         if bad:
-            raise ValueError(f"method name {bad[0]!r} must be letters, digits, '_', '.', '-' (it names a file)")
+            raise ValueError(f"method name {bad[0]!r} must be letters, digits, '_', '.', '+', '-' (it names a file)")
         clash = [n for n in (p.name for p in self.planners) if n in BASELINE_NAMES]
         if clash:
             raise ValueError(f"planner name {clash[0]!r} is reserved for the baseline of that name")
@@ -112,11 +125,12 @@ class Method:
     kind: Literal["rewoo", "react", "direct"]
     prompt: str | None = None  # fewshot | full | compact for ReWOO planners
     spec: ModelSpec | None = None
+    replan: bool = False
 
 
 def methods_of(cfg: EvalConfig) -> list[Method]:
     """Planners first, in config order (the first is the reference of the paired comparisons), then baselines."""
-    methods = [Method(p.name, "rewoo", p.prompt, p.spec) for p in cfg.planners]
+    methods = [Method(p.name, "rewoo", p.prompt, p.spec, p.replan) for p in cfg.planners]
     return methods + [Method(b, b) for b in cfg.baselines]
 
 
@@ -223,6 +237,7 @@ def build_method(cfg: EvalConfig, method: Method, cache=None):
     return build_agent(
         cfg, cache, kind=method.kind, planner=method.spec, planner_prompt=method.prompt, method=method.name,
         seed=cfg.seed, wrap_tools=failing, react_max_steps=cfg.react_max_steps, react_max_tokens=cfg.react_max_tokens,
+        replan=method.replan,
     )
 
 
@@ -259,7 +274,7 @@ def check_resumable(records: list[dict], cfg: EvalConfig, method: Method, path: 
 
     want = {"tool_failure_rate": cfg.tool_failure_rate, "kind": method.kind, "solver model": cfg.solver.model}
     if method.kind == "rewoo":
-        want |= {"planner model": method.spec.model, "planner_prompt": method.prompt}
+        want |= {"planner model": method.spec.model, "planner_prompt": method.prompt, "replan": method.replan}
     for rec in records:
         have = {
             "tool_failure_rate": rec.get("tool_failure_rate", 0.0),
@@ -267,6 +282,7 @@ def check_resumable(records: list[dict], cfg: EvalConfig, method: Method, path: 
             "solver model": (rec.get("solver") or {}).get("model"),
             "planner model": (rec.get("planner") or {}).get("model"),
             "planner_prompt": canonical_prompt_kind(rec.get("planner_prompt")),
+            "replan": "replans" in rec,
         }
         for what, value in want.items():
             if have[what] != value:
@@ -322,7 +338,7 @@ def build_manifest(cfg: EvalConfig, config_path: str | None, methods: list[Metho
     from distill.run import manifest_header
 
     return manifest_header("eval", cfg, config_path) | {
-        "methods": [{"name": m.name, "kind": m.kind, "prompt": m.prompt} for m in methods],
+        "methods": [{"name": m.name, "kind": m.kind, "prompt": m.prompt, "replan": m.replan} for m in methods],
         "reference": methods[0].name,
         "bootstrap_samples": cfg.bootstrap_samples,
         "seed": cfg.seed,

@@ -12,15 +12,15 @@ import json
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 from distill.config import AgentConfig, add_config_args, load_config
 from distill.errors import DistillError
 from distill.llm.base import Completion, Usage
 from distill.metrics import evidence_recall, gold_titles
 from distill.rewoo import prompts
-from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS, parse_plan
-from distill.rewoo.worker import WorkerConfig, run_plan
+from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS, Plan, parse_plan
+from distill.rewoo.worker import SURPRISES, Evidence, WorkerConfig, run_plan
 
 FORMAT_VERSION = 1
 
@@ -71,7 +71,12 @@ class ReWOOAgent:
         seed: int = 0,
         max_plan_chars: int | None = DEFAULT_MAX_PLAN_CHARS,
         max_plan_steps: int | None = None,
+        max_replans: int = 0,
+        replan_on: Collection[str] = SURPRISES,
     ):
+        unknown = set(replan_on) - set(SURPRISES)
+        if unknown:
+            raise DistillError(f"replan_on: unknown surprise {sorted(unknown)[0]!r}; known: {', '.join(SURPRISES)}")
         self.planner, self.solver = planner, solver
         self.tools_for = tools_for
         self.tool_descriptions = dict(tool_descriptions)
@@ -84,6 +89,7 @@ class ReWOOAgent:
         self.method = method
         self.seed = seed
         self.max_plan_chars, self.max_plan_steps = max_plan_chars, max_plan_steps
+        self.max_replans, self.replan_on = max_replans, frozenset(replan_on)
 
     async def plan(self, question: str, seed: int | None = None) -> tuple[list[dict], Completion]:
         messages = prompts.planner_messages(question, self.tool_descriptions, self.planner_prompt)
@@ -93,22 +99,28 @@ class ReWOOAgent:
         )
         return messages, out
 
+    def parse(self, text: str, known_ids: Collection[str] = ()) -> Plan:
+        return parse_plan(
+            text, tools=list(self.tool_descriptions),
+            max_plan_chars=self.max_plan_chars, max_plan_steps=self.max_plan_steps, known_ids=known_ids,
+        )
+
     async def run(self, example, sample: int = 0) -> dict:
         t0 = time.perf_counter()
         seed = sample_seed(example.id, sample, self.seed)
         p_messages, p_out = await self.plan(example.question, seed)
-        plan = parse_plan(
-            p_out.text, tools=list(self.tool_descriptions),
-            max_plan_chars=self.max_plan_chars, max_plan_steps=self.max_plan_steps,
-        )
+        plan = self.parse(p_out.text)
         tools = self.tools_for(example)
-        evidence = await run_plan(plan, tools, self.worker)
+        work_t0 = time.perf_counter()
+        evidence = await run_plan(plan, tools, self.worker, t0=work_t0)
+        plan, evidence, replans, r_outs = await self.replan(p_messages, plan, evidence, tools, seed, work_t0)
         s_messages = prompts.solver_messages(example.question, plan.steps, evidence)
         s_out = await self.solver.chat(s_messages, temperature=0.0, max_tokens=self.solver_max_tokens, seed=seed)
         prediction = prompts.extract_answer(s_out.text)
         record_evidence = [e.to_dict() for e in evidence]
         tool_calls = [c for t in tools.values() for c in getattr(t, "calls", [])]
         tool_usage = sum((c.usage for c in tool_calls), Usage())
+        planner_tokens = sum(o.usage.total_tokens for o in (p_out, *r_outs))
         record = {
             "format_version": FORMAT_VERSION,
             "id": example.id,
@@ -126,17 +138,53 @@ class ReWOOAgent:
             "evidence_recall": evidence_recall(gold_titles(getattr(example, "supporting_facts", None)), record_evidence),
             "tool_usage": {"prompt_tokens": tool_usage.prompt_tokens, "completion_tokens": tool_usage.completion_tokens},
             "tokens": {
-                "planner": p_out.usage.total_tokens,
+                "planner": planner_tokens,
                 "solver": s_out.usage.total_tokens,
                 "tools": tool_usage.total_tokens,
-                "total": p_out.usage.total_tokens + s_out.usage.total_tokens + tool_usage.total_tokens,
+                "total": planner_tokens + s_out.usage.total_tokens + tool_usage.total_tokens,
             },
-            "llm_calls": 2 + len(tool_calls),
+            "llm_calls": 2 + len(r_outs) + len(tool_calls),
             "tool_calls": len(evidence),
-            "cost_usd": p_out.cost_usd + s_out.cost_usd + sum(c.cost_usd for c in tool_calls),
+            "cost_usd": sum(o.cost_usd for o in (p_out, s_out, *r_outs)) + sum(c.cost_usd for c in tool_calls),
             "wall_s": round(time.perf_counter() - t0, 4),
         }
+        if self.max_replans > 0:  # plain ReWOO keeps today's record shape
+            record["replans"] = replans
         return record
+
+    async def replan(
+        self, p_messages: list[dict], plan: Plan, evidence: list[Evidence], tools, seed: int,
+        work_t0: float | None = None,
+    ) -> tuple[Plan, list[Evidence], list[dict], list[Completion]]:
+        """ReWOO plans blind; this is its one chance to change course. When a step of the newest plan meets a
+        configured surprise, the Planner is asked once more with the plan and evidence so far, and only its
+        new steps run (finished evidence is reused by id, never fetched again), up to `max_replans` times.
+        Returns the whole plan, all evidence in step order, the replan records and their completions; with no
+        surprise, that is the first plan and its evidence unchanged, and no model call was made. `work_t0` is
+        the clock origin of the first plan's evidence, so every step's times share it."""
+        steps, errors, evidence, fresh = list(plan.steps), list(plan.errors), list(evidence), list(evidence)
+        replans: list[dict] = []
+        outs: list[Completion] = []
+        while len(replans) < self.max_replans:
+            surprise = next((e for e in fresh if e.status in self.replan_on), None)
+            if surprise is None:
+                break
+            trigger = {"step": surprise.id, "kind": surprise.status, "error": surprise.error}
+            next_id = 1 + max((int(s.id[2:]) for s in steps), default=0)
+            messages = prompts.replan_messages(p_messages, steps, evidence, trigger, next_id)
+            out = await self.planner.chat(
+                messages, temperature=self.planner_temperature, max_tokens=self.planner_max_tokens,
+                stop=self.planner_stop, seed=seed,
+            )
+            new = self.parse(out.text, known_ids={s.id for s in steps})
+            known = {e.id: e.output for e in evidence}
+            fresh = await run_plan(new, tools, self.worker, known=known, t0=work_t0)
+            steps += new.steps
+            errors += new.errors
+            evidence += fresh
+            outs.append(out)
+            replans.append({"trigger": trigger, "planner": call_record(messages, out), "plan": new.to_dict()})
+        return Plan(tuple(steps), tuple(errors)), evidence, replans, outs
 
 
 def score_record(example, prediction: str) -> dict:
@@ -225,13 +273,15 @@ def build_agent(
     wrap_tools: Callable[[dict, Any], dict] | None = None,
     react_max_steps: int = 6,
     react_max_tokens: int = 256,
+    replan: bool | None = None,
 ):
     """The one factory from an AgentConfig to an agent, for generate, eval and ask.
 
     `kind` is rewoo, or one of the baselines (react, direct) that eval measures it against, so every method
     gets its Solver, tools and tool list wired the same way. `planner` (a ModelSpec) and `planner_prompt`
     override the config's own (eval has one per row); `wrap_tools` alters each question's tools (eval's
-    injected failures).
+    injected failures). `replan` overrides the config's switch for re-planning on surprise (eval's
+    `replan: true` rows).
     """
     from distill.llm import build_chat
     from distill.tools.registry import tool_descriptions
@@ -275,6 +325,8 @@ def build_agent(
         seed=seed,
         max_plan_chars=cfg.max_plan_chars,
         max_plan_steps=cfg.max_plan_steps,
+        max_replans=cfg.max_replans if (cfg.replan if replan is None else replan) else 0,
+        replan_on=cfg.replan_on,
     )
     return _with_endpoints(agent, planner_model, solver, llm_tool_model, wiki)
 

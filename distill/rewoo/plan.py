@@ -148,6 +148,7 @@ def parse_plan(
     *,
     max_plan_chars: int | None = DEFAULT_MAX_PLAN_CHARS,
     max_plan_steps: int | None = None,
+    known_ids: Iterable[str] = (),
 ) -> Plan:
     """Read the steps out of a Planner's output and validate them; never raises.
 
@@ -158,6 +159,10 @@ def parse_plan(
     Text past `max_plan_chars` is not read (`too_long`); steps past `max_plan_steps` are reported
     (`too_many_steps`) and left out, so the Worker runs at most that many. None lifts a bound; the step
     bound is off by default because it is a policy of the agent's config, not a property of a plan.
+
+    `known_ids` are ids whose evidence already exists (a re-plan continues a plan that ran): refs to them
+    are valid, and a step that redefines one is a `duplicate_id` left out of `steps`, so finished evidence
+    is never run again nor shadowed; refs to that id keep meaning the finished evidence.
     """
     errors: list[tuple[int, PlanError]] = []
     if max_plan_chars is not None and len(text) > max_plan_chars:
@@ -168,6 +173,13 @@ def parse_plan(
     scanner.run()
     errors.extend(scanner.errors)
     scanned = scanner.steps
+    finished = frozenset(known_ids)
+    if finished:
+        for pos, step in scanned:
+            if step.id in finished:
+                msg = f"{step.id} already holds evidence from the plan so far; this step is not run"
+                errors.append((pos, PlanError("duplicate_id", step.id, msg)))
+        scanned = [(pos, step) for pos, step in scanned if step.id not in finished]
     kept = scanned if max_plan_steps is None else scanned[: max(max_plan_steps, 0)]
     if len(kept) < len(scanned):
         pos, first_cut = scanned[len(kept)]
@@ -188,7 +200,7 @@ def parse_plan(
             elif canonical != step.tool:
                 step = Step(step.id, step.description, canonical, step.input, step.deps)
         steps.append((pos, step))
-    errors.extend(_reference_errors(scanned, len(steps), scanner.malformed_ids))
+    errors.extend(_reference_errors(scanned, len(steps), scanner.malformed_ids, finished))
     errors.sort(key=lambda item: item[0])  # stable: errors of one step keep their check order
     if not steps:
         errors.insert(0, (-1, PlanError("empty_plan", None, "no step of the form '#E1 = Tool[input]' was found")))
@@ -204,12 +216,12 @@ def _tool_registry(tools: Iterable[Any] | None) -> dict[str, str] | None:
 
 
 def _reference_errors(
-    steps: list[tuple[int, Step]], checked: int, malformed_ids: set[str]
+    steps: list[tuple[int, Step]], checked: int, malformed_ids: set[str], known: frozenset[str] = frozenset()
 ) -> list[tuple[int, PlanError]]:
     """duplicate_id, undefined_ref and forward_ref of the first `checked` steps, judged against the first
     definition of each id among all steps (a ref to a step past max_plan_steps is a forward ref, not an
     undefined one). A ref to a malformed step is undefined too (no evidence will exist), but the message
-    says why."""
+    says why. A ref to a `known` id (evidence that already exists) is always valid."""
     first: dict[str, int] = {}
     for index, (_, step) in enumerate(steps):
         first.setdefault(step.id, index)
@@ -218,6 +230,8 @@ def _reference_errors(
         if first[step.id] != index:
             errors.append((pos, PlanError("duplicate_id", step.id, f"{step.id} is defined more than once")))
         for ref in step.deps:
+            if ref in known:
+                continue
             if ref not in first:
                 why = "whose step is malformed" if ref in malformed_ids else "which no step defines"
                 msg = f"{step.id} refers to {ref}, {why}"

@@ -146,3 +146,31 @@ def extract_answer(text: str) -> str:
             line = line.strip().strip('"').strip("'").strip()
             return line[:-1].strip() if line.endswith(".") and not line.endswith("..") else line
     return ""
+
+
+def replan_messages(
+    planner_messages: Sequence[dict], steps: Sequence, evidence: Sequence, trigger: Mapping[str, str], next_id: int
+) -> list[dict]:
+    """The Planner's own prompt continued: its plan so far (every step that ran, canonical), then each
+    step's evidence and what went wrong, asking for the steps that remain. Continuing the first prompt keeps
+    its prefix cacheable and serves the student the prompt it was trained on; new ids start at `next_id`
+    and the earlier ones stay usable, because their evidence is kept.
+    """
+    from distill.rewoo.plan import Plan, render_plan
+
+    blocks = []
+    for ev in evidence:
+        note = "" if ev.status == "ok" else f" ({ev.status}: {ev.error})"
+        blocks.append(f"Evidence {ev.id} from {ev.tool}[{ev.input}]{note}: {ev.output}")
+    content = (
+        "Evidence so far:\n\n" + "\n\n".join(blocks) + "\n\n"
+        f"Step {trigger['step']} gave no usable evidence ({trigger['kind']}). Write a new plan for what the "
+        f"task still needs, in the same format. Number its steps from #E{next_id} on; they may use the "
+        f"evidence of {', '.join(dict.fromkeys(s.id for s in steps))} by its id. Do not repeat a step that "
+        "already gave evidence."
+    )
+    return [
+        *planner_messages,
+        {"role": "assistant", "content": render_plan(Plan(tuple(steps), ())).strip()},
+        {"role": "user", "content": content},
+    ]

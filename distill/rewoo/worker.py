@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from distill.errors import DistillError
 from distill.rewoo.plan import Plan, Step, substitute
@@ -29,7 +29,10 @@ NO_EVIDENCE = "No evidence found"
 TRUNCATION_MARK = "…"
 DEFAULT_TOOL_TIMEOUT_S = 30.0
 
-Status = Literal["ok", "error", "timeout", "empty"]
+# The ways a step can go wrong: each is a status of its evidence, and a trigger the agent may re-plan on.
+Surprise = Literal["empty", "error", "timeout"]
+Status = Literal["ok", Surprise]
+SURPRISES: tuple[str, ...] = get_args(Surprise)
 
 
 @dataclass
@@ -85,15 +88,19 @@ def dependency_indices(steps: Sequence[Step]) -> list[list[int]]:
 class _Run:
     """State of one plan run: the tasks, the clock origin and the concurrency cap."""
 
-    def __init__(self, steps: Sequence[Step], tools: Mapping[str, Tool], config: WorkerConfig):
+    def __init__(
+        self, steps: Sequence[Step], tools: Mapping[str, Tool], config: WorkerConfig, known: Mapping[str, str],
+        t0: float | None = None,
+    ):
         if config.max_concurrency < 1:
             raise DistillError(f"worker max_concurrency must be at least 1, got {config.max_concurrency}")
         self.steps = steps
+        self.known = known
         self.tools = tools
         self.config = config
         self.deps = dependency_indices(steps)
         self.semaphore = asyncio.Semaphore(config.max_concurrency)
-        self.t0 = time.perf_counter()
+        self.t0 = time.perf_counter() if t0 is None else t0
         self.tasks: list[asyncio.Task[Evidence]] = []
 
     def clock(self) -> float:
@@ -102,7 +109,8 @@ class _Run:
     async def step(self, index: int) -> Evidence:
         step = self.steps[index]
         # Tasks are created in step order and deps point backwards, so every awaited task exists.
-        inputs = {self.steps[i].id: (await self.tasks[i]).output for i in self.deps[index]}
+        inputs = {ref: self.known[ref] for ref in step.deps if ref in self.known}
+        inputs |= {self.steps[i].id: (await self.tasks[i]).output for i in self.deps[index]}
         query = substitute(step.input, inputs)
         tool = self.tools.get(step.tool)
         if tool is None:
@@ -134,9 +142,21 @@ def _failed(step: Step, query: str, status: Status, error: str, start: float, en
     return Evidence(step.id, step.tool, query, NO_EVIDENCE, status, error, start, end)
 
 
-async def run_plan(plan: Plan, tools: Mapping[str, Tool], config: WorkerConfig | None = None) -> list[Evidence]:
-    """Run every step of `plan` (valid or not) and return its evidence in step order."""
-    run = _Run(plan.steps, tools, config or WorkerConfig())
+async def run_plan(
+    plan: Plan,
+    tools: Mapping[str, Tool],
+    config: WorkerConfig | None = None,
+    known: Mapping[str, str] | None = None,
+    t0: float | None = None,
+) -> list[Evidence]:
+    """Run every step of `plan` (valid or not) and return its evidence in step order.
+
+    `known` maps the ids of evidence gathered before this plan (a re-plan continues an earlier one) to
+    their outputs: a ref to such an id is substituted without waiting, and nothing of it runs again. An
+    earlier step of `plan` with the same id wins, as a duplicate id does within one plan. `t0` (a
+    time.perf_counter value) is the origin of the evidence's start_s/end_s, by default this call's start,
+    so the steps of a continued plan can share the clock of the first."""
+    run = _Run(plan.steps, tools, config or WorkerConfig(), known or {}, t0)
     async with asyncio.TaskGroup() as group:
         for index in range(len(plan.steps)):
             run.tasks.append(group.create_task(run.step(index)))

@@ -1,0 +1,265 @@
+"""Re-planning on surprise (method rewoo+replan): when a step finds nothing, fails or times out, the Planner
+is asked once more with the evidence so far, and only its new steps run.
+
+The point here is control flow, so in most tests the Planner and the Solver are scripted stand-ins (no real
+model can be made to write a chosen plan on demand); the parser, the Worker and the tools (BM25 Wikipedia
+over given paragraphs, the Calculator) are the real ones. The last test drives eval's factory with the real
+SmolLM2 as Solver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import pytest
+
+from distill.config import AgentConfig, ModelSpec, validate
+from distill.errors import DistillError
+from distill.evaluate import EvalConfig, build_method, methods_of
+from distill.llm.base import Completion, Usage
+from distill.rewoo.agent import Question, ReWOOAgent
+from distill.rewoo.plan import parse_plan
+from distill.rewoo.worker import NO_EVIDENCE, WorkerConfig, run_plan
+from distill.tools.calculator import Calculator
+from distill.tools.wikipedia import ScopedWikipedia
+
+TOOLS = {"Wikipedia": "search", "Calculator": "arithmetic"}
+PARAGRAPHS = [
+    ("Danube", "The Danube is 2850 km long and flows into the Black Sea."),
+    ("Rhine", "The Rhine is 1230 km long and flows into the North Sea."),
+]
+
+
+@dataclass
+class Scripted:
+    """A chat model that answers from a script and records every prompt: a stand-in for the Planner (and
+    the Solver) because the tests choose what it writes."""
+
+    replies: list[str]
+    name: str = "scripted"
+    prompts: list[list[dict]] = field(default_factory=list)
+
+    async def chat(self, messages, *, temperature=0.0, max_tokens=512, stop=None, seed=None) -> Completion:
+        self.prompts.append(messages)
+        if len(self.prompts) > len(self.replies):
+            raise AssertionError(f"{self.name} called {len(self.prompts)} times; the script has {len(self.replies)}")
+        return Completion(self.replies[len(self.prompts) - 1], Usage(100, 10), latency_s=0.01, cost_usd=0.001,
+                          model=self.name)
+
+
+class Recorded:
+    """Delegates to a real tool and keeps each query, so a test can tell which steps actually ran."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.description = inner, inner.name, inner.description
+        self.queries: list[str] = []
+
+    async def run(self, query: str) -> str:
+        self.queries.append(query)
+        return await self.inner.run(query)
+
+
+class Slow:
+    """A real tool that answers too late for the Worker's timeout."""
+
+    name, description = "Calculator", "slow"
+
+    async def run(self, query: str) -> str:
+        await asyncio.sleep(5)
+        return "late"
+
+
+def plan_text(*steps: str) -> str:
+    return "".join(f"Plan: step {i}.\n{s}\n" for i, s in enumerate(steps, 1))
+
+
+def agent_with(planner_replies, *, calculator=None, solver_reply="2850", **kwargs):
+    wiki = Recorded(ScopedWikipedia(PARAGRAPHS))
+    calc = calculator or Recorded(Calculator())
+    planner, solver = Scripted(planner_replies, "planner"), Scripted([solver_reply], "solver")
+    agent = ReWOOAgent(
+        planner, solver, lambda ex: {"Wikipedia": wiki, "Calculator": calc}, TOOLS, fewshot=False,
+        worker=WorkerConfig(tool_timeout_s=0.2), **kwargs,
+    )
+    return agent, planner, solver, wiki, calc
+
+
+def run(agent) -> dict:
+    return asyncio.run(agent.run(Question("How long is the Danube, doubled?", answers=["5700"])))
+
+
+FIRST = plan_text("#E1 = Wikipedia[Danube length]", "#E2 = Calculator[2850 * 2]")
+EMPTY_FIRST = plan_text("#E1 = Wikipedia[Danube length]", "#E2 = Wikipedia[zzz qqq]")
+
+
+def test_happy_path_costs_two_model_calls_and_keeps_the_record_shape() -> None:
+    plain, *_ = agent_with([FIRST])
+    replanning, planner, solver, wiki, calc = agent_with([FIRST], max_replans=1)
+    base, rec = run(plain), run(replanning)
+    assert len(planner.prompts) == 1 and len(solver.prompts) == 1
+    assert rec["llm_calls"] == base["llm_calls"] == 2
+    assert rec["replans"] == [] and "replans" not in base
+    assert set(rec) - set(base) == {"replans"}
+    assert rec["plan"] == base["plan"]
+    assert [e["output"] for e in rec["evidence"]] == ["Danube: " + PARAGRAPHS[0][1], "5700"]
+    assert rec["tokens"]["planner"] == base["tokens"]["planner"] == 110
+
+
+def test_plain_rewoo_does_not_replan_on_a_surprise() -> None:
+    agent, planner, *_ = agent_with([EMPTY_FIRST])
+    rec = run(agent)
+    assert len(planner.prompts) == 1 and "replans" not in rec
+    assert [e["status"] for e in rec["evidence"]] == ["ok", "empty"]
+
+
+def test_empty_evidence_replans_with_continued_ids_that_resolve_and_no_rerun() -> None:
+    agent, planner, solver, wiki, calc = agent_with(
+        [EMPTY_FIRST, plan_text("#E3 = Wikipedia[#E1]", "#E4 = Calculator[2850 * 2]")], max_replans=1
+    )
+    rec = run(agent)
+    assert len(planner.prompts) == 2 and len(solver.prompts) == 1
+    assert rec["llm_calls"] == 3
+    assert rec["tokens"]["planner"] == 220 and rec["cost_usd"] == pytest.approx(0.003)
+    # finished steps ran once; the new step's #E1 became the first plan's evidence
+    assert wiki.queries == ["Danube length", "zzz qqq", "Danube: " + PARAGRAPHS[0][1]]
+    assert calc.queries == ["2850 * 2"]
+    assert [s["id"] for s in rec["plan"]["steps"]] == ["#E1", "#E2", "#E3", "#E4"]
+    assert [e["id"] for e in rec["evidence"]] == ["#E1", "#E2", "#E3", "#E4"]
+    assert [e["status"] for e in rec["evidence"]] == ["ok", "empty", "ok", "ok"]
+    assert rec["plan"]["valid"] is True
+    (replan,) = rec["replans"]
+    assert replan["trigger"] == {"step": "#E2", "kind": "empty", "error": "tool returned no text"}
+    assert replan["plan"]["valid"] is True and [s["id"] for s in replan["plan"]["steps"]] == ["#E3", "#E4"]
+    # the replan continues the Planner's own prompt, shows the evidence so far, and asks for ids from #E3
+    messages = planner.prompts[1]
+    assert messages[: len(planner.prompts[0])] == planner.prompts[0]
+    assert messages[-2]["role"] == "assistant" and "#E2 = Wikipedia[zzz qqq]" in messages[-2]["content"]
+    request = messages[-1]["content"]
+    assert "Evidence #E2 from Wikipedia[zzz qqq] (empty: tool returned no text)" in request
+    assert "from #E3" in request and "#E1, #E2 by its id" in request
+    assert parse_plan(request).steps == ()  # the evidence cannot be mistaken for steps if echoed back
+    assert replan["planner"]["messages"] == messages
+    # the Solver sees the whole plan and all evidence
+    solver_prompt = solver.prompts[0][-1]["content"]
+    assert solver_prompt.count("Plan: step") == 4 and "5700" in solver_prompt
+    assert f"Evidence: {NO_EVIDENCE}" in solver_prompt
+    # one clock for both plans' evidence
+    assert rec["evidence"][2]["start_s"] >= rec["evidence"][1]["end_s"]
+
+
+@pytest.mark.parametrize(
+    ("surprise", "replan_on", "fires"),
+    [
+        ("empty", ["empty"], True),
+        ("empty", ["error", "timeout"], False),
+        ("error", ["error"], True),
+        ("error", ["empty"], False),
+        ("timeout", ["timeout"], True),
+        ("timeout", ["empty", "error"], False),
+    ],
+)
+def test_replan_fires_only_on_configured_surprises(surprise: str, replan_on: list[str], fires: bool) -> None:
+    first = {
+        "empty": EMPTY_FIRST,
+        "error": plan_text("#E1 = Wikipedia[Danube length]", "#E2 = Calculator[the length of #E1]"),
+        "timeout": FIRST,
+    }[surprise]
+    calc = Slow() if surprise == "timeout" else None
+    agent, planner, *_ = agent_with(
+        [first, plan_text("#E3 = Wikipedia[Rhine]")], calculator=calc, max_replans=1, replan_on=replan_on
+    )
+    rec = run(agent)
+    assert rec["evidence"][1]["status"] == surprise and rec["evidence"][1]["output"] == NO_EVIDENCE
+    assert len(planner.prompts) == (2 if fires else 1)
+    assert len(rec["replans"]) == int(fires) and rec["llm_calls"] == 2 + int(fires)
+    assert len(rec["evidence"]) == 2 + int(fires)
+    if fires:
+        assert rec["replans"][0]["trigger"]["kind"] == surprise and rec["evidence"][2]["output"].startswith("Rhine")
+
+
+def test_replans_stop_at_their_bound() -> None:
+    failing = [EMPTY_FIRST, *(plan_text(f"#E{i} = Wikipedia[{q}]") for i, q in ((3, "yyy"), (4, "xxx"), (5, "www")))]
+    for bound in (1, 2, 3):
+        agent, planner, *_ = agent_with(failing, max_replans=bound)
+        rec = run(agent)
+        assert len(planner.prompts) == 1 + bound and len(rec["replans"]) == bound
+        assert rec["llm_calls"] == 2 + bound
+        assert [r["trigger"]["step"] for r in rec["replans"]] == [f"#E{i}" for i in range(2, 2 + bound)]
+        assert [e["id"] for e in rec["evidence"]] == [f"#E{i}" for i in range(1, 3 + bound)]
+
+
+def test_an_old_surprise_does_not_trigger_again_once_the_new_steps_succeed() -> None:
+    agent, planner, *_ = agent_with([EMPTY_FIRST, plan_text("#E3 = Wikipedia[Rhine]")], max_replans=3)
+    rec = run(agent)
+    assert len(planner.prompts) == 2 and len(rec["replans"]) == 1
+    assert [e["status"] for e in rec["evidence"]] == ["ok", "empty", "ok"]
+
+
+def test_a_replan_that_redefines_finished_evidence_does_not_rerun_it() -> None:
+    second = plan_text("#E1 = Wikipedia[Rhine]", "#E3 = Calculator[#E1]")
+    agent, planner, solver, wiki, calc = agent_with([EMPTY_FIRST, second], max_replans=1)
+    rec = run(agent)
+    assert wiki.queries == ["Danube length", "zzz qqq"]
+    # #E1 keeps meaning the finished evidence: the Calculator gets the Danube paragraph (and fails on it)
+    assert calc.queries == ["Danube: " + PARAGRAPHS[0][1]]
+    (replan,) = rec["replans"]
+    assert [(e["code"], e["step"]) for e in replan["plan"]["errors"]] == [("duplicate_id", "#E1")]
+    assert [s["id"] for s in rec["plan"]["steps"]] == ["#E1", "#E2", "#E3"] and rec["plan"]["valid"] is False
+
+
+def test_parser_accepts_refs_to_known_ids_and_worker_substitutes_them() -> None:
+    text = plan_text("#E3 = Calculator[#E1 + #E2]", "#E4 = Calculator[#E3 * 2]")
+    assert [e.code for e in parse_plan(text, tools=["Calculator"]).errors] == ["undefined_ref", "undefined_ref"]
+    plan = parse_plan(text, tools=["Calculator"], known_ids={"#E1", "#E2"})
+    assert plan.valid and [s.id for s in plan.steps] == ["#E3", "#E4"]
+    evidence = asyncio.run(run_plan(plan, {"Calculator": Calculator()}, known={"#E1": "2", "#E2": "5"}))
+    assert [(e.input, e.output) for e in evidence] == [("2 + 5", "7"), ("7 * 2", "14")]
+
+
+def test_unknown_surprise_is_one_clear_error() -> None:
+    with pytest.raises(DistillError, match="replan_on: unknown surprise 'nothing'"):
+        agent_with([FIRST], max_replans=1, replan_on=["nothing"])
+
+
+def test_eval_runs_replan_as_a_method_counting_the_extra_planner_call(smollm2) -> None:
+    """eval's own factory (real SmolLM2 Solver, real Calculator, injected failures at rate 1.0); only the
+    Planner is scripted, so the plans are known."""
+    planner = {"backend": "transformers", "model": "smollm2-135m-instruct", "max_tokens": 16}
+    cfg = validate(EvalConfig, {
+        "datasets": [{"name": "hotpotqa", "source": "unused.jsonl", "n": 1}], "tools": ["Calculator"],
+        "wikipedia_corpus": None, "solver": {"max_tokens": 4}, "tool_failure_rate": 1.0,
+        "planners": [
+            {"name": "student", "prompt": "zeroshot", "spec": planner},
+            {"name": "student+replan", "prompt": "zeroshot", "spec": planner, "replan": True},
+        ],
+    })
+    assert [(m.name, m.replan) for m in methods_of(cfg)] == [("student", False), ("student+replan", True)]
+    records = {}
+    for method in methods_of(cfg):
+        agent = build_method(cfg, method)
+        agent.planner = Scripted([plan_text("#E1 = Calculator[2 + 3]"), plan_text("#E2 = Calculator[#E1 * 2]")])
+        records[method.name] = asyncio.run(agent.run(Question("What is 2 + 3?", answers=["5"])))
+    plain, replanned = records["student"], records["student+replan"]
+    assert plain["llm_calls"] == 2 and "replans" not in plain
+    assert replanned["llm_calls"] == 3 and len(replanned["replans"]) == 1  # bounded by max_replans=1
+    assert replanned["replans"][0]["trigger"]["kind"] == "error"
+    assert [e["input"] for e in replanned["evidence"]] == ["2 + 3", f"{NO_EVIDENCE} * 2"]
+    assert replanned["solver"]["model"] == plain["solver"]["model"]
+    assert AgentConfig().replan is False and AgentConfig().max_replans == 1
+
+
+def test_eval_refuses_to_resume_records_made_with_the_other_replan_setting(tmp_path) -> None:
+    from distill.evaluate import check_resumable
+
+    planner = {"backend": "transformers", "model": "smollm2-135m-instruct"}
+    cfg = validate(EvalConfig, {
+        "datasets": [{"name": "hotpotqa", "source": "unused.jsonl", "n": 1}],
+        "planners": [{"name": "student+replan", "prompt": "zeroshot", "spec": planner, "replan": True}],
+    })
+    (method,) = methods_of(cfg)
+    rec = {"kind": "rewoo", "planner_prompt": "zeroshot", "solver": {"model": cfg.solver.model},
+           "planner": {"model": "smollm2-135m-instruct"}, "tool_failure_rate": 0.0}
+    check_resumable([rec | {"replans": []}], cfg, method, tmp_path / "r.jsonl")
+    with pytest.raises(DistillError, match="replan False"):
+        check_resumable([rec], cfg, method, tmp_path / "r.jsonl")
