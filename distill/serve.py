@@ -170,14 +170,10 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or name.count("/") > 1 or Path(name).expanduser().exists()
 
 
-def _embedded_dir() -> Path:
-    return (cache_root() / "models" / EMBEDDED_NAME).resolve()
-
-
 def canonical_model(name: str) -> str:
     """One spelling per model: embedded aliases and their folder agree, HF cache snapshots become hub ids."""
     if is_embedded(name):
-        return str(_embedded_dir())
+        return str((cache_root() / "models" / EMBEDDED_NAME).resolve())
     path = Path(name).expanduser()
     if path.exists():
         resolved = path.resolve()
