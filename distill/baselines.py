@@ -118,8 +118,6 @@ class DirectAgent:
         prediction = prompts.extract_answer(out.text)
         tokens = out.usage.total_tokens
         return base_record(example, self.method, sample) | {
-            "planner": None,
-            "plan": empty_plan(),
             "evidence": [],
             "solver": call_record(messages, out),
             "prediction": prediction,
@@ -306,8 +304,6 @@ class ReActAgent:
         finished = bool(state.steps) and state.steps[-1]["action"]["tool"] == FINISH
         prediction = prompts.extract_answer(state.steps[-1]["action"]["input"]) if finished else ""
         return base_record(example, self.method, sample) | {
-            "planner": None,
-            "plan": empty_plan(),
             "evidence": state.evidence,
             "solver": solver,
             "react": {
@@ -371,12 +367,9 @@ def usage_dict(usage: Usage) -> dict:
     return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}
 
 
-def empty_plan() -> dict:
-    """The `plan` of a method that makes none: no steps, and validity not applicable (None, not False)."""
-    return {"valid": None, "steps": [], "errors": []}
-
-
 def base_record(example, method: str, sample: int) -> dict:
+    """The fields every baseline record starts with; the plan of a method that makes none has no steps, and
+    validity not applicable (None, not False)."""
     return {
         "format_version": FORMAT_VERSION,
         "id": example.id,
@@ -385,4 +378,6 @@ def base_record(example, method: str, sample: int) -> dict:
         "answers": list(example.answers),
         "method": method,
         "sample": sample,
+        "planner": None,
+        "plan": {"valid": None, "steps": [], "errors": []},
     }

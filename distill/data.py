@@ -89,19 +89,8 @@ class Example:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Example:
-        context = d.get("context")
-        facts = d.get("supporting_facts")
-        return cls(
-            id=str(d["id"]),
-            dataset=str(d["dataset"]),
-            split=str(d["split"]),
-            question=str(d["question"]),
-            answers=[str(a) for a in d["answers"]],
-            context=None if context is None else [(str(t), [str(s) for s in sents]) for t, sents in context],
-            supporting_facts=None if facts is None else [(str(t), int(i)) for t, i in facts],
-            type=d.get("type"),
-            level=d.get("level"),
-        )
+        return _example(d, str(d["dataset"]), str(d["split"]), ("id",), str(d["question"]),
+                        [str(a) for a in d["answers"]], d.get("context"), d.get("supporting_facts"))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -270,84 +259,54 @@ def _row_id(row: Mapping[str, Any], dataset: str, question: str, *keys: str) -> 
     return f"{dataset}-{digest}"
 
 
-def _hotpot_official(row: Mapping[str, Any], dataset: str, split: str) -> Example:
-    context = row.get("context")
-    facts = row.get("supporting_facts")
+def _example(row: Mapping[str, Any], dataset: str, split: str, id_keys: tuple[str, ...], question: str,
+             answers: list[str], context=None, facts=None, hotpot: bool = True) -> Example:
+    """The Example every layout ends as; `context` and `facts` are (title, sentences) and (title, index) pairs."""
     return Example(
-        id=_row_id(row, dataset, row["question"], "_id", "id"),
+        id=_row_id(row, dataset, question, *id_keys),
         dataset=dataset,
         split=split,
-        question=row["question"],
-        answers=_answers(row.get("answer"), row.get("answers")),
+        question=question,
+        answers=answers,
         context=None if context is None else [(str(t), [str(s) for s in sents]) for t, sents in context],
         supporting_facts=None if facts is None else [(str(t), int(i)) for t, i in facts],
-        type=row.get("type"),
-        level=row.get("level"),
+        type=row.get("type") if hotpot else None,
+        level=row.get("level") if hotpot else None,
     )
+
+
+def _hotpot_official(row: Mapping[str, Any], dataset: str, split: str) -> Example:
+    return _example(row, dataset, split, ("_id", "id"), row["question"],
+                    _answers(row.get("answer"), row.get("answers")), row.get("context"), row.get("supporting_facts"))
 
 
 def _hotpot_hub(row: Mapping[str, Any], dataset: str, split: str) -> Example:
-    context = row.get("context")
-    facts = row.get("supporting_facts")
-    return Example(
-        id=_row_id(row, dataset, row["question"], "id", "_id"),
-        dataset=dataset,
-        split=split,
-        question=row["question"],
-        answers=_answers(row.get("answer")),
-        context=None
-        if context is None
-        else [(str(t), [str(s) for s in sents]) for t, sents in zip(context["title"], context["sentences"])],
-        supporting_facts=None
-        if facts is None
-        else [(str(t), int(i)) for t, i in zip(facts["title"], facts["sent_id"])],
-        type=row.get("type"),
-        level=row.get("level"),
-    )
+    context, facts = row.get("context"), row.get("supporting_facts")
+    return _example(row, dataset, split, ("id", "_id"), row["question"], _answers(row.get("answer")),
+                    None if context is None else zip(context["title"], context["sentences"]),
+                    None if facts is None else zip(facts["title"], facts["sent_id"]))
 
 
 def _trivia_official(row: Mapping[str, Any], dataset: str, split: str) -> Example:
     answer = row.get("Answer") or {}
-    return Example(
-        id=_row_id(row, dataset, row["Question"], "QuestionId"),
-        dataset=dataset,
-        split=split,
-        question=row["Question"],
-        answers=_answers(answer.get("Value"), answer.get("Aliases")),
-    )
+    return _example(row, dataset, split, ("QuestionId",), row["Question"],
+                    _answers(answer.get("Value"), answer.get("Aliases")), hotpot=False)
 
 
 def _trivia_hub(row: Mapping[str, Any], dataset: str, split: str) -> Example:
     answer = row["answer"]
-    return Example(
-        id=_row_id(row, dataset, row["question"], "question_id", "id"),
-        dataset=dataset,
-        split=split,
-        question=row["question"],
-        answers=_answers(answer.get("value"), answer.get("aliases")),
-    )
+    return _example(row, dataset, split, ("question_id", "id"), row["question"],
+                    _answers(answer.get("value"), answer.get("aliases")), hotpot=False)
 
 
 def _trivia_jsonl(row: Mapping[str, Any], dataset: str, split: str) -> Example:
-    return Example(
-        id=_row_id(row, dataset, row["question"], "id", "question_id"),
-        dataset=dataset,
-        split=split,
-        question=row["question"],
-        answers=_answers(row["answer"], row.get("aliases")),
-    )
+    return _example(row, dataset, split, ("id", "question_id"), row["question"],
+                    _answers(row["answer"], row.get("aliases")), hotpot=False)
 
 
 def _generic(row: Mapping[str, Any], dataset: str, split: str) -> Example:
-    return Example(
-        id=_row_id(row, dataset, row["question"], "id", "_id", "question_id"),
-        dataset=dataset,
-        split=split,
-        question=row["question"],
-        answers=_answers(row.get("answer"), row.get("answers")),
-        type=row.get("type"),
-        level=row.get("level"),
-    )
+    return _example(row, dataset, split, ("id", "_id", "question_id"), row["question"],
+                    _answers(row.get("answer"), row.get("answers")))
 
 
 _CONVERTERS = {

@@ -15,7 +15,8 @@ from distill.errors import DistillError
 ADAPTER_INFO = "distill_adapter.json"
 
 
-def _json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
+    """A JSON object from a model or adapter folder, or one DistillError line."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -32,7 +33,7 @@ def trained_base(adapter_dir: str | Path) -> str | None:
     adapter_dir = Path(adapter_dir)
     for name, key in ((ADAPTER_INFO, "base_model"), ("adapter_config.json", "base_model_name_or_path")):
         if (adapter_dir / name).is_file():
-            base = _json(adapter_dir / name).get(key)
+            base = read_json(adapter_dir / name).get(key)
             if isinstance(base, str) and base:
                 return base
     return None

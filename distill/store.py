@@ -300,9 +300,5 @@ class CallCache:
             (key, kind, json.dumps(value, ensure_ascii=False)),
         )
 
-    def count(self, kind: str | None = None) -> int:
-        q, args = ("SELECT COUNT(*) FROM calls", ()) if kind is None else ("SELECT COUNT(*) FROM calls WHERE kind=?", (kind,))
-        return self._execute(q, args)[0][0]
-
     def close(self) -> None:
         self._db.close()

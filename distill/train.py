@@ -216,12 +216,6 @@ def gradient_accumulation_steps(global_batch_size: int, per_device: int, process
 # ---------------------------------------------------------------------------------------------- launching
 
 
-def visible_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def launch_command(config_path: str | Path, cfg: TrainConfig, gpus: int) -> list[str]:
     """How `distill pipeline` starts training: one process per GPU under `accelerate launch` (settable with
     num_processes), or one plain process on CPU. The effective batch is the same either way."""
@@ -251,7 +245,11 @@ def launch(data: dict, gpus: int | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     config = out / "stage_config.yaml"
     config.write_text("# written by `distill pipeline` from its train section\n" + yaml.safe_dump(data, sort_keys=False))
-    cmd = launch_command(config, cfg, visible_gpus() if gpus is None else gpus)
+    if gpus is None:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cmd = launch_command(config, cfg, gpus)
     print(f"[pipeline] {shlex.join(cmd)}", flush=True)
     if subprocess.run(cmd).returncode != 0:
         raise DistillError(f"training failed ({shlex.join(cmd[1:4])}...); its error is printed above")
@@ -435,16 +433,13 @@ def write_outputs(trainer, cfg: TrainConfig, started: float) -> dict:
     return info
 
 
-def last_checkpoint(output_dir: str) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
-
-    return get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
-
-
 def train(cfg: TrainConfig, callbacks: list | None = None) -> dict:
     """Train (resuming when a checkpoint exists), make sure the final eval loss is logged, save everything."""
+    from transformers.trainer_utils import get_last_checkpoint
+
     started = time.time()
-    resume = last_checkpoint(cfg.sft.output_dir) if cfg.distill.resume else None
+    out = cfg.sft.output_dir
+    resume = get_last_checkpoint(out) if cfg.distill.resume and Path(out).is_dir() else None
     if resume:
         log.info("resuming from %s", resume)
     trainer = build_trainer(cfg, callbacks, resuming=resume is not None)

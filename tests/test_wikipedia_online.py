@@ -25,7 +25,7 @@ from distill.filter import FilterConfig, first_failure
 from distill.rewoo.plan import parse_plan
 from distill.rewoo.worker import NO_EVIDENCE, WorkerConfig, run_plan
 from distill.tools import OnlineWikipedia
-from distill.tools.wikipedia import retry_after_seconds
+from distill.llm.openai_backend import retry_after_s
 
 PAGES = {
     "Marie Curie": "Marie Curie was a physicist\nand chemist who discovered radium.",
@@ -237,12 +237,12 @@ def test_retry_after_beyond_the_cap_waits_only_the_cap(fake: FakeMediaWiki) -> N
 
 
 def test_retry_after_as_seconds_or_an_http_date() -> None:
-    assert retry_after_seconds("7") == 7.0
-    assert retry_after_seconds(" 0 ") == 0.0
+    assert retry_after_s("7") == 7.0
+    assert retry_after_s(" 0 ") == 0.0
     later = email.utils.formatdate(time.time() + 60, usegmt=True)
-    assert 50 <= retry_after_seconds(later) <= 61
-    assert retry_after_seconds(email.utils.formatdate(time.time() - 60, usegmt=True)) == 0.0
-    assert retry_after_seconds("soon") is None and retry_after_seconds(None) is None and retry_after_seconds("") is None
+    assert 50 <= retry_after_s(later) <= 61
+    assert retry_after_s(email.utils.formatdate(time.time() - 60, usegmt=True)) == 0.0
+    assert retry_after_s("soon") is None and retry_after_s(None) is None and retry_after_s("") is None
 
 
 def test_the_concurrency_cap_holds_and_connections_are_pooled(fake: FakeMediaWiki) -> None:

@@ -32,9 +32,7 @@ class Completion:
     cached: bool = False
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["usage"] = asdict(self.usage)
-        return d
+        return asdict(self)  # nested: usage becomes a dict too
 
 
 @dataclass(frozen=True)

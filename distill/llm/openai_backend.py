@@ -9,6 +9,7 @@ the model and the fault. A concurrency cap bounds requests in flight; several ba
 from __future__ import annotations
 
 import asyncio
+import datetime
 import email.utils
 import itertools
 import json
@@ -61,7 +62,8 @@ def _api_key(env_name: str | None) -> str:
 
 
 def retry_after_s(value: str | None) -> float | None:
-    """`Retry-After` as seconds (delta-seconds or an HTTP date); None when absent or unreadable."""
+    """`Retry-After` as seconds from now (delta-seconds or an HTTP date); None when absent or unreadable.
+    The one reading of it for every HTTP client here: model servers and the Wikipedia API."""
     if not value:
         return None
     try:
@@ -69,10 +71,12 @@ def retry_after_s(value: str | None) -> float | None:
     except ValueError:
         pass
     try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        when = email.utils.parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError):
         return None
-    return max(0.0, when.timestamp() - time.time()) if when is not None else None
+    if when.tzinfo is None:  # "-0000" dates: UTC (RFC 5322), not local time
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, when.timestamp() - time.time())
 
 
 def _snippet(text: str, n: int = 80) -> str:

@@ -4,7 +4,7 @@
   paper. Needs the internet.
 - `LocalWikipedia`: BM25 (bm25s) over a JSONL corpus of `{title, text}` paragraphs, so runs are offline and
   reproducible. The index is built in memory each run.
-- `ScopedWikipedia` (`LocalWikipedia.scoped(...)`): BM25 over one question's own paragraphs (the HotpotQA
+- `ScopedWikipedia`: BM25 over one question's own paragraphs (the HotpotQA
   distractor setting), in memory.
 
 Every backend returns `Title: text` paragraphs, best first, or "" when nothing matches (the Worker records
@@ -14,8 +14,6 @@ that as empty evidence rather than the tool inventing something).
 from __future__ import annotations
 
 import asyncio
-import datetime
-import email.utils
 import functools
 import logging
 import os
@@ -30,6 +28,7 @@ import httpx
 
 from distill import __version__
 from distill.errors import DistillError
+from distill.llm.openai_backend import retry_after_s
 from distill.store import read_jsonl
 from distill.tools.registry import TOOL_DESCRIPTIONS
 
@@ -107,10 +106,6 @@ class _Bm25:
         retriever.index(tokens, show_progress=False)
         return cls(retriever, [p.title for p in paragraphs])
 
-    @property
-    def num_docs(self) -> int:
-        return int(self.retriever.scores["num_docs"])
-
     def search(self, query: str, k: int) -> list[int]:
         """Indices of the k best documents with a positive score; a page whose title is the query comes first."""
         bm25s = _bm25s()
@@ -163,50 +158,43 @@ class ScopedWikipedia:
     ):
         if not paragraphs:
             raise DistillError("a scoped Wikipedia needs at least one (title, text) paragraph")
-        self.paragraphs = [Paragraph(title, text) for title, text in paragraphs]
-        self.top_k = top_k
-        self.max_chars = max_chars
-        self.index = _Bm25.build(self.paragraphs)
+        self._index([Paragraph(title, text) for title, text in paragraphs], top_k, max_chars)
+
+    def _index(self, paragraphs: list[Paragraph], top_k: int, max_chars: int | None) -> None:
+        if top_k < 1:
+            raise DistillError(f"wikipedia top_k must be at least 1, got {top_k}")
+        self.paragraphs, self.top_k, self.max_chars = paragraphs, top_k, max_chars
+        self.index = _Bm25.build(paragraphs)
+
+    def _search(self, query: str) -> str:
+        return format_paragraphs([self.paragraphs[i] for i in self.index.search(query, self.top_k)], self.max_chars)
 
     async def run(self, query: str) -> str:
-        # Ten paragraphs score in microseconds: no thread needed.
-        hits = self.index.search(query, self.top_k)
-        return format_paragraphs([self.paragraphs[i] for i in hits], self.max_chars)
+        return self._search(query)  # ten paragraphs score in microseconds: no thread needed
 
 
-class LocalWikipedia:
+class LocalWikipedia(ScopedWikipedia):
     """BM25 over a JSONL corpus of `{title, text}` records (extra fields are ignored).
 
     The index is built in memory on every run: that takes seconds even for the 18k-paragraph HotpotQA pool,
     and a persisted copy would need fingerprints to stay correct and a folder to write beside the user's data.
     """
 
-    name = "Wikipedia"
-    description = TOOL_DESCRIPTIONS["Wikipedia"]
-
     def __init__(
         self, corpus_path: str | os.PathLike[str], *, top_k: int = 1, max_chars: int | None = DEFAULT_MAX_CHARS
     ):
-        if top_k < 1:
-            raise DistillError(f"wikipedia top_k must be at least 1, got {top_k}")
         self.corpus_path = Path(corpus_path)
-        self.top_k = top_k
-        self.max_chars = max_chars
-        self.paragraphs = read_corpus(self.corpus_path)
         start = time.perf_counter()
-        self.index = _Bm25.build(self.paragraphs)
+        self._index(read_corpus(self.corpus_path), top_k, max_chars)
         log.info("built BM25 index over %d paragraphs in %.1fs", len(self.paragraphs), time.perf_counter() - start)
 
     @classmethod
-    def scoped(
-        cls, paragraphs: Sequence[tuple[str, str]], *, top_k: int = 1, max_chars: int | None = DEFAULT_MAX_CHARS
-    ) -> ScopedWikipedia:
+    def scoped(cls, paragraphs: Sequence[tuple[str, str]], **options: Any) -> ScopedWikipedia:
         """A Wikipedia tool that searches only `paragraphs`, e.g. one question's distractor context."""
-        return ScopedWikipedia(paragraphs, top_k=top_k, max_chars=max_chars)
+        return ScopedWikipedia(paragraphs, **options)
 
     async def run(self, query: str) -> str:
-        hits = await asyncio.to_thread(self.index.search, query, self.top_k)
-        return format_paragraphs([self.paragraphs[i] for i in hits], self.max_chars)
+        return await asyncio.to_thread(self._search, query)
 
 
 # ------------------------------------------------------------------------------------------- online API
@@ -219,22 +207,6 @@ class _Fault(Exception):
         super().__init__(message)
         self.retry = retry
         self.retry_after = retry_after
-
-
-def retry_after_seconds(value: str | None) -> float | None:
-    """`Retry-After` as seconds from now: either delta-seconds or an HTTP date; None when absent or unreadable."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.timezone.utc)
-    return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -375,7 +347,7 @@ class OnlineWikipedia:
             raise _Fault(f"connection failed ({type(exc).__name__}: {_one_line(exc)})", retry=True) from None
         status = response.status_code
         if status == 429 or status >= 500:
-            wait = retry_after_seconds(response.headers.get("Retry-After"))
+            wait = retry_after_s(response.headers.get("Retry-After"))
             raise _Fault(f"HTTP {status} {response.reason_phrase}", retry=True, retry_after=wait)
         if status != 200:
             raise _Fault(f"HTTP {status} {response.reason_phrase}", retry=False)
@@ -389,7 +361,7 @@ class OnlineWikipedia:
         if error is not None:
             code = error.get("code") if isinstance(error, dict) else None
             info = error.get("info") if isinstance(error, dict) else error
-            wait = retry_after_seconds(response.headers.get("Retry-After"))
+            wait = retry_after_s(response.headers.get("Retry-After"))
             raise _Fault(f"error {code}: {_one_line(info)}", retry=code in self.RETRY_API_CODES, retry_after=wait)
         return data
 
