@@ -79,7 +79,7 @@ def agent_with(planner_replies, *, calculator=None, solver_reply="2850", **kwarg
     calc = calculator or Recorded(Calculator())
     planner, solver = Scripted(planner_replies, "planner"), Scripted([solver_reply], "solver")
     agent = ReWOOAgent(
-        planner, solver, lambda ex: {"Wikipedia": wiki, "Calculator": calc}, TOOLS, fewshot=False,
+        planner, solver, lambda ex: {"Wikipedia": wiki, "Calculator": calc}, TOOLS, planner_prompt="full",
         worker=WorkerConfig(tool_timeout_s=0.2), **kwargs,
     )
     return agent, planner, solver, wiki, calc
