@@ -130,8 +130,22 @@ def _portable_warmup(data: dict, sft_fields: set[str]) -> dict:
     return data
 
 
+def import_trl() -> None:
+    """Import TRL without its side effect on this process's environment: on import it sets VLLM_LOGGING_LEVEL=ERROR,
+    which every vLLM server started later inherits (the pipeline checks its train section before it starts its
+    servers, whose logs then lost every vLLM line). Later imports of trl do not run that code again."""
+    saved = os.environ.get("VLLM_LOGGING_LEVEL")
+    import trl  # noqa: F401
+
+    if saved is None:
+        os.environ.pop("VLLM_LOGGING_LEVEL", None)
+    else:
+        os.environ["VLLM_LOGGING_LEVEL"] = saved
+
+
 def parse_train_config(data: dict, argv: list[str] | None = None, processes: int | None = None) -> TrainConfig:
     """TRL's `TrlParser` over our flat dict (YAML + `--set`) and TRL-style flags; every problem is one line."""
+    import_trl()
     from trl import ModelConfig, SFTConfig, TrlParser
 
     if "gradient_accumulation_steps" in data:
@@ -295,6 +309,8 @@ def model_init_kwargs(cfg: TrainConfig) -> dict:
     """What SFTTrainer passes to `from_pretrained` (as in TRL's sft.py), plus QLoRA's one copy per DDP rank."""
     import torch
     from accelerate import PartialState
+
+    import_trl()
     from trl import get_quantization_config
 
     kwargs: dict[str, Any] = {"revision": cfg.model.model_revision, "dtype": cfg.model.dtype}
@@ -338,6 +354,8 @@ def load_splits(dataset_dir: str):
 def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: bool = False):
     """The SFTTrainer exactly as training uses it (tests take their batches from it)."""
     from transformers.trainer_utils import IntervalStrategy
+
+    import_trl()
     from trl import SFTTrainer, get_peft_config
 
     from distill.llm.embedded import resolve_model_path

@@ -595,7 +595,7 @@ def test_concurrent_seeded_sampling_on_long_prompts_keeps_the_server_alive(tmp_p
 
     examples = load_examples(ROOT / "data" / "demo" / "train.jsonl", "hotpotqa", "train", limit=32)
     tools = {k: TOOL_DESCRIPTIONS[k] for k in ("Wikipedia", "LLM")}
-    prompts = [planner_messages(e.question, tools, True) for e in examples]
+    prompts = [planner_messages(e.question, tools, "fewshot") for e in examples]
     cfg = ServeConfig(served_model_name="m", port=0, max_model_len=4096, health_timeout_s=240)
     with VLLMServer(cfg, log_path=tmp_path / "vllm.log") as server:
         chat = OpenAIChat("m", [server.base_url], None, max_concurrency=32, timeout_s=300)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -482,3 +483,21 @@ def test_pipeline_launch_trains_in_a_child_process(sft_dir, tmp_path):
     assert yaml.safe_load((tmp_path / "train" / "stage_config.yaml").read_text()) == section
     adapter = json.loads((tmp_path / "train" / "adapter_config.json").read_text())
     assert adapter["use_rslora"] is True and adapter["r"] == 8
+
+
+def test_importing_trl_leaves_the_vllm_log_level_of_later_servers_alone(tmp_path):
+    """TRL sets VLLM_LOGGING_LEVEL=ERROR on import; a server the pipeline starts after checking its train section
+    inherited it and logged no vLLM line. Checked in a fresh interpreter, where trl is imported for the first time."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}
+    code = ("import os; from distill.train import parse_train_config; "
+            "parse_train_config({'dataset_dir': 'd', 'output_dir': 'o'}, processes=1); "
+            "print(os.environ.get('VLLM_LOGGING_LEVEL'))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    assert out.stdout.strip().splitlines()[-1] == "None", out.stderr[-2000:]
+    out = subprocess.run([sys.executable, "-c", code], env=env | {"VLLM_LOGGING_LEVEL": "DEBUG"}, capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path)
+    assert out.stdout.strip().splitlines()[-1] == "DEBUG", out.stderr[-2000:]
