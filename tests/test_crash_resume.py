@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from distill.report import recompute
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data" / "demo"
 KILLS = 5
@@ -109,6 +111,4 @@ def test_evaluation_survives_sigkill_at_random_points(server, tmp_path):
     }
     result = run_check("eval", cfg, tmp_path)
     assert result["planned"] == 18
-    from distill.report import recompute  # the records the kills left make a whole report
-
-    assert recompute(tmp_path / "eval")["per_method"]["teacher"]["n"] == 6
+    assert recompute(tmp_path / "eval")["per_method"]["teacher"]["n"] == 6  # the records the kills left: a report
