@@ -412,41 +412,34 @@ def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str 
 
 def _plot_recall(plt, results: dict, methods: list[str], path: Path) -> None:
     """The Planner's own trade-off: what its evidence holds against what its prompt costs (ReWOO planners)."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for m in methods:
-        pm = results["per_method"][m]
-        recall, x = pm["evidence_recall"], pm["planner_prompt_tokens_mean"]
-        if recall is None or x is None:
-            continue
-        err = [[recall["mean"] - recall["lo"]], [recall["hi"] - recall["mean"]]]
-        ax.errorbar([x], [recall["mean"]], yerr=err, fmt="o", capsize=4, label=m)
-        ax.annotate(m, (x, recall["mean"]), textcoords="offset points", xytext=(6, 6), fontsize=8)
-    ax.set_xlabel("planner prompt tokens (mean)")
-    ax.set_ylabel("evidence recall (95% bootstrap CI)")
-    ax.set_title("Evidence recall against planner prompt size")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    points = [(m, pm["planner_prompt_tokens_mean"], pm["evidence_recall"])
+              for m in methods for pm in [results["per_method"][m]]]
+    _plot_ci_points(plt, [p for p in points if p[1] is not None], path, xlabel="planner prompt tokens (mean)",
+                    ylabel="evidence recall (95% bootstrap CI)", title="Evidence recall against planner prompt size")
 
 
 def _plot_accuracy(plt, results: dict, methods: list[str], path: Path) -> None:
+    points = [(m, pm["tokens_mean"]["total"] or 0.0, pm["f1"]) for m in methods for pm in [results["per_method"][m]]]
+    _plot_ci_points(plt, points, path, xlabel="tokens per question (mean)", ylabel="F1 (95% bootstrap CI)",
+                    title="Accuracy against cost")
+
+
+def _plot_ci_points(plt, points: list[tuple[str, float, dict | None]], path: Path, *, xlabel: str, ylabel: str,
+                    title: str) -> None:
+    """One labelled point per method at (x, mean) with its bootstrap CI; methods without the metric are left out."""
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for m in methods:
-        pm = results["per_method"][m]
-        f1, x = pm["f1"], pm["tokens_mean"]["total"] or 0.0
-        if f1 is None:
+    for m, x, ci in points:
+        if ci is None:
             continue
-        err = [[f1["mean"] - f1["lo"]], [f1["hi"] - f1["mean"]]]
-        ax.errorbar([x], [f1["mean"]], yerr=err, fmt="o", capsize=4, label=m)
-        ax.annotate(m, (x, f1["mean"]), textcoords="offset points", xytext=(6, 6), fontsize=8)
-    ax.set_xlabel("tokens per question (mean)")
-    ax.set_ylabel("F1 (95% bootstrap CI)")
-    ax.set_title("Accuracy against cost")
+        err = [[ci["mean"] - ci["lo"]], [ci["hi"] - ci["mean"]]]
+        ax.errorbar([x], [ci["mean"]], yerr=err, fmt="o", capsize=4, label=m)
+        ax.annotate(m, (x, ci["mean"]), textcoords="offset points", xytext=(6, 6), fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
