@@ -16,13 +16,20 @@ class ServerUnreachable(DistillError):
     turning every remaining question into an error record (see distill.runner)."""
 
 
+def clip(text: str, limit: int) -> str:
+    """Text folded onto one line and cut to `limit` characters: what a one-line message may quote of text it did
+    not write (a server's error body, an exception's message)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def one_line(exc: BaseException, limit: int = 500) -> str:
     """The exception as one bounded line (`Type: message` unless it is a DistillError, whose message is
     written for users already): manifests and terminals get a reason, never a multi-line dump."""
     text = " ".join(str(exc).split()) or "(no message)"
     if not isinstance(exc, DistillError):
         text = f"{type(exc).__name__}: {text}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return clip(text, limit)
 
 
 def is_environment_failure(exc: BaseException) -> bool:

@@ -12,13 +12,12 @@ import asyncio
 import datetime
 import email.utils
 import itertools
-import json
 import os
 import random
 import time
 from collections import Counter
 
-from distill.errors import DistillError, ServerUnreachable
+from distill.errors import DistillError, ServerUnreachable, clip
 from distill.llm.base import Completion, Price, Usage, weights_fingerprint
 
 # Statuses that mean "not now" rather than "never": rate limits, timeouts and server errors.
@@ -79,26 +78,22 @@ def retry_after_s(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def _snippet(text: str, n: int = 80) -> str:
-    return " ".join(text[:n].split()) + ("..." if len(text) > n else "")
-
-
 def _error_message(resp) -> str:
     try:
         err = resp.json().get("error")
         msg = err.get("message") if isinstance(err, dict) else err
         if isinstance(msg, str) and msg:
-            return _snippet(msg, 200)
+            return clip(msg, 200)
     except (ValueError, AttributeError):
         pass
-    return _snippet(resp.text, 200)
+    return clip(resp.text, 200)
 
 
 def _parse_json(resp):
     try:
         return resp.json()
     except ValueError:
-        raise _Fault("malformed body", f"malformed body (not JSON: {_snippet(resp.text)!r})", retry=True) from None
+        raise _Fault("malformed body", f"malformed body (not JSON: {clip(resp.text, 80)!r})", retry=True) from None
 
 
 def _parse_chat(resp) -> tuple[str, dict | None]:
@@ -185,9 +180,9 @@ class OpenAIChat:
             except httpx.TimeoutException:
                 raise _Fault("timeout", f"no answer within {self._timeout_s:g}s (timeout_s)", retry=True) from None
             except httpx.ConnectError as exc:
-                raise _Fault("connect", f"cannot reach it ({_snippet(str(exc), 120)})", retry=True) from None
+                raise _Fault("connect", f"cannot reach it ({clip(str(exc), 120)})", retry=True) from None
             except httpx.HTTPError as exc:  # reset, dropped mid-reply, bad HTTP
-                detail = _snippet(str(exc) or type(exc).__name__, 120)
+                detail = clip(str(exc) or type(exc).__name__, 120)
                 raise _Fault("dropped", f"connection dropped ({detail})", retry=True) from None
             finally:
                 self._inflight[i] -= 1

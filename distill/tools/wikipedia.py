@@ -27,7 +27,7 @@ from typing import Any, AsyncIterator, Sequence
 import httpx
 
 from distill import __version__
-from distill.errors import DistillError
+from distill.errors import DistillError, clip, one_line
 from distill.llm.openai_backend import retry_after_s
 from distill.store import read_jsonl
 from distill.tools.registry import TOOL_DESCRIPTIONS
@@ -209,11 +209,6 @@ class _Fault(Exception):
         self.retry_after = retry_after
 
 
-def _one_line(text: str, limit: int = 200) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 class OnlineWikipedia:
     """Search the MediaWiki API, then return the plain-text intro of the best pages.
 
@@ -344,7 +339,7 @@ class OnlineWikipedia:
         except httpx.TimeoutException:
             raise _Fault(f"no answer within {self.timeout_s:g}s", retry=True) from None
         except httpx.TransportError as exc:
-            raise _Fault(f"connection failed ({type(exc).__name__}: {_one_line(exc)})", retry=True) from None
+            raise _Fault(f"connection failed ({one_line(exc, 200)})", retry=True) from None
         status = response.status_code
         if status == 429 or status >= 500:
             wait = retry_after_s(response.headers.get("Retry-After"))
@@ -362,7 +357,7 @@ class OnlineWikipedia:
             code = error.get("code") if isinstance(error, dict) else None
             info = error.get("info") if isinstance(error, dict) else error
             wait = retry_after_s(response.headers.get("Retry-After"))
-            raise _Fault(f"error {code}: {_one_line(info)}", retry=code in self.RETRY_API_CODES, retry_after=wait)
+            raise _Fault(f"error {code}: {clip(str(info), 200)}", retry=code in self.RETRY_API_CODES, retry_after=wait)
         return data
 
     async def _search(self, query: str, deadline: float | None) -> list[str]:
