@@ -258,11 +258,11 @@ class Pipeline:
 
     def report(self) -> dict:
         """The report from the evaluation's records, at the run folder's root, with the stage timings."""
-        from distill.report import summary_lines
+        from distill.report import prompt_goal_summary, summary_lines
         from distill.store import write_json
 
         results = self.entry("report")(self.stage_dir("eval"), self.run)
-        print("\n".join(summary_lines(results)))
+        print("\n".join(summary_lines(results) + prompt_goal_summary(results)))
         timings = {s: json.loads((self.stage_dir(s) / "DONE.json").read_text())["seconds"] for s in STAGES[:-1]
                    if self.done(s)}
         write_json(self.run / "pipeline.json", {"stage_seconds": timings, "config_file": self.config_path})
@@ -285,7 +285,8 @@ class Pipeline:
         ev = validate(EvalConfig, fill_server(self.cfg.eval, url) | {"output_dir": "x"}, "eval")
         if self.cfg.teacher_server is not None:
             validate(ServeConfig, self.cfg.teacher_server, "teacher_server")
-        validate(ServeConfig, self.cfg.student_server | {"adapter": None, "adapters": self.adapters()}, "student_server")
+        students = {"adapter": None, "adapters": self.adapters()}
+        validate(ServeConfig, self.cfg.student_server | students, "student_server")
         check_students_served_as_trained(sft, ev, url)
 
     def run_all(self, start: str | None = None) -> None:
@@ -321,8 +322,8 @@ def check_students_served_as_trained(sft: Mapping[str, Any], ev: Any, url: str) 
             raise DistillError(f"eval planner {row.name} serves student {row.spec.model} with prompt {row.prompt}, "
                                f"but it is trained on student_prompt {cfg.student_prompt}")
         if list(tool_descriptions(ev.tools)) != cfg.tools:
-            raise DistillError(f"eval tools {ev.tools} differ from student {row.spec.model}'s sft_data tools {cfg.tools}: "
-                               "its prompt lists them")
+            raise DistillError(f"eval tools {ev.tools} differ from student {row.spec.model}'s sft_data tools "
+                               f"{cfg.tools}: its prompt lists them")
 
 
 # ------------------------------------------------------------------------------------------ command line

@@ -161,7 +161,8 @@ def test_each_stage_gets_its_folders_and_settings_and_done_json_its_counts(tmp_p
     assert gen.output_dir == str(run / "generate") and gen.cache == str(run / "calls.sqlite")
     assert gen.planner.base_url == gen.solver.base_url == "http://teacher.test/v1"
     train = calls["train"]
-    assert (train["dataset_dir"], train["output_dir"]) == (str(run / "sft-data" / "planner"), str(run / "train" / "planner"))
+    assert (train["dataset_dir"], train["output_dir"]) == (str(run / "sft-data" / "planner"),
+                                                           str(run / "train" / "planner"))
     assert train["max_steps"] == 2 and train["learning_rate"] == 1e-3  # the override on top of the named stage config
     ev = calls["eval"]
     assert ev.output_dir == str(run / "eval") and ev.planners[0].spec.base_url == "http://student.test/v1"
@@ -209,7 +210,8 @@ def test_two_students_train_on_the_same_kept_examples_and_share_one_server(tmp_p
         recorder.calls.append(("sft-data", cfg))
         return build_sft_data(cfg)
 
-    Pipeline(validate(PipelineConfig, two_students(tmp_path)), "p.yaml", recorder.entries() | {"sft-data": sft_data}).run_all()
+    entries = recorder.entries() | {"sft-data": sft_data}
+    Pipeline(validate(PipelineConfig, two_students(tmp_path)), "p.yaml", entries).run_all()
 
     assert [n for n, _ in recorder.calls] == ["server", "generate", "sft-data", "sft-data", "train", "train", "server",
                                                "eval"]
@@ -235,7 +237,8 @@ def test_two_students_train_on_the_same_kept_examples_and_share_one_server(tmp_p
         assert full[split]["id"] == compact[split]["id"] and full[split]["completion"] == compact[split]["completion"]
         assert all(len(str(c)) < len(str(f)) for f, c in zip(full[split]["prompt"], compact[split]["prompt"]))
     done = {s: json.loads((run / s / "DONE.json").read_text()) for s in ("sft-data", "train")}
-    assert [done["sft-data"]["students"][n]["student_prompt"] for n in ("student", "student_compact")] == ["full", "compact"]
+    prompts = [done["sft-data"]["students"][n]["student_prompt"] for n in ("student", "student_compact")]
+    assert prompts == ["full", "compact"]
     assert set(done["train"]["students"]) == {"student", "student_compact"}
 
     # a crash after the first student trained: the rerun trains only the second, then evaluates both again
