@@ -17,9 +17,9 @@ import asyncio
 import functools
 import logging
 import os
-import random
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Sequence
@@ -28,7 +28,7 @@ import httpx
 
 from distill import __version__
 from distill.errors import DistillError, clip, one_line
-from distill.llm.openai_backend import retry_after_s
+from distill.retry import Fault, retry_after_s, with_retries
 from distill.store import read_jsonl
 from distill.tools.registry import TOOL_DESCRIPTIONS
 
@@ -200,21 +200,12 @@ class LocalWikipedia(ScopedWikipedia):
 # ------------------------------------------------------------------------------------------- online API
 
 
-class _Fault(Exception):
-    """One failed API attempt: what went wrong, whether another attempt may help, and the server's wait."""
-
-    def __init__(self, message: str, *, retry: bool, retry_after: float | None = None):
-        super().__init__(message)
-        self.retry = retry
-        self.retry_after = retry_after
-
-
 class OnlineWikipedia:
     """Search the MediaWiki API, then return the plain-text intro of the best pages.
 
     A teacher run makes thousands of these calls, so the API's rate limits are a matter of course, not an
     accident: 429, 5xx, timeouts, dropped connections and the API's own `ratelimited`/`maxlag` errors are
-    retried with exponential backoff and jitter, waiting as long as `Retry-After` asks (up to `max_wait_s`).
+    retried (distill.retry), waiting as long as `Retry-After` asks (up to `max_wait_s`).
     When the retries run out the call raises one `DistillError` line naming the API and the fault, which the
     Worker records as a tool error, so the filter drops that trajectory instead of keeping one built on a
     silent "No evidence found". `budget_s` bounds one `run` (retries and waits included) and ends it the same
@@ -265,6 +256,7 @@ class OnlineWikipedia:
         self.max_chars = max_chars
         self.api_url = api_url
         self.retries = 0
+        self.faults: Counter[str] = Counter()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
@@ -296,88 +288,19 @@ class OnlineWikipedia:
     async def run(self, query: str) -> str:
         await self._bind()
         deadline = None if self.budget_s is None else self._loop.time() + self.budget_s
-        titles = await self._search(query, deadline)
-        if not titles:
-            return ""
-        return format_paragraphs(await self._extracts(titles, deadline), self.max_chars)
-
-    async def _get(self, params: dict[str, str], deadline: float | None) -> dict[str, Any]:
-        params = {"format": "json", "formatversion": "2", **params}
-        fault: _Fault | None = None
-        for attempt in range(self.max_retries + 1):
-            try:
-                async with asyncio.timeout_at(deadline), self._sem:
-                    return await self._attempt(params)
-            except TimeoutError:
-                last = f"{fault}, then " if fault else ""
-                raise DistillError(
-                    f"Wikipedia API {self.api_url}: {last}no answer within the {self.budget_s:g}s budget"
-                ) from None
-            except _Fault as exc:
-                fault = exc
-            delay = self._delay(attempt, fault.retry_after)
-            past_budget = deadline is not None and self._loop.time() + delay > deadline
-            if not fault.retry or attempt == self.max_retries or past_budget:
-                tries = f" (after {attempt + 1} attempts)" if attempt else ""
-                raise DistillError(f"Wikipedia API {self.api_url}: {fault}{tries}")
-            self.retries += 1
-            await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
-
-    def _delay(self, attempt: int, retry_after: float | None) -> float:
-        """Seconds to wait before the next attempt, capped at `max_wait_s`, with jitter so that callers refused
-        together do not all come back together: at least the server's `Retry-After` when it gives one (never
-        sooner than it asked, unless past the cap), else half to all of an exponentially growing backoff."""
-        if retry_after is not None:
-            return min(retry_after, self.max_wait_s) + random.uniform(0, self.backoff_s)
-        backoff = min(self.backoff_s * 2**attempt, self.max_wait_s)
-        return backoff / 2 + random.uniform(0, backoff / 2)
-
-    async def _attempt(self, params: dict[str, str]) -> dict[str, Any]:
+        search = {"action": "query", "list": "search", "srsearch": query, "srlimit": str(self.top_k), "srprop": ""}
         try:
-            response = await self._client.get(self.api_url, params=params)
-        except httpx.TimeoutException:
-            raise _Fault(f"no answer within {self.timeout_s:g}s", retry=True) from None
-        except httpx.TransportError as exc:
-            raise _Fault(f"connection failed ({one_line(exc, 200)})", retry=True) from None
-        status = response.status_code
-        if status == 429 or status >= 500:
-            wait = retry_after_s(response.headers.get("Retry-After"))
-            raise _Fault(f"HTTP {status} {response.reason_phrase}", retry=True, retry_after=wait)
-        if status != 200:
-            raise _Fault(f"HTTP {status} {response.reason_phrase}", retry=False)
-        try:
-            data = response.json()
-        except ValueError:  # an overloaded proxy answers with an HTML page
-            raise _Fault("answered 200 with a body that is not JSON", retry=True) from None
-        if not isinstance(data, dict):
-            raise _Fault("answered 200 with JSON that is not an object", retry=True)
-        error = data.get("error")
-        if error is not None:
-            code = error.get("code") if isinstance(error, dict) else None
-            info = error.get("info") if isinstance(error, dict) else error
-            wait = retry_after_s(response.headers.get("Retry-After"))
-            raise _Fault(f"error {code}: {clip(str(info), 200)}", retry=code in self.RETRY_API_CODES, retry_after=wait)
-        return data
-
-    async def _search(self, query: str, deadline: float | None) -> list[str]:
-        params = {"action": "query", "list": "search", "srsearch": query, "srlimit": str(self.top_k), "srprop": ""}
-        hits = _items(await self._get(params, deadline), "search")
-        return [hit["title"] for hit in hits if isinstance(hit.get("title"), str)]
-
-    async def _extracts(self, titles: list[str], deadline: float | None) -> list[Paragraph]:
-        params = {
-            "action": "query",
-            "prop": "extracts",
-            "exintro": "1",
-            "explaintext": "1",
-            "redirects": "1",
-            "exlimit": str(len(titles)),
-            "titles": "|".join(titles),
-        }
-        if self.sentences:
-            params["exsentences"] = str(self.sentences)
-        data = await self._get(params, deadline)
+            hits = _items(await with_retries(self, lambda: self._get(search), deadline), "search")
+            titles = [hit["title"] for hit in hits if isinstance(hit.get("title"), str)]
+            if not titles:
+                return ""
+            extracts = {"action": "query", "prop": "extracts", "exintro": "1", "explaintext": "1", "redirects": "1",
+                        "exlimit": str(len(titles)), "titles": "|".join(titles)}
+            if self.sentences:
+                extracts["exsentences"] = str(self.sentences)
+            data = await with_retries(self, lambda: self._get(extracts), deadline)
+        except Fault as fault:
+            raise DistillError(f"Wikipedia API {self.api_url}: {fault.describe()}") from None
         pages = {p["title"]: p for p in _items(data, "pages") if isinstance(p.get("title"), str)}
         renamed = {r.get("from"): r.get("to") for r in _items(data, "normalized") + _items(data, "redirects")}
         found = []
@@ -386,7 +309,35 @@ class OnlineWikipedia:
             extract = page.get("extract") if page and not page.get("missing") else None
             if isinstance(extract, str) and extract.strip():
                 found.append(Paragraph(page["title"], " ".join(extract.split())))
-        return found
+        return format_paragraphs(found, self.max_chars)
+
+    async def _get(self, params: dict[str, str]) -> dict[str, Any]:
+        """One attempt; every failure is a `Fault` that says whether another attempt may help."""
+        async with self._sem:
+            try:
+                response = await self._client.get(self.api_url, params={"format": "json", "formatversion": "2", **params})
+            except httpx.TimeoutException:
+                raise Fault("timeout", f"no answer within {self.timeout_s:g}s", retry=True) from None
+            except httpx.TransportError as exc:
+                raise Fault("connect", f"connection failed ({one_line(exc, 200)})", retry=True) from None
+        status = response.status_code
+        if status != 200:
+            retry = status == 429 or status >= 500
+            wait = retry_after_s(response.headers.get("Retry-After")) if retry else None
+            raise Fault(str(status), f"HTTP {status} {response.reason_phrase}", retry=retry, wait_s=wait)
+        try:
+            data = response.json()
+        except ValueError:  # an overloaded proxy answers with an HTML page
+            raise Fault("not json", "answered 200 with a body that is not JSON", retry=True) from None
+        if not isinstance(data, dict):
+            raise Fault("not json", "answered 200 with JSON that is not an object", retry=True)
+        error = data.get("error")
+        if error is not None:
+            code = error.get("code") if isinstance(error, dict) else None
+            info = error.get("info") if isinstance(error, dict) else error
+            wait = retry_after_s(response.headers.get("Retry-After"))
+            raise Fault(str(code), f"error {code}: {clip(str(info), 200)}", code in self.RETRY_API_CODES, wait)
+        return data
 
 
 async def _close_when_loop_ends(client: httpx.AsyncClient) -> AsyncIterator[None]:
