@@ -1,4 +1,5 @@
-"""The one bounded retry loop of the HTTP clients here (model servers, the Wikipedia API).
+"""What the HTTP clients here (model servers, the Wikipedia API) share: the pooled client and the one bounded
+retry loop.
 
 A paid run meets rate limits and overloaded servers as a matter of course, so both clients retry the same
 way: exponential backoff with full jitter (callers refused together do not come back together), a server's
@@ -13,7 +14,7 @@ import datetime
 import email.utils
 import random
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 
 class Fault(Exception):
@@ -82,3 +83,30 @@ async def with_retries(client: Any, attempt: Callable[[], Awaitable[Any]], deadl
         client.retries += 1
         await asyncio.sleep(delay)
     raise AssertionError("unreachable")
+
+
+async def bind(client: Any, **options: Any) -> None:
+    """One pooled httpx client and one semaphore (`client.max_concurrency` requests in flight) per event loop,
+    kept as `client._client` and `client._sem`: both belong to the loop that made them, and `run_plan_sync`
+    or an evaluation may start a new loop for each run, which then gets its own."""
+    import httpx
+
+    loop = asyncio.get_running_loop()
+    if getattr(client, "_loop", None) is loop:
+        return
+    client._loop = loop
+    # No pool limit: the semaphore is the cap, and it queues without the pool's timeout.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=client.max_concurrency)
+    client._client = httpx.AsyncClient(limits=limits, **options)
+    client._sem = asyncio.Semaphore(client.max_concurrency)
+    client._closer = _close_when_loop_ends(client._client)
+    await client._closer.asend(None)
+
+
+async def _close_when_loop_ends(http: Any) -> AsyncIterator[None]:
+    """Parked at its `yield` until the loop's end: `asyncio.run` closes every open async generator before it
+    closes the loop, which closes the kept-alive connections while their loop can still do it."""
+    try:
+        yield
+    finally:
+        await http.aclose()

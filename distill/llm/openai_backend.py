@@ -16,7 +16,7 @@ from collections import Counter
 
 from distill.errors import DistillError, ServerUnreachable, clip
 from distill.llm.base import Completion, Price, Usage, weights_fingerprint
-from distill.retry import Fault, retry_after_s, with_retries
+from distill.retry import Fault, bind, retry_after_s, with_retries
 
 # Statuses that mean "not now" rather than "never": rate limits, timeouts and server errors.
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
@@ -98,11 +98,10 @@ class OpenAIChat:
         self._key = _api_key(api_key_env)  # read now, so a missing key fails before any work starts
         default_url = os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1")
         self._urls = [u.rstrip("/") for u in (base_urls or [default_url])]
-        self._timeout_s, self._max_concurrency = timeout_s, max_concurrency
+        self._timeout_s, self.max_concurrency = timeout_s, max_concurrency
         self.max_retries, self.max_wait_s, self.backoff_s = max_retries, max_retry_after_s, backoff_s
         self.name = model
         self.price = price
-        self._loop = None
         self._next = itertools.cycle(range(len(self._urls)))
         self._inflight = [0] * len(self._urls)
         self.sent = [0] * len(self._urls)  # requests per base URL, to see the load spread
@@ -111,21 +110,6 @@ class OpenAIChat:
         self._identity: dict | None = None
         self._tokenizer_name = tokenizer
         self._tokenizer = None
-
-    def _bind(self) -> None:
-        """The HTTP client and the semaphore belong to one event loop; a new `asyncio.run` gets fresh ones."""
-        import httpx
-
-        loop = asyncio.get_running_loop()
-        if loop is self._loop:
-            return
-        self._loop = loop
-        self._client = httpx.AsyncClient(
-            timeout=self._timeout_s,
-            headers={"Authorization": f"Bearer {self._key}"},
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=self._max_concurrency),
-        )
-        self._sem = asyncio.Semaphore(self._max_concurrency)
 
     def _pick(self) -> int:
         """Least-loaded server, ties broken round-robin, so one slow server does not stall the run."""
@@ -160,7 +144,7 @@ class OpenAIChat:
 
     async def _call(self, method: str, path: str, body: dict | None, parse, server: int | None = None):
         """One request with bounded retries; a new attempt may go to another base URL unless `server` fixes it."""
-        self._bind()
+        await bind(self, timeout=self._timeout_s, headers={"Authorization": f"Bearer {self._key}"})
         tried: list[int] = []
 
         async def attempt():

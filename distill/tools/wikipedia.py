@@ -22,20 +22,19 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, Sequence
 
 import httpx
 
 from distill import __version__
 from distill.errors import DistillError, clip, one_line
-from distill.retry import Fault, retry_after_s, with_retries
+from distill.retry import Fault, bind, retry_after_s, with_retries
 from distill.store import read_jsonl
 from distill.tools.registry import TOOL_DESCRIPTIONS
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CHARS = 800
-TOKENIZER = {"stopwords": "en", "stemmer": "english"}
 
 
 @functools.cache
@@ -68,87 +67,17 @@ def format_paragraphs(paragraphs: Sequence[Paragraph], max_chars: int | None) ->
     return cut.rstrip() + "…"
 
 
-# ---------------------------------------------------------------------------------------------- BM25 core
+def _title_key(text: str) -> str:
+    return " ".join(text.casefold().split())
 
 
-def _stemmer() -> Any:
-    try:
-        import Stemmer
-    except ImportError as exc:
-        raise DistillError("the local Wikipedia tool needs PyStemmer: pip install PyStemmer") from exc
-    return Stemmer.Stemmer(TOKENIZER["stemmer"])
-
-
-class _Bm25:
-    """A bm25s retriever plus the query side of its tokenizer, shared by the corpus and scoped backends.
+class ScopedWikipedia:
+    """BM25 over a handful of given paragraphs (one HotpotQA question's context); in memory, never saved.
 
     Queries are tokenized to strings and mapped through the index vocabulary, so a query word the corpus
     never used is simply ignored. A lock serialises searches because PyStemmer objects are not thread-safe
     and searches run in worker threads.
     """
-
-    def __init__(self, retriever: Any, titles: Sequence[str]) -> None:
-        self.retriever = retriever
-        self._stemmer = _stemmer()
-        self._lock = threading.Lock()
-        self._by_title: dict[str, int] = {}
-        for i, title in enumerate(titles):
-            self._by_title.setdefault(_title_key(title), i)
-
-    @classmethod
-    def build(cls, paragraphs: Sequence[Paragraph]) -> "_Bm25":
-        bm25s = _bm25s()
-
-        # The title goes into the indexed text so that a query naming the page finds it.
-        docs = [f"{p.title}. {p.text}" for p in paragraphs]
-        tokens = bm25s.tokenize(docs, stopwords=TOKENIZER["stopwords"], stemmer=_stemmer(), show_progress=False)
-        retriever = bm25s.BM25()
-        retriever.index(tokens, show_progress=False)
-        return cls(retriever, [p.title for p in paragraphs])
-
-    def search(self, query: str, k: int) -> list[int]:
-        """Indices of the k best documents with a positive score; a page whose title is the query comes first."""
-        bm25s = _bm25s()
-        import numpy as np
-
-        with self._lock:
-            tokens = bm25s.tokenize(
-                [query], return_ids=False, stopwords=TOKENIZER["stopwords"], stemmer=self._stemmer, show_progress=False
-            )[0]
-        exact = self._by_title.get(_title_key(query))
-        ranked: list[int] = [] if exact is None else [exact]
-        known = [t for t in tokens if t in self.retriever.vocab_dict]
-        if known:
-            scores = self.retriever.get_scores(known)
-            order = np.argsort(-scores, kind="stable")[: k + 1]
-            ranked += [int(i) for i in order if scores[i] > 0 and int(i) != exact]
-        return ranked[:k]
-
-
-def _title_key(text: str) -> str:
-    return " ".join(text.casefold().split())
-
-
-# ------------------------------------------------------------------------------------------------ corpus
-
-
-def read_corpus(path: Path) -> list[Paragraph]:
-    """The paragraphs of a JSONL corpus, read by the project's one JSONL reader."""
-    paragraphs: list[Paragraph] = []
-    for n, record in enumerate(read_jsonl(path), 1):
-        if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("title", "text")):
-            raise DistillError(f"{path}: record {n}: a corpus record needs string fields 'title' and 'text'")
-        paragraphs.append(Paragraph(record["title"], record["text"]))
-    if not paragraphs:
-        raise DistillError(f"Wikipedia corpus {path} has no records")
-    return paragraphs
-
-
-# ------------------------------------------------------------------------------------------------ tools
-
-
-class ScopedWikipedia:
-    """BM25 over a handful of given paragraphs (one HotpotQA question's context); in memory, never saved."""
 
     name = "Wikipedia"
     description = TOOL_DESCRIPTIONS["Wikipedia"]
@@ -156,18 +85,40 @@ class ScopedWikipedia:
     def __init__(
         self, paragraphs: Sequence[tuple[str, str]], *, top_k: int = 1, max_chars: int | None = DEFAULT_MAX_CHARS
     ):
+        import Stemmer
+
         if not paragraphs:
             raise DistillError("a scoped Wikipedia needs at least one (title, text) paragraph")
-        self._index([Paragraph(title, text) for title, text in paragraphs], top_k, max_chars)
-
-    def _index(self, paragraphs: list[Paragraph], top_k: int, max_chars: int | None) -> None:
         if top_k < 1:
             raise DistillError(f"wikipedia top_k must be at least 1, got {top_k}")
-        self.paragraphs, self.top_k, self.max_chars = paragraphs, top_k, max_chars
-        self.index = _Bm25.build(paragraphs)
+        self.paragraphs = [Paragraph(title, text) for title, text in paragraphs]
+        self.top_k, self.max_chars = top_k, max_chars
+        self._stemmer = Stemmer.Stemmer("english")
+        self._lock = threading.Lock()
+        self._by_title: dict[str, int] = {}
+        for i, p in enumerate(self.paragraphs):
+            self._by_title.setdefault(_title_key(p.title), i)
+        # The title goes into the indexed text so that a query naming the page finds it.
+        docs = [f"{p.title}. {p.text}" for p in self.paragraphs]
+        self._retriever = _bm25s().BM25()
+        self._retriever.index(_bm25s().tokenize(docs, stopwords="en", stemmer=self._stemmer, show_progress=False),
+                              show_progress=False)
 
     def _search(self, query: str) -> str:
-        return format_paragraphs([self.paragraphs[i] for i in self.index.search(query, self.top_k)], self.max_chars)
+        """The top_k paragraphs with a positive score; a page whose title is the query comes first."""
+        import numpy as np
+
+        with self._lock:
+            tokens = _bm25s().tokenize([query], return_ids=False, stopwords="en", stemmer=self._stemmer,
+                                       show_progress=False)[0]
+        exact = self._by_title.get(_title_key(query))
+        ranked: list[int] = [] if exact is None else [exact]
+        known = [t for t in tokens if t in self._retriever.vocab_dict]
+        if known:
+            scores = self._retriever.get_scores(known)
+            order = np.argsort(-scores, kind="stable")[: self.top_k + 1]
+            ranked += [int(i) for i in order if scores[i] > 0 and int(i) != exact]
+        return format_paragraphs([self.paragraphs[i] for i in ranked[: self.top_k]], self.max_chars)
 
     async def run(self, query: str) -> str:
         return self._search(query)  # ten paragraphs score in microseconds: no thread needed
@@ -183,9 +134,15 @@ class LocalWikipedia(ScopedWikipedia):
     def __init__(
         self, corpus_path: str | os.PathLike[str], *, top_k: int = 1, max_chars: int | None = DEFAULT_MAX_CHARS
     ):
-        self.corpus_path = Path(corpus_path)
-        start = time.perf_counter()
-        self._index(read_corpus(self.corpus_path), top_k, max_chars)
+        path, start = Path(corpus_path), time.perf_counter()
+        paragraphs = []
+        for n, record in enumerate(read_jsonl(path), 1):
+            if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("title", "text")):
+                raise DistillError(f"{path}: record {n}: a corpus record needs string fields 'title' and 'text'")
+            paragraphs.append((record["title"], record["text"]))
+        if not paragraphs:
+            raise DistillError(f"Wikipedia corpus {path} has no records")
+        super().__init__(paragraphs, top_k=top_k, max_chars=max_chars)
         log.info("built BM25 index over %d paragraphs in %.1fs", len(self.paragraphs), time.perf_counter() - start)
 
     @classmethod
@@ -210,11 +167,7 @@ class OnlineWikipedia:
     Worker records as a tool error, so the filter drops that trajectory instead of keeping one built on a
     silent "No evidence found". `budget_s` bounds one `run` (retries and waits included) and ends it the same
     way; built from a config it sits just inside the Worker's tool timeout, so the record names the fault
-    rather than a bare timeout. `retries` counts the retries made, for the run summary.
-
-    One pooled HTTP client and one semaphore (at most `max_concurrency` requests in flight, as the API
-    etiquette asks of clients) per event loop: both belong to the loop that made them, and `run_plan_sync`
-    or an evaluation may start a new loop for each run, which then gets its own.
+    rather than a bare timeout. At most `max_concurrency` requests are in flight, as the API etiquette asks.
     """
 
     name = "Wikipedia"
@@ -257,7 +210,6 @@ class OnlineWikipedia:
         self.api_url = api_url
         self.retries = 0
         self.faults: Counter[str] = Counter()
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     def from_config(cls, cfg: Any) -> "OnlineWikipedia":
@@ -274,19 +226,8 @@ class OnlineWikipedia:
             max_chars=cfg.wikipedia_max_chars,
         )
 
-    async def _bind(self) -> None:
-        loop = asyncio.get_running_loop()
-        if loop is self._loop:
-            return
-        self._loop = loop
-        # No pool limit: the semaphore is the cap, and it queues without the pool's timeout.
-        self._client = httpx.AsyncClient(headers={"User-Agent": self.user_agent}, timeout=self.timeout_s)
-        self._sem = asyncio.Semaphore(self.max_concurrency)
-        self._closer = _close_when_loop_ends(self._client)
-        await self._closer.asend(None)
-
     async def run(self, query: str) -> str:
-        await self._bind()
+        await bind(self, headers={"User-Agent": self.user_agent}, timeout=self.timeout_s)
         deadline = None if self.budget_s is None else self._loop.time() + self.budget_s
         search = {"action": "query", "list": "search", "srsearch": query, "srlimit": str(self.top_k), "srprop": ""}
         try:
@@ -338,15 +279,6 @@ class OnlineWikipedia:
             wait = retry_after_s(response.headers.get("Retry-After"))
             raise Fault(str(code), f"error {code}: {clip(str(info), 200)}", code in self.RETRY_API_CODES, wait)
         return data
-
-
-async def _close_when_loop_ends(client: httpx.AsyncClient) -> AsyncIterator[None]:
-    """Parked at its `yield` until the loop's end: `asyncio.run` closes every open async generator before it
-    closes the loop, which closes the kept-alive connections while their loop can still do it."""
-    try:
-        yield
-    finally:
-        await client.aclose()
 
 
 def _items(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
