@@ -254,9 +254,10 @@ class OnlineWikipedia:
 
     async def _get(self, params: dict[str, str]) -> dict[str, Any]:
         """One attempt; every failure is a `Fault` that says whether another attempt may help."""
+        params = {"format": "json", "formatversion": "2", **params}
         async with self._sem:
             try:
-                response = await self._client.get(self.api_url, params={"format": "json", "formatversion": "2", **params})
+                response = await self._client.get(self.api_url, params=params)
             except httpx.TimeoutException:
                 raise Fault("timeout", f"no answer within {self.timeout_s:g}s", retry=True) from None
             except httpx.TransportError as exc:
