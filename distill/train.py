@@ -65,12 +65,16 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+@dataclass
 class TrainConfig:
-    """`DistillArguments`, `SFTConfig` and `ModelConfig` with the flat dict they came from; `model_validate` and
-    `model_dump` let `distill.config.load_config` and the pipeline treat it like the other stages' configs."""
+    """`DistillArguments`, `SFTConfig` and `ModelConfig` with the flat dict they came from (which alone decides
+    equality); `model_validate` and `model_dump` let `distill.config.load_config` and the pipeline treat it like
+    the other stages' configs."""
 
-    def __init__(self, data: dict, distill: DistillArguments, sft, model):
-        self.data, self.distill, self.sft, self.model = data, distill, sft, model
+    data: dict
+    distill: DistillArguments = field(compare=False)
+    sft: Any = field(compare=False)
+    model: Any = field(compare=False)
 
     @classmethod
     def model_validate(cls, data: dict) -> TrainConfig:
@@ -78,9 +82,6 @@ class TrainConfig:
 
     def model_dump(self) -> dict:
         return dict(self.data)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, TrainConfig) and self.data == other.data
 
     def accumulation(self, processes: int) -> int:
         return gradient_accumulation_steps(
