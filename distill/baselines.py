@@ -144,34 +144,25 @@ def parse_action(text: str, tools) -> Action:
     across lines if need be, exactly as in plans. A bare `Finish[answer]` without `Action:` is accepted,
     because small models often drop the label on the last turn.
     """
-    names = [t if isinstance(t, str) else t.name for t in tools]
-    match = _ACTION_RE.search(text)
+    label = _ACTION_RE.search(text)
+    match = label or _BARE_FINISH_RE.search(text)
     if match is None:
-        match = _BARE_FINISH_RE.search(text)
-        if match is None:
-            return Action(_thought(text), None, "", "no 'Action: Tool[input]' line")
-        start = match.start()
-    else:
-        start = match.end()
+        return Action(_thought(text), None, "", "no 'Action: Tool[input]' line")
     thought = _thought(text[: match.start()])
-    plan = parse_plan(f"{_REF} = {text[start:]}", tools=[*names, FINISH])
-    return _action_from_plan(plan, thought, text[start:])
+    raw = text[match.end() if label else match.start() :]
+    plan = parse_plan(f"{_REF} = {raw}", tools=[*tools, FINISH])
+    first = plan.steps[0] if plan.steps and plan.steps[0].id == _REF else None
+    if first is None:
+        found = raw.strip().splitlines()[0][:80] if raw.strip() else ""
+        return Action(thought, None, "", f"not of the form Tool[input]: {found!r}")
+    if any(e.step == _REF and e.code in ("malformed_step", "unknown_tool") for e in plan.errors):
+        return Action(thought, None, first.input, f"unknown tool {first.tool!r}")
+    return Action(thought, first.tool, first.input)
 
 
 def _thought(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return _THOUGHT_RE.sub("", " ".join(lines)).strip()
-
-
-def _action_from_plan(plan: Plan, thought: str, raw: str) -> Action:
-    first = plan.steps[0] if plan.steps and plan.steps[0].id == _REF else None
-    problems = [e for e in plan.errors if e.step == _REF and e.code in ("malformed_step", "unknown_tool")]
-    if first is None:
-        found = raw.strip().splitlines()[0][:80] if raw.strip() else ""
-        return Action(thought, None, "", f"not of the form Tool[input]: {found!r}")
-    if problems:
-        return Action(thought, None, first.input, f"unknown tool {first.tool!r}")
-    return Action(thought, first.tool, first.input)
 
 
 def react_system_prompt(tools: Mapping[str, str]) -> str:
@@ -196,12 +187,6 @@ def react_messages(question: str, tools: Mapping[str, str], turns: list[tuple[st
         if observation is not None:
             messages.append({"role": "user", "content": f"Observation: {observation}"})
     return messages
-
-
-def react_turn_text(action: Action) -> str:
-    """One turn as the history shows it: canonical Thought/Action lines, whatever decoration the model wrote."""
-    act = f"{action.tool}[{action.input}]" if action.tool is not None else "(invalid)"
-    return f"Thought: {action.thought}\nAction: {act}"
 
 
 @dataclass
@@ -244,7 +229,9 @@ class ReActAgent:
             observation, evidence_id = None, None
             if not action.finish:
                 observation, evidence_id = await self._observe(action, tools, evidence, t0)
-            turns.append((react_turn_text(action), observation))
+            # The history shows canonical Thought/Action lines, whatever decoration the model wrote.
+            act = f"{action.tool}[{action.input}]" if action.tool is not None else "(invalid)"
+            turns.append((f"Thought: {action.thought}\nAction: {act}", observation))
             steps.append({
                 "output": out.text,
                 "thought": action.thought,
