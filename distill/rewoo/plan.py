@@ -30,16 +30,11 @@ import re
 import sys
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from distill.errors import DistillError
-
-__all__ = [
-    "Step", "PlanError", "Plan", "parse_plan", "render_plan", "substitute", "find_refs", "ERROR_CODES",
-    "DEFAULT_MAX_PLAN_CHARS",
-]
 
 ERROR_CODES = (
     "empty_plan", "unknown_tool", "undefined_ref", "forward_ref", "duplicate_id", "malformed_step",
@@ -101,9 +96,6 @@ class PlanError:
     step: str | None
     message: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "step": self.step, "message": self.message}
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -116,14 +108,8 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON shape stored in trajectory records and printed by `distill plan check --json`."""
-        return {
-            "valid": self.valid,
-            "steps": [
-                {"id": s.id, "description": s.description, "tool": s.tool, "input": s.input, "deps": list(s.deps)}
-                for s in self.steps
-            ],
-            "errors": [e.to_dict() for e in self.errors],
-        }
+        steps = [asdict(s) | {"deps": list(s.deps)} for s in self.steps]
+        return {"valid": self.valid, "steps": steps, "errors": [asdict(e) for e in self.errors]}
 
 
 def find_refs(text: str) -> list[str]:
@@ -274,9 +260,12 @@ class _Scanner:
         pos, end = 0, -1
         while pos < len(self.text):
             if pos > end:  # several steps may share a line: find its end once, not once per step
-                end = self.text.find("\n", pos)
-                end = len(self.text) if end < 0 else end
+                end = self._line_end(pos)
             pos = self._line(pos, end)
+
+    def _line_end(self, pos: int) -> int:
+        end = self.text.find("\n", pos)
+        return len(self.text) if end < 0 else end
 
     def _line(self, start: int, end: int) -> int:
         """Handle the line text[start:end]; return where scanning resumes (always past `start`)."""
@@ -296,12 +285,11 @@ class _Scanner:
             self.continuing = False
             self._malformed_line(start, loose.group("id"), end)  # type: ignore[union-attr]
             return end + 1
-        if self.continuing:
-            part = text[start:end].strip()
-            if part:
-                self.pending[-1].append(part)
-                return end + 1
-        self.continuing = False
+        part = text[start:end].strip() if self.continuing else ""
+        if part:
+            self.pending[-1].append(part)
+        else:
+            self.continuing = False
         return end + 1
 
     def _plan_line(self, start: int, match: re.Match[str], end: int) -> int:
@@ -371,8 +359,7 @@ class _Scanner:
         return None
 
     def _starts_new_item(self, pos: int) -> bool:
-        end = self.text.find("\n", pos)
-        end = len(self.text) if end < 0 else end
+        end = self._line_end(pos)
         return bool(
             _FULL_STEP_RE.match(self.text, pos, end)
             or _PLAN_RE.match(self.text, pos, end)
