@@ -47,36 +47,31 @@ REACT_FORMAT = (
 )
 
 # Exemplars written for this project (facts checked); observations are in the `Title: text` form the
-# Wikipedia tool returns. Each lists the tools it uses, so it is shown only when those tools are configured.
-REACT_EXEMPLARS: list[tuple[tuple[str, ...], str]] = [
-    (
-        ("Wikipedia",),
-        "Question: Which country is the birthplace of the physicist who proposed the theory of general relativity?\n"
-        "Thought: I need to find out who proposed the theory of general relativity.\n"
-        "Action: Wikipedia[general relativity]\n"
-        "Observation: General relativity: General relativity is the geometric theory of gravitation published "
-        "by Albert Einstein in 1915.\n"
-        "Thought: Albert Einstein proposed it. Now I need to find where he was born.\n"
-        "Action: Wikipedia[Albert Einstein]\n"
-        "Observation: Albert Einstein: Albert Einstein was a German-born theoretical physicist. He was born in "
-        "Ulm, in the Kingdom of Württemberg in the German Empire, in 1879.\n"
-        "Thought: Einstein was born in Ulm, which is in Germany. So the answer is Germany.\n"
-        "Action: Finish[Germany]",
-    ),
-    (
-        ("Wikipedia",),
-        "Question: Which river is longer, the Danube or the Rhine?\n"
-        "Thought: I need the length of the Danube and the length of the Rhine.\n"
-        "Action: Wikipedia[Danube]\n"
-        "Observation: Danube: The Danube is the second-longest river in Europe, after the Volga. It is about "
-        "2,850 km long.\n"
-        "Thought: The Danube is about 2,850 km long. Now the Rhine.\n"
-        "Action: Wikipedia[Rhine]\n"
-        "Observation: Rhine: The Rhine is a river that rises in the Swiss Alps and flows into the North Sea. "
-        "It is about 1,230 km long.\n"
-        "Thought: 2,850 km is more than 1,230 km, so the Danube is longer.\n"
-        "Action: Finish[Danube]",
-    ),
+# Wikipedia tool returns. Both use Wikipedia, so they are shown only when it is configured.
+REACT_EXEMPLARS: list[str] = [
+    "Question: Which country is the birthplace of the physicist who proposed the theory of general relativity?\n"
+    "Thought: I need to find out who proposed the theory of general relativity.\n"
+    "Action: Wikipedia[general relativity]\n"
+    "Observation: General relativity: General relativity is the geometric theory of gravitation published "
+    "by Albert Einstein in 1915.\n"
+    "Thought: Albert Einstein proposed it. Now I need to find where he was born.\n"
+    "Action: Wikipedia[Albert Einstein]\n"
+    "Observation: Albert Einstein: Albert Einstein was a German-born theoretical physicist. He was born in "
+    "Ulm, in the Kingdom of Württemberg in the German Empire, in 1879.\n"
+    "Thought: Einstein was born in Ulm, which is in Germany. So the answer is Germany.\n"
+    "Action: Finish[Germany]",
+
+    "Question: Which river is longer, the Danube or the Rhine?\n"
+    "Thought: I need the length of the Danube and the length of the Rhine.\n"
+    "Action: Wikipedia[Danube]\n"
+    "Observation: Danube: The Danube is the second-longest river in Europe, after the Volga. It is about "
+    "2,850 km long.\n"
+    "Thought: The Danube is about 2,850 km long. Now the Rhine.\n"
+    "Action: Wikipedia[Rhine]\n"
+    "Observation: Rhine: The Rhine is a river that rises in the Swiss Alps and flows into the North Sea. "
+    "It is about 1,230 km long.\n"
+    "Thought: 2,850 km is more than 1,230 km, so the Danube is longer.\n"
+    "Action: Finish[Danube]",
 ]
 
 # A model must not invent the observation; everything from here on is cut off.
@@ -168,9 +163,8 @@ def _thought(text: str) -> str:
 def react_system_prompt(tools: Mapping[str, str]) -> str:
     listed = dict(tools) | {FINISH: "Ends the task. Input is the final answer, as a short phrase."}
     parts = [REACT_INSTRUCTIONS, "Tools can be one of the following:\n" + prompts.tool_list(listed), REACT_FORMAT]
-    shots = [text for needs, text in REACT_EXEMPLARS if set(needs) <= set(tools)]
-    if shots:
-        parts.append("For example:\n\n" + "\n\n".join(shots))
+    if "Wikipedia" in tools:
+        parts.append("For example:\n\n" + "\n\n".join(REACT_EXEMPLARS))
     return "\n\n".join(parts)
 
 
