@@ -1,14 +1,11 @@
-"""The baselines ReWOO is measured against, each producing the same trajectory record as `ReWOOAgent.run`.
+"""The baselines ReWOO is measured against, each writing the same trajectory record (`make_record`).
 
 - `DirectAgent`: one Solver call that answers from the model's own knowledge (no plan, no tools).
-- `ReActAgent`: the Thought / Action / Observation loop of Yao et al. (2023). Every step is a new call whose
-  prompt carries the whole history so far, which is why ReAct's tokens grow with the number of hops while
-  ReWOO's planner sees the question once. Actions are parsed with the plan parser's own `Tool[input]` rules
-  (the input runs to the bracket that closes the first `[`), and tools run through the ReWOO Worker, so a
-  tool that raises, times out or returns nothing becomes `No evidence found` exactly as it does for ReWOO.
-
-Both use the Solver model and the same per-question tools as the ReWOO methods, so differences in the
-report come from the method, not from the model or the evidence.
+- `ReActAgent`: the Thought / Action / Observation loop of Yao et al. (2023). Every step is a new call with
+  the whole history, which is why ReAct's tokens grow with the hops while ReWOO's planner sees the question
+  once. Actions are parsed by the plan parser and tools run through the ReWOO Worker, so a call and a tool
+  failure mean exactly what they do for ReWOO; both baselines use the Solver model and the same per-question
+  tools, so differences in the report come from the method, not from the model or the evidence.
 """
 
 from __future__ import annotations

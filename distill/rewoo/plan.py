@@ -7,19 +7,16 @@ The canonical form is the one the paper's Planner writes::
     Plan: Find the director's birth year.
     #E2 = LLM[In what year was the director named in #E1 born?]
 
-Real models (teachers and, above all, half-trained students) wander from it, so the parser is lenient about
-decoration (markdown bold, numbering, code fences, `#E1:` instead of `#E1 =`) and strict about meaning: a
-tool call is `Tool[input]` where the input runs to the bracket that closes the first `[`, and `#E1` never
-matches inside `#E10`. A line that looks like a step but is not a well-formed one (`E2 = Tool[x]`, `#E0`,
-`#E-1`, a control character in front) is a `malformed_step`, never silently folded into Plan text, because
-the filter trusts `Plan.valid`. Parsing never raises; everything that is wrong with a plan comes back as a
-`PlanError` with a stable `code`, so generation can record bad plans and filtering can count them.
+Real models (half-trained students above all) wander from it, so the parser is lenient about decoration
+(markdown bold, numbering, code fences, `#E1:` for `#E1 =`) and strict about meaning: the input runs to the
+bracket that closes the first `[`, `#E1` never matches inside `#E10`, and a damaged step (`E2 = Tool[x]`,
+`#E0`, a control character in front) is a `malformed_step`, never folded into Plan text, because the filter
+trusts `Plan.valid`. Parsing never raises: every fault is a `PlanError` with a stable `code`.
 
-Model output is untrusted and the parser runs inside the agent's event loop, so parsing is linear in the
-length of the text: every regex quantifier is possessive (or can never give back what it took), regexes
-run on positions of the text rather than on copied slices, and text is gathered in lists and joined once.
-`max_plan_chars` bounds the text read and `max_plan_steps` the steps kept (ReWOO's Worker runs every
-step it is given, so a runaway plan must be cut here, not after a dozen tool calls).
+Model output is untrusted and parsed inside the agent's event loop, so parsing is linear in its length:
+every regex quantifier is possessive (or can never give back what it took), regexes run on positions rather
+than copied slices, and text is joined once. `max_plan_chars` bounds the text read and `max_plan_steps` the
+steps kept (the Worker runs every step it is given, so a runaway plan is cut here, not after its tool calls).
 """
 
 from __future__ import annotations
