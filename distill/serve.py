@@ -41,7 +41,6 @@ Platform = Literal["cpu", "gpu"]
 
 # Config keys that fix the shapes a LoRA adapter was trained against.
 ARCH_KEYS = ("model_type", "hidden_size", "num_hidden_layers")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
 # Environment entries whose values are masked wherever a command line or log line is shown.
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET", re.IGNORECASE)
@@ -105,7 +104,7 @@ class AdapterInfo:
     path: Path
     rank: int
     base_model: str | None
-    chat_template: str | None  # a file path, or the template itself when only tokenizer_config.json has it
+    chat_template: str | None  # the .jinja file's path, or the template itself when only tokenizer_config.json has it
 
 
 # ---------------------------------------------------------------- adapter and model checks
@@ -253,7 +252,7 @@ def model_dir(cfg: ServeConfig) -> str:
     """What vLLM loads as --model: the merged weights, or the (resolved) base model."""
     if cfg.merged_model:
         path = _local_model_dir(cfg.merged_model, "merged_model")
-        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
             raise DistillError(
                 f"merged_model {path} has no tokenizer files; `distill merge` saves them beside the weights"
             )
@@ -277,16 +276,6 @@ def model_name(cfg: ServeConfig) -> str:
     return next(iter(cfg.adapters), None) or served_name(cfg)
 
 
-def _template_text(template: str) -> str:
-    """A saved template is a file path, or (older transformers) the template itself."""
-    try:
-        if Path(template).is_file():
-            return Path(template).read_text()
-    except OSError:  # a template too long to be a file name
-        pass
-    return template
-
-
 def choose_chat_template(cfg: ServeConfig, adapters: dict[str, AdapterInfo], model: str) -> str | None:
     """The template the planner was trained with: explicit, else the adapters', else the served model's own.
     vLLM applies one template to every module, so adapters whose saved templates differ would have one of
@@ -299,7 +288,7 @@ def choose_chat_template(cfg: ServeConfig, adapters: dict[str, AdapterInfo], mod
             return cfg.chat_template  # vLLM takes a literal template too
         raise DistillError(f"chat_template not found: {cfg.chat_template}")
     saved = {name: a.chat_template for name, a in adapters.items() if a.chat_template}
-    if len({_template_text(t) for t in saved.values()}) > 1:
+    if len({Path(t).read_text() if t.endswith(".jinja") else t for t in saved.values()}) > 1:
         raise DistillError(
             f"the LoRA modules {', '.join(saved)} carry different chat templates and vLLM serves one: "
             "set chat_template, or serve them from separate servers"
@@ -432,7 +421,7 @@ def build_command(cfg: ServeConfig, platform: Platform) -> tuple[list[str], dict
         argv += ["--tensor-parallel-size", str(cfg.tensor_parallel_size)]
     argv += list(cfg.extra_args)
     env = _server_env(cfg, cpu)
-    keyed = "VLLM_API_KEY" in env or any(a == "--api-key" or a.startswith("--api-key=") for a in argv)
+    keyed = "VLLM_API_KEY" in env or masked_argv(argv) != argv
     if not is_loopback(cfg.host) and not keyed and not cfg.allow_unauthenticated:
         raise DistillError(
             f"host {cfg.host!r} lets other machines reach the server: set api_key_env to the name of an "
