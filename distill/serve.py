@@ -190,13 +190,11 @@ def canonical_model(name: str) -> str:
     if is_embedded(name):
         return str((cache_root() / "models" / EMBEDDED_NAME).resolve())
     path = Path(name).expanduser()
-    if path.exists():
-        resolved = path.resolve()
-        match = re.search(r"models--([^/]+)--([^/]+)/snapshots/", str(resolved))
-        if match:
-            return canonical_model(f"{match.group(1)}/{match.group(2)}")
-        return str(resolved)
-    return name
+    if not path.exists():
+        return name
+    resolved = str(path.resolve())
+    match = re.search(r"models--([^/]+)--([^/]+)/snapshots/", resolved)
+    return canonical_model(f"{match[1]}/{match[2]}") if match else resolved
 
 
 def _text_config(folder: str) -> dict | None:
@@ -708,20 +706,15 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _announce(server) -> None:
-    print(f"vLLM is ready (pid {server.pid})", flush=True)
-    print(f"base_url: {server.base_url}", flush=True)
-    print(f"model: {server.model_name}", flush=True)
+def _announce(server: VLLMServer) -> None:
+    lines = [f"vLLM is ready (pid {server.pid})", f"base_url: {server.base_url}", f"model: {server.model_name}"]
     if len(server.cfg.adapters) > 1:
-        print(f"LoRA modules: {', '.join(server.cfg.adapters)}", flush=True)
-    print(
-        "use it as the planner: --set planner.backend=openai "
-        f"--set planner.base_url={server.base_url} --set planner.model={server.model_name}",
-        flush=True,
-    )
+        lines.append(f"LoRA modules: {', '.join(server.cfg.adapters)}")
+    lines.append("use it as the planner: --set planner.backend=openai "
+                 f"--set planner.base_url={server.base_url} --set planner.model={server.model_name}")
     if server.cfg.host in WILDCARD_HOSTS:
-        print(f"listening on all interfaces: other machines use http://<this host>:{server.port}/v1", flush=True)
-    print("Ctrl-C stops the server.", flush=True)
+        lines.append(f"listening on all interfaces: other machines use http://<this host>:{server.port}/v1")
+    print("\n".join([*lines, "Ctrl-C stops the server."]), flush=True)
 
 
 def main(args: argparse.Namespace) -> int:
