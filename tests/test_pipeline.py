@@ -253,6 +253,18 @@ def test_two_students_train_on_the_same_kept_examples_and_share_one_server(tmp_p
     assert json.loads((run / "train" / "DONE.json").read_text())["students"]["student"]["global_step"] == 2
 
 
+def fails_before_any_stage(tmp_path: Path, cfg: dict, message: str, capsys) -> None:
+    """One line, exit 2, and no run folder: the pre-run check caught it."""
+    from distill import cli
+
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["pipeline", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda c: c["eval"]["planners"]["student_compact"].update(prompt="full"),
      "eval planner student_compact serves student student_compact with prompt full, but it is trained on "
@@ -265,18 +277,11 @@ def test_two_students_train_on_the_same_kept_examples_and_share_one_server(tmp_p
 ])
 def test_a_student_served_otherwise_than_trained_fails_before_any_stage(tmp_path, monkeypatch, capsys, change,
                                                                          message):
-    from distill import cli
-
     monkeypatch.chdir(ROOT)
     cfg = two_students(tmp_path)
     cfg["student_server"] = {}
     change(cfg)
-    path = tmp_path / "p.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    assert cli.main(["pipeline", "--config", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
-    assert not (tmp_path / "run").exists()
+    fails_before_any_stage(tmp_path, cfg, message, capsys)
 
 
 @pytest.mark.parametrize("section, value, message", [
@@ -288,14 +293,7 @@ def test_a_student_served_otherwise_than_trained_fails_before_any_stage(tmp_path
 ])
 def test_a_bad_key_in_any_section_fails_before_any_stage_one_line_exit_2(tmp_path, monkeypatch, capsys,
                                                                            section, value, message):
-    from distill import cli
-
     monkeypatch.chdir(ROOT)
     cfg = wiring_config(tmp_path)
     cfg[section] = (cfg.get(section, {}) if "config" not in value else {}) | value
-    path = tmp_path / "p.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    assert cli.main(["pipeline", "--config", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
-    assert not (tmp_path / "run").exists()
+    fails_before_any_stage(tmp_path, cfg, message, capsys)

@@ -99,6 +99,7 @@ def test_lora_flags_and_rank_come_from_the_adapter(base: Path, adapter: Path) ->
 
 def test_lora_name_is_configurable(base: Path, adapter: Path) -> None:
     cfg = ServeConfig(base_model=str(base), adapter=str(adapter), lora_name="student")
+    assert cfg.adapter is None and cfg.adapters == {"student": str(adapter)}  # one shape from the validator on
     argv, _ = build_command(cfg, "cpu")
     assert flag(argv, "--lora-modules").startswith("student=")
     assert model_name(cfg) == "student"
