@@ -74,7 +74,10 @@ def test_config_errors_are_one_line_distill_errors(extra, message):
 
 def test_shipped_configs_load_with_openai_planners():
     demo = load_config(EvalConfig, ROOT / "configs" / "eval_smollm2_cpu.yaml")
-    assert [m.name for m in methods_of(demo)] == ["teacher", "student", "base", "react", "direct"]
+    assert [m.name for m in methods_of(demo)] == [
+        "teacher", "teacher+replan", "student", "base", "react", "direct", "teacher@fail0.3", "teacher@fail1",
+        "teacher+replan@fail0.3", "teacher+replan@fail1", "react@fail0.3", "react@fail1",
+    ]
     student = next(p for p in demo.planners if p.name == "student")
     assert student.spec.backend == "openai" and student.spec.model == "planner" and student.prompt == "full"
     real = load_config(EvalConfig, ROOT / "configs" / "eval_hotpot_trivia_7b.yaml")
