@@ -373,7 +373,10 @@ def swept(r: dict, rate: float, base: str, llm_calls: int) -> dict:
 def robustness_run() -> dict[str, list[dict]]:
     """teacher on q1-q3 at rate 0, and on q1-q2 (the sweep's first n) at 0.3 and 1.0; react at 0 and 1.0."""
     gold = {"q1": ["q1 A", "q1 B"], "q2": ["q2 A", "q2 B"], "q3": ["q3 A", "q3 B"]}
-    t = lambda q, pred, titles=(), **kw: rec("teacher", q, pred, "Paris", gold=gold[q], titles=titles, **kw)  # noqa: E731
+
+    def t(q: str, pred: str, titles: tuple[str, ...] = (), **kw) -> dict:
+        return rec("teacher", q, pred, "Paris", gold=gold[q], titles=titles, **kw)
+
     return {
         "teacher": [t("q1", "Paris", ("q1 A", "q1 B")), t("q2", "wrong", ("q2 A",)), t("q3", "Paris", ("q3 A",))],
         "teacher@fail0.3": [swept(t("q1", "Paris", ("q1 A",)), 0.3, "teacher", 2),
