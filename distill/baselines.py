@@ -1,28 +1,24 @@
-"""The baselines ReWOO is measured against, each producing the same trajectory record as `ReWOOAgent.run`.
+"""The baselines ReWOO is measured against, each writing the same trajectory record (`make_record`).
 
 - `DirectAgent`: one Solver call that answers from the model's own knowledge (no plan, no tools).
-- `ReActAgent`: the Thought / Action / Observation loop of Yao et al. (2023). Every step is a new call whose
-  prompt carries the whole history so far, which is why ReAct's tokens grow with the number of hops while
-  ReWOO's planner sees the question once. Actions are parsed with the plan parser's own `Tool[input]` rules
-  (the input runs to the bracket that closes the first `[`), and tools run through the ReWOO Worker, so a
-  tool that raises, times out or returns nothing becomes `No evidence found` exactly as it does for ReWOO.
-
-Both use the Solver model and the same per-question tools as the ReWOO methods, so differences in the
-report come from the method, not from the model or the evidence.
+- `ReActAgent`: the Thought / Action / Observation loop of Yao et al. (2023). Every step is a new call with
+  the whole history, which is why ReAct's tokens grow with the hops while ReWOO's planner sees the question
+  once. Actions are parsed by the plan parser and tools run through the ReWOO Worker, so a call and a tool
+  failure mean exactly what they do for ReWOO; both baselines use the Solver model and the same per-question
+  tools, so differences in the report come from the method, not from the model or the evidence.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
 from distill.errors import DistillError
 from distill.llm.base import Completion, Usage
-from distill.metrics import evidence_recall, gold_titles
 from distill.rewoo import prompts
-from distill.rewoo.agent import FORMAT_VERSION, call_record, sample_seed, score_record
+from distill.rewoo.agent import call_record, make_record, sample_seed
 from distill.rewoo.plan import Plan, Step, parse_plan
 from distill.rewoo.worker import WorkerConfig, run_plan
 
@@ -48,36 +44,31 @@ REACT_FORMAT = (
 )
 
 # Exemplars written for this project (facts checked); observations are in the `Title: text` form the
-# Wikipedia tool returns. Each lists the tools it uses, so it is shown only when those tools are configured.
-REACT_EXEMPLARS: list[tuple[tuple[str, ...], str]] = [
-    (
-        ("Wikipedia",),
-        "Question: Which country is the birthplace of the physicist who proposed the theory of general relativity?\n"
-        "Thought: I need to find out who proposed the theory of general relativity.\n"
-        "Action: Wikipedia[general relativity]\n"
-        "Observation: General relativity: General relativity is the geometric theory of gravitation published "
-        "by Albert Einstein in 1915.\n"
-        "Thought: Albert Einstein proposed it. Now I need to find where he was born.\n"
-        "Action: Wikipedia[Albert Einstein]\n"
-        "Observation: Albert Einstein: Albert Einstein was a German-born theoretical physicist. He was born in "
-        "Ulm, in the Kingdom of Württemberg in the German Empire, in 1879.\n"
-        "Thought: Einstein was born in Ulm, which is in Germany. So the answer is Germany.\n"
-        "Action: Finish[Germany]",
-    ),
-    (
-        ("Wikipedia",),
-        "Question: Which river is longer, the Danube or the Rhine?\n"
-        "Thought: I need the length of the Danube and the length of the Rhine.\n"
-        "Action: Wikipedia[Danube]\n"
-        "Observation: Danube: The Danube is the second-longest river in Europe, after the Volga. It is about "
-        "2,850 km long.\n"
-        "Thought: The Danube is about 2,850 km long. Now the Rhine.\n"
-        "Action: Wikipedia[Rhine]\n"
-        "Observation: Rhine: The Rhine is a river that rises in the Swiss Alps and flows into the North Sea. "
-        "It is about 1,230 km long.\n"
-        "Thought: 2,850 km is more than 1,230 km, so the Danube is longer.\n"
-        "Action: Finish[Danube]",
-    ),
+# Wikipedia tool returns. Both use Wikipedia, so they are shown only when it is configured.
+REACT_EXEMPLARS: list[str] = [
+    "Question: Which country is the birthplace of the physicist who proposed the theory of general relativity?\n"
+    "Thought: I need to find out who proposed the theory of general relativity.\n"
+    "Action: Wikipedia[general relativity]\n"
+    "Observation: General relativity: General relativity is the geometric theory of gravitation published "
+    "by Albert Einstein in 1915.\n"
+    "Thought: Albert Einstein proposed it. Now I need to find where he was born.\n"
+    "Action: Wikipedia[Albert Einstein]\n"
+    "Observation: Albert Einstein: Albert Einstein was a German-born theoretical physicist. He was born in "
+    "Ulm, in the Kingdom of Württemberg in the German Empire, in 1879.\n"
+    "Thought: Einstein was born in Ulm, which is in Germany. So the answer is Germany.\n"
+    "Action: Finish[Germany]",
+
+    "Question: Which river is longer, the Danube or the Rhine?\n"
+    "Thought: I need the length of the Danube and the length of the Rhine.\n"
+    "Action: Wikipedia[Danube]\n"
+    "Observation: Danube: The Danube is the second-longest river in Europe, after the Volga. It is about "
+    "2,850 km long.\n"
+    "Thought: The Danube is about 2,850 km long. Now the Rhine.\n"
+    "Action: Wikipedia[Rhine]\n"
+    "Observation: Rhine: The Rhine is a river that rises in the Swiss Alps and flows into the North Sea. "
+    "It is about 1,230 km long.\n"
+    "Thought: 2,850 km is more than 1,230 km, so the Danube is longer.\n"
+    "Action: Finish[Danube]",
 ]
 
 # A model must not invent the observation; everything from here on is cut off.
@@ -99,36 +90,25 @@ def direct_messages(question: str) -> list[dict]:
     return [{"role": "user", "content": f"{DIRECT_INSTRUCTIONS}\n\nQuestion: {question.strip()}"}]
 
 
+@dataclass
 class DirectAgent:
     """One call to the Solver model, no tools: the floor every tool-using method has to beat."""
 
-    kind = "direct"
-
-    def __init__(self, solver, *, max_tokens: int = 64, method: str = "direct", seed: int = 0):
-        self.solver = solver
-        self.max_tokens = max_tokens
-        self.method = method
-        self.seed = seed
+    solver: Any
+    _: KW_ONLY
+    max_tokens: int = 64
+    method: str = "direct"
+    seed: int = 0
 
     async def run(self, example, sample: int = 0) -> dict:
         t0 = time.perf_counter()
         messages = direct_messages(example.question)
         seed = sample_seed(example.id, sample, self.seed)
         out = await self.solver.chat(messages, temperature=0.0, max_tokens=self.max_tokens, seed=seed)
-        prediction = prompts.extract_answer(out.text)
-        tokens = out.usage.total_tokens
-        return base_record(example, self.method, sample) | {
-            "evidence": [],
-            "solver": call_record(messages, out),
-            "prediction": prediction,
-            "scores": score_record(example, prediction),
-            "tool_usage": {"prompt_tokens": 0, "completion_tokens": 0},
-            "tokens": {"planner": 0, "solver": tokens, "tools": 0, "total": tokens},
-            "llm_calls": 1,
-            "tool_calls": 0,
-            "cost_usd": out.cost_usd,
-            "wall_s": round(time.perf_counter() - t0, 4),
-        }
+        return make_record(
+            example, self.method, sample, t0, evidence=[], solver=call_record(messages, out),
+            prediction=prompts.extract_answer(out.text), solver_calls=[out], tools={}, recall=False,
+        )
 
 
 # ------------------------------------------------------------------------------------------------- ReAct
@@ -156,18 +136,20 @@ def parse_action(text: str, tools) -> Action:
     across lines if need be, exactly as in plans. A bare `Finish[answer]` without `Action:` is accepted,
     because small models often drop the label on the last turn.
     """
-    names = [t if isinstance(t, str) else t.name for t in tools]
-    match = _ACTION_RE.search(text)
+    label = _ACTION_RE.search(text)
+    match = label or _BARE_FINISH_RE.search(text)
     if match is None:
-        match = _BARE_FINISH_RE.search(text)
-        if match is None:
-            return Action(_thought(text), None, "", "no 'Action: Tool[input]' line")
-        start = match.start()
-    else:
-        start = match.end()
+        return Action(_thought(text), None, "", "no 'Action: Tool[input]' line")
     thought = _thought(text[: match.start()])
-    plan = parse_plan(f"{_REF} = {text[start:]}", tools=[*names, FINISH])
-    return _action_from_plan(plan, thought, text[start:])
+    raw = text[match.end() if label else match.start() :]
+    plan = parse_plan(f"{_REF} = {raw}", tools=[*tools, FINISH])
+    first = plan.steps[0] if plan.steps and plan.steps[0].id == _REF else None
+    if first is None:
+        found = raw.strip().splitlines()[0][:80] if raw.strip() else ""
+        return Action(thought, None, "", f"not of the form Tool[input]: {found!r}")
+    if any(e.step == _REF and e.code in ("malformed_step", "unknown_tool") for e in plan.errors):
+        return Action(thought, None, first.input, f"unknown tool {first.tool!r}")
+    return Action(thought, first.tool, first.input)
 
 
 def _thought(text: str) -> str:
@@ -175,23 +157,11 @@ def _thought(text: str) -> str:
     return _THOUGHT_RE.sub("", " ".join(lines)).strip()
 
 
-def _action_from_plan(plan: Plan, thought: str, raw: str) -> Action:
-    first = plan.steps[0] if plan.steps and plan.steps[0].id == _REF else None
-    problems = [e for e in plan.errors if e.step == _REF and e.code in ("malformed_step", "unknown_tool")]
-    if first is None:
-        found = raw.strip().splitlines()[0][:80] if raw.strip() else ""
-        return Action(thought, None, "", f"not of the form Tool[input]: {found!r}")
-    if problems:
-        return Action(thought, None, first.input, f"unknown tool {first.tool!r}")
-    return Action(thought, first.tool, first.input)
-
-
 def react_system_prompt(tools: Mapping[str, str]) -> str:
     listed = dict(tools) | {FINISH: "Ends the task. Input is the final answer, as a short phrase."}
     parts = [REACT_INSTRUCTIONS, "Tools can be one of the following:\n" + prompts.tool_list(listed), REACT_FORMAT]
-    shots = [text for needs, text in REACT_EXEMPLARS if set(needs) <= set(tools)]
-    if shots:
-        parts.append("For example:\n\n" + "\n\n".join(shots))
+    if "Wikipedia" in tools:
+        parts.append("For example:\n\n" + "\n\n".join(REACT_EXEMPLARS))
     return "\n\n".join(parts)
 
 
@@ -210,12 +180,7 @@ def react_messages(question: str, tools: Mapping[str, str], turns: list[tuple[st
     return messages
 
 
-def react_turn_text(action: Action) -> str:
-    """One turn as the history shows it: canonical Thought/Action lines, whatever decoration the model wrote."""
-    act = f"{action.tool}[{action.input}]" if action.tool is not None else "(invalid)"
-    return f"Thought: {action.thought}\nAction: {act}"
-
-
+@dataclass
 class ReActAgent:
     """Thought/Action/Observation with the Solver model, at most `max_steps` model calls.
 
@@ -223,161 +188,79 @@ class ReActAgent:
     which gives up rather than guessing), and `react.stop_reason` says which happened.
     """
 
-    kind = "react"
+    model: Any
+    tools_for: Callable[[Any], Mapping[str, Any]]
+    tool_descriptions: Mapping[str, str]
+    _: KW_ONLY
+    max_steps: int = 6
+    max_tokens: int = 256
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    method: str = "react"
+    seed: int = 0
 
-    def __init__(
-        self,
-        model,
-        tools_for: Callable[[Any], Mapping[str, Any]],
-        tool_descriptions: Mapping[str, str],
-        *,
-        max_steps: int = 6,
-        max_tokens: int = 256,
-        worker: WorkerConfig | None = None,
-        method: str = "react",
-        seed: int = 0,
-    ):
-        if max_steps < 1:
-            raise DistillError(f"react_max_steps must be at least 1, got {max_steps}")
-        self.model = model
-        self.tools_for = tools_for
-        self.tool_descriptions = dict(tool_descriptions)
-        self.max_steps = max_steps
-        self.max_tokens = max_tokens
-        self.worker = worker or WorkerConfig()
-        self.method = method
-        self.seed = seed
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise DistillError(f"react_max_steps must be at least 1, got {self.max_steps}")
 
     async def run(self, example, sample: int = 0) -> dict:
         t0 = time.perf_counter()
         seed = sample_seed(example.id, sample, self.seed)
         tools = self.tools_for(example)
-        state = _ReactState()
+        turns: list[tuple[str, str | None]] = []
+        steps: list[dict] = []
+        evidence: list[dict] = []
+        outs: list[Completion] = []
         for _ in range(self.max_steps):
-            messages = react_messages(example.question, self.tool_descriptions, state.turns)
+            messages = react_messages(example.question, self.tool_descriptions, turns)
             out = await self.model.chat(
                 messages, temperature=0.0, max_tokens=self.max_tokens, stop=REACT_STOP, seed=seed
             )
+            outs.append(out)
             action = parse_action(out.text, self.tool_descriptions)
             observation, evidence_id = None, None
             if not action.finish:
-                observation, evidence_id = await self._observe(action, tools, state, t0)
-            state.add(messages, out, action, observation, evidence_id)
+                observation, evidence_id = await self._observe(action, tools, evidence, t0)
+            # The history shows canonical Thought/Action lines, whatever decoration the model wrote.
+            act = f"{action.tool}[{action.input}]" if action.tool is not None else "(invalid)"
+            turns.append((f"Thought: {action.thought}\nAction: {act}", observation))
+            steps.append({
+                "output": out.text,
+                "thought": action.thought,
+                "action": {"tool": action.tool, "input": action.input, "error": action.error},
+                "observation": observation,
+                "evidence_id": evidence_id,
+                "usage": asdict(out.usage),
+                "latency_s": round(out.latency_s, 4),
+                "cost_usd": out.cost_usd,
+                "cached": out.cached,
+            })
             if action.finish:
                 break
-        return self._record(example, sample, state, tools, t0)
+        finished = steps[-1]["action"]["tool"] == FINISH
+        prediction = prompts.extract_answer(steps[-1]["action"]["input"]) if finished else ""
+        # The solver's usage, latency and cost are those of all its turns; the messages those of the last.
+        total = Completion(
+            outs[-1].text, sum((o.usage for o in outs), Usage()), sum(o.latency_s for o in outs),
+            sum(o.cost_usd for o in outs), outs[-1].model, all(o.cached for o in outs),
+        )
+        stop_reason = "finish" if finished else "max_steps"
+        react = {"steps": steps, "finished": finished, "stop_reason": stop_reason, "max_steps": self.max_steps}
+        return make_record(
+            example, self.method, sample, t0, evidence=evidence, prediction=prediction, solver_calls=outs,
+            solver=call_record(messages, total) | {"calls": len(outs)}, tools=tools, react=react,
+        )
 
     async def _observe(
-        self, action: Action, tools: Mapping[str, Any], state: "_ReactState", t0: float
+        self, action: Action, tools: Mapping[str, Any], evidence: list[dict], t0: float
     ) -> tuple[str, str | None]:
         """(observation, evidence id): the tool runs through the Worker, so it fails exactly as it would for
         ReWOO; an unusable action gets a hint instead and no evidence."""
         if action.tool is None:
             names = ", ".join([*self.tool_descriptions, FINISH])
             return f"Invalid action ({action.error}). Write Action: Tool[input] with a tool from: {names}.", None
-        step_id = f"#E{len(state.evidence) + 1}"
-        offset = time.perf_counter() - t0
+        step_id = f"#E{len(evidence) + 1}"
         plan = Plan((Step(step_id, action.thought, action.tool, action.input, ()),), ())
-        (evidence,) = await run_plan(plan, tools, self.worker)
-        record = evidence.to_dict()
-        record["start_s"] = round(record["start_s"] + offset, 4)
-        record["end_s"] = round(record["end_s"] + offset, 4)
-        state.evidence.append(record)
-        return evidence.output, step_id
+        (found,) = await run_plan(plan, tools, self.worker, t0=t0)
+        evidence.append(found.to_dict())
+        return found.output, step_id
 
-    def _record(self, example, sample: int, state: "_ReactState", tools: Mapping[str, Any], t0: float) -> dict:
-        tool_completions = [c for t in tools.values() for c in getattr(t, "calls", [])]
-        tool_usage = sum((c.usage for c in tool_completions), Usage())
-        react_usage = sum((c.usage for c in state.completions), Usage())
-        last = state.completions[-1]
-        react_cost = sum(c.cost_usd for c in state.completions)
-        solver = {
-            "model": last.model,
-            "messages": state.last_messages,
-            "output": last.text,
-            "usage": usage_dict(react_usage),
-            "latency_s": round(sum(c.latency_s for c in state.completions), 4),
-            "cost_usd": react_cost,
-            "cached": all(c.cached for c in state.completions),
-            "calls": len(state.completions),
-        }
-        finished = bool(state.steps) and state.steps[-1]["action"]["tool"] == FINISH
-        prediction = prompts.extract_answer(state.steps[-1]["action"]["input"]) if finished else ""
-        return base_record(example, self.method, sample) | {
-            "evidence": state.evidence,
-            "solver": solver,
-            "react": {
-                "steps": state.steps,
-                "finished": finished,
-                "stop_reason": "finish" if finished else "max_steps",
-                "max_steps": self.max_steps,
-            },
-            "prediction": prediction,
-            "scores": score_record(example, prediction),
-            "evidence_recall": evidence_recall(gold_titles(getattr(example, "supporting_facts", None)), state.evidence),
-            "tool_usage": usage_dict(tool_usage),
-            "tokens": {
-                "planner": 0,
-                "solver": react_usage.total_tokens,
-                "tools": tool_usage.total_tokens,
-                "total": react_usage.total_tokens + tool_usage.total_tokens,
-            },
-            "llm_calls": len(state.completions) + len(tool_completions),
-            "tool_calls": len(state.evidence),
-            "cost_usd": react_cost + sum(c.cost_usd for c in tool_completions),
-            "wall_s": round(time.perf_counter() - t0, 4),
-        }
-
-
-class _ReactState:
-    """The growing history of one ReAct run."""
-
-    def __init__(self) -> None:
-        self.turns: list[tuple[str, str | None]] = []
-        self.steps: list[dict] = []
-        self.evidence: list[dict] = []
-        self.completions: list[Completion] = []
-        self.last_messages: list[dict] = []
-
-    def add(
-        self, messages: list[dict], out: Completion, action: Action, observation: str | None, evidence_id: str | None
-    ) -> None:
-        self.completions.append(out)
-        self.last_messages = messages
-        self.turns.append((react_turn_text(action), observation))
-        self.steps.append(
-            {
-                "output": out.text,
-                "thought": action.thought,
-                "action": {"tool": action.tool, "input": action.input, "error": action.error},
-                "observation": observation,
-                "evidence_id": evidence_id,
-                "usage": usage_dict(out.usage),
-                "latency_s": round(out.latency_s, 4),
-                "cost_usd": out.cost_usd,
-                "cached": out.cached,
-            }
-        )
-
-
-# ----------------------------------------------------------------------------------------------- shared
-
-
-def usage_dict(usage: Usage) -> dict:
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}
-
-
-def base_record(example, method: str, sample: int) -> dict:
-    """The fields every baseline record starts with; the plan of a method that makes none has no steps, and
-    validity not applicable (None, not False)."""
-    return {
-        "format_version": FORMAT_VERSION,
-        "id": example.id,
-        "dataset": example.dataset,
-        "question": example.question,
-        "answers": list(example.answers),
-        "method": method,
-        "sample": sample,
-        "planner": None,
-        "plan": {"valid": None, "steps": [], "errors": []},
-    }

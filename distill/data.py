@@ -36,21 +36,6 @@ class DatasetSource(Strict):
 HOTPOT = "hotpotqa"
 TRIVIA = "triviaqa"
 
-LAYOUT_HOTPOT_OFFICIAL = "hotpotqa-official"  # list pairs: context [[title, [sents]]], supporting_facts, _id
-LAYOUT_HOTPOT_HUB = "hotpotqa-hub"  # dicts of columns: context {title, sentences}, supporting_facts {title, sent_id}
-LAYOUT_TRIVIA_OFFICIAL = "triviaqa-official"  # Data[]: Question, QuestionId, Answer{Value, Aliases, ...}
-LAYOUT_TRIVIA_HUB = "triviaqa-hub"  # question_id, question, answer{value, aliases, normalized_aliases}
-LAYOUT_TRIVIA_JSONL = "triviaqa-jsonl"  # id, question, answer, aliases, normalized_aliases
-LAYOUT_GENERIC = "generic"  # question plus answer (str) or answers (list)
-
-_LAYOUT_DATASET = {
-    LAYOUT_HOTPOT_OFFICIAL: HOTPOT,
-    LAYOUT_HOTPOT_HUB: HOTPOT,
-    LAYOUT_TRIVIA_OFFICIAL: TRIVIA,
-    LAYOUT_TRIVIA_HUB: TRIVIA,
-    LAYOUT_TRIVIA_JSONL: TRIVIA,
-}
-
 EXPECTED_LAYOUTS = (
     "rows with `question` plus `answer`/`answers` (generic), HotpotQA rows (`_id`, `context`, "
     "`supporting_facts` as lists or hub dicts) or TriviaQA rows (`Question`/`Answer` official, "
@@ -72,26 +57,6 @@ class Example:
     type: str | None = None
     level: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "dataset": self.dataset,
-            "split": self.split,
-            "question": self.question,
-            "answers": list(self.answers),
-            "context": None if self.context is None else [[t, list(s)] for t, s in self.context],
-            "supporting_facts": None
-            if self.supporting_facts is None
-            else [[t, i] for t, i in self.supporting_facts],
-            "type": self.type,
-            "level": self.level,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Example:
-        return _example(d, str(d["dataset"]), str(d["split"]), ("id",), str(d["question"]),
-                        [str(a) for a in d["answers"]], d.get("context"), d.get("supporting_facts"))
-
 
 # ---------------------------------------------------------------------------------------------------------
 # Question normalisation, dedup and the leak guard
@@ -109,40 +74,24 @@ def normalize_question(question: str) -> str:
 
 def dedup_examples(examples: Iterable[Example]) -> list[Example]:
     """Keep the first example of each normalised question, so repeated questions don't weigh double."""
-    seen: set[str] = set()
-    out = []
+    first: dict[str, Example] = {}
     for ex in examples:
-        key = normalize_question(ex.question)
-        if key not in seen:
-            seen.add(key)
-            out.append(ex)
-    return out
+        first.setdefault(normalize_question(ex.question), ex)
+    return list(first.values())
 
 
-def question_set(examples: Iterable[Example]) -> set[str]:
+def question_set(items: Iterable[Example] | Iterable[str]) -> set[str]:
     """Normalised questions, the unit the leak guard and `sample_mix(exclude_questions=...)` compare."""
-    return {normalize_question(ex.question) for ex in examples}
-
-
-def eval_question_set(sources: Iterable[str | Path], split: str = "eval") -> set[str]:
-    """Normalised questions of every evaluation source (files or hub:...), for `check_no_leak`/`sample_mix`."""
-    questions: set[str] = set()
-    for source in sources:
-        questions |= question_set(load_examples(str(source), None, split))
-    return questions
+    return {normalize_question(x if isinstance(x, str) else x.question) for x in items}
 
 
 def check_no_leak(train: Iterable[Example], eval_examples: Iterable[Example] | set[str]) -> None:
     """Refuse a training set that shares questions with the evaluation set: scores would be inflated."""
-    eval_keys = _as_question_set(eval_examples)
+    eval_keys = question_set(eval_examples)
     leaked = [ex.question for ex in train if normalize_question(ex.question) in eval_keys]
     if leaked:
         shown = "; ".join(repr(q) for q in leaked[:3])
         raise DistillError(f"{len(leaked)} training question(s) also appear in the evaluation set, e.g. {shown}")
-
-
-def _as_question_set(items: Iterable[Example] | Iterable[str]) -> set[str]:
-    return {normalize_question(x if isinstance(x, str) else x.question) for x in items}
 
 
 def sample_mix(
@@ -154,7 +103,7 @@ def sample_mix(
     earlier pools unchanged; the final order is shuffled so datasets interleave in training.
     Asking for more than a pool can give is an error rather than a silently smaller experiment.
     """
-    taken = _as_question_set(exclude_questions)
+    taken = question_set(exclude_questions)
     mix: list[Example] = []
     for index, (pool, n) in enumerate(pools):
         candidates = dedup_examples(pool)
@@ -184,20 +133,20 @@ def sample_mix(
 def detect_layout(row: Mapping[str, Any]) -> str | None:
     """Name the layout of one row, or None. Missing keys and None values (Arrow fill-ins) count alike."""
     if row.get("Question") is not None:
-        return LAYOUT_TRIVIA_OFFICIAL
+        return "triviaqa-official"
     if not isinstance(row.get("question"), str):
         return None
     context, facts, answer = row.get("context"), row.get("supporting_facts"), row.get("answer")
     if isinstance(context, Mapping) or isinstance(facts, Mapping):
-        return LAYOUT_HOTPOT_HUB
+        return "hotpotqa-hub"
     if isinstance(answer, Mapping):
-        return LAYOUT_TRIVIA_HUB
+        return "triviaqa-hub"
     if isinstance(answer, str) and isinstance(row.get("aliases"), list):
-        return LAYOUT_TRIVIA_JSONL
+        return "triviaqa-jsonl"
     if row.get("_id") is not None or isinstance(context, list) or isinstance(facts, list):
-        return LAYOUT_HOTPOT_OFFICIAL
+        return "hotpotqa-official"
     if answer is not None or row.get("answers") is not None:
-        return LAYOUT_GENERIC
+        return "generic"
     return None
 
 
@@ -219,7 +168,7 @@ def rows_to_examples(
             )
         label = _resolve_dataset(dataset, layout, origin, index)
         try:
-            examples.append(_CONVERTERS[layout](row, label, split))
+            examples.append(_LAYOUTS[layout][1](row, label, split))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise DistillError(
                 f"{origin}: row {index + 1} looks like the {layout} layout but is malformed "
@@ -229,9 +178,9 @@ def rows_to_examples(
 
 
 def _resolve_dataset(dataset: str | None, layout: str, origin: str, index: int) -> str:
-    implied = _LAYOUT_DATASET.get(layout)
+    implied = _LAYOUTS[layout][0]
     if dataset is None:
-        return implied or LAYOUT_GENERIC
+        return implied or "generic"
     if implied and dataset in (HOTPOT, TRIVIA) and dataset != implied:
         raise DistillError(f"{origin}: row {index + 1} is in the {layout} layout but the dataset is {dataset!r}")
     return dataset
@@ -309,13 +258,14 @@ def _generic(row: Mapping[str, Any], dataset: str, split: str) -> Example:
                     _answers(row.get("answer"), row.get("answers")))
 
 
-_CONVERTERS = {
-    LAYOUT_HOTPOT_OFFICIAL: _hotpot_official,
-    LAYOUT_HOTPOT_HUB: _hotpot_hub,
-    LAYOUT_TRIVIA_OFFICIAL: _trivia_official,
-    LAYOUT_TRIVIA_HUB: _trivia_hub,
-    LAYOUT_TRIVIA_JSONL: _trivia_jsonl,
-    LAYOUT_GENERIC: _generic,
+# layout -> the dataset it implies (None: any) and its converter; the names appear in error messages
+_LAYOUTS = {
+    "hotpotqa-official": (HOTPOT, _hotpot_official),  # list pairs: context [[title, [sents]]], supporting_facts
+    "hotpotqa-hub": (HOTPOT, _hotpot_hub),  # dicts of columns: context {title, sentences}, supporting_facts {...}
+    "triviaqa-official": (TRIVIA, _trivia_official),  # Data[]: Question, QuestionId, Answer{Value, Aliases}
+    "triviaqa-hub": (TRIVIA, _trivia_hub),  # question_id, question, answer{value, aliases, normalized_aliases}
+    "triviaqa-jsonl": (TRIVIA, _trivia_jsonl),  # id, question, answer, aliases, normalized_aliases
+    "generic": (None, _generic),  # question plus answer (str) or answers (list)
 }
 
 

@@ -61,14 +61,6 @@ def load_questions(cfg: GenerateConfig):
     return mix
 
 
-def resolve_cache(cfg: GenerateConfig, out: Path):
-    from distill.store import CallCache
-
-    if cfg.cache is None:
-        return None
-    return CallCache(out / "calls.sqlite" if cfg.cache == "auto" else cfg.cache)
-
-
 def record_key(rec: dict) -> tuple[str, int]:
     return (rec["id"], rec["sample"])
 
@@ -78,14 +70,14 @@ def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
     from distill.rewoo.agent import build_agent, retries_of
     from distill.run import add_judgement, build_judge, manifest_header, raise_if_stopped, report_errors, run_lifecycle
     from distill.runner import run_resumable
-    from distill.store import JsonlStore, write_json
+    from distill.store import CallCache, JsonlStore, write_json
 
     out = Path(cfg.output_dir)
     examples = load_questions(cfg)
     items = [((ex.id, s), (ex, s)) for ex in examples for s in range(cfg.samples_per_question)]
     manifest = manifest_header("generate", cfg, config_path) | {"planned_records": len(items)}
     with run_lifecycle(out, manifest):
-        cache = resolve_cache(cfg, out)
+        cache = None if cfg.cache is None else CallCache(out / "calls.sqlite" if cfg.cache == "auto" else cfg.cache)
         agent = build_agent(cfg, cache, method="rewoo-teacher", seed=cfg.seed)
         judge_model = build_judge(cfg, cache)
 
@@ -131,13 +123,6 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(GenerateConfig, args.config, args.set)
     summary = generate(cfg, args.config)
     print(json.dumps(summary, indent=2))
-    print(f"trajectories: {cfg.output_dir}/trajectories.jsonl")
+    print(f"trajectories: {cfg.output_dir}/{TRAJECTORIES}")
     return 0
 
-
-if __name__ == "__main__":
-    import sys
-
-    from distill.cli import main as cli_main
-
-    sys.exit(cli_main(["generate", *sys.argv[1:]]))

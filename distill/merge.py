@@ -71,8 +71,6 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path, base: str | None
     out.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)  # writes chat_template.jinja
-    if not (out / "chat_template.jinja").exists() and tokenizer.chat_template:
-        (out / "chat_template.jinja").write_text(tokenizer.chat_template)
     return out
 
 

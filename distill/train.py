@@ -4,12 +4,9 @@
         --config configs/qwen2.5-7b_lora_gpu.yaml [--set key=value ...] [--learning_rate 2e-4 ...]
     distill train --config configs/smollm2-135m_lora_cpu.yaml          # one process, same code
 
-The config is one flat YAML whose keys are the fields of TRL's `SFTConfig` and `ModelConfig` (so any TRL option,
-`use_liger_kernel`, `packing`, `padding_free`, `neftune_noise_alpha` ..., works without a code change) plus
-`DistillArguments`, the little TRL lacks. The dataset is `distill sft-data`'s prompt/completion DatasetDict; TRL
-computes the loss on the completion only. The config names the *effective* batch (`global_batch_size`) and the
-accumulation is derived from the number of processes, so the optimisation is the same on 1 GPU or 8. Rerunning
-the same command after an interruption resumes from the last checkpoint in `output_dir`.
+Config keys are the fields of TRL's `SFTConfig` and `ModelConfig` (any TRL option works without a code change)
+plus `DistillArguments`. The config names the *effective* batch, so the optimisation is the same on 1 GPU or 8.
+Rerunning after an interruption resumes from the last checkpoint in `output_dir`.
 """
 
 from __future__ import annotations
@@ -29,15 +26,14 @@ from typing import Any
 
 import yaml
 
+from distill.config import add_config_args as configure_parser
+from distill.config import load_config
 from distill.errors import DistillError
 from distill.merge import ADAPTER_INFO
 
 log = logging.getLogger("distill.train")
 
-ROOT = Path(__file__).resolve().parents[1]
-ACCELERATE_CONFIGS = ROOT / "configs" / "accelerate"
-# Attention implementations that read packed sequences' boundaries from position_ids (varlen kernels).
-VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
+ACCELERATE_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
 
 
 @dataclass
@@ -58,53 +54,34 @@ class DistillArguments:
 
 
 # distill's recipe where it differs from TRL's defaults (the paper: LoRA r 8, alpha 16 on all linear layers,
-# lr 1e-4, 10 epochs, cosine), so a pipeline section need not repeat it; bf16 and gradient checkpointing are off
-# unless a config asks (TRL turns both on, which a CPU run pays for).
+# lr 1e-4, 10 epochs, cosine); bf16 and gradient checkpointing only when a config asks, as a CPU run pays for both.
 DEFAULTS: dict[str, Any] = {
-    "model_name_or_path": "smollm2-135m-instruct",
-    "use_peft": True,
-    "lora_r": 8,
-    "lora_alpha": 16,
-    "lora_target_modules": "all-linear",
-    "learning_rate": 1e-4,
-    "num_train_epochs": 10,
-    "lr_scheduler_type": "cosine",
-    "eval_strategy": "epoch",
-    "save_strategy": "epoch",
-    "save_total_limit": 2,
-    "bf16": False,
-    "gradient_checkpointing": False,
-    "completion_only_loss": True,
-    "gradient_checkpointing_kwargs": {"use_reentrant": False},
-    "logging_first_step": True,
+    "model_name_or_path": "smollm2-135m-instruct", "completion_only_loss": True,
+    "use_peft": True, "lora_r": 8, "lora_alpha": 16, "lora_target_modules": "all-linear",
+    "learning_rate": 1e-4, "num_train_epochs": 10, "lr_scheduler_type": "cosine",
+    "eval_strategy": "epoch", "save_strategy": "epoch", "save_total_limit": 2, "logging_first_step": True,
+    "bf16": False, "gradient_checkpointing": False, "gradient_checkpointing_kwargs": {"use_reentrant": False},
     "ddp_find_unused_parameters": False,
 }
 
 
+@dataclass
 class TrainConfig:
-    """A training config split by TRL's own parser into `DistillArguments`, `SFTConfig` and `ModelConfig`.
+    """`DistillArguments`, `SFTConfig` and `ModelConfig` with the flat dict they came from (which alone decides
+    equality); `model_validate` and `model_dump` let `distill.config.load_config` and the pipeline treat it like
+    the other stages' configs."""
 
-    `model_validate` / `model_dump` mirror the pydantic configs of the other stages so `distill.config.load_config`
-    and the pipeline load this one the same way (YAML + `--set`)."""
-
-    def __init__(self, data: dict, distill: DistillArguments, sft, model):
-        self.data, self.distill, self.sft, self.model = data, distill, sft, model
+    data: dict
+    distill: DistillArguments = field(compare=False)
+    sft: Any = field(compare=False)
+    model: Any = field(compare=False)
 
     @classmethod
-    def model_validate(cls, data: dict, argv: list[str] | None = None) -> TrainConfig:
-        return parse_train_config(data, argv)
+    def model_validate(cls, data: dict) -> TrainConfig:
+        return parse_train_config(data)
 
     def model_dump(self) -> dict:
         return dict(self.data)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, TrainConfig) and self.data == other.data
-
-    def value(self, name: str) -> Any:
-        for part in (self.distill, self.sft, self.model):
-            if hasattr(part, name):
-                return getattr(part, name)
-        return None
 
     def accumulation(self, processes: int) -> int:
         return gradient_accumulation_steps(
@@ -116,24 +93,9 @@ def _fail(message: str):
     raise DistillError(f"train config: {message}")
 
 
-def _portable_warmup(data: dict, sft_fields: set[str]) -> dict:
-    """`warmup_ratio` is a field on transformers 4.x; 5.x dropped it and reads a float `warmup_steps` below 1 as a
-    ratio. Configs say `warmup_ratio` and run on both."""
-    if "warmup_ratio" in data and "warmup_ratio" not in sft_fields:
-        if "warmup_steps" in data:
-            _fail("set warmup_ratio or warmup_steps, not both")
-        data = dict(data)
-        ratio = data.pop("warmup_ratio")
-        if not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
-            _fail(f"warmup_ratio must be a number in [0, 1), got {ratio!r}")
-        data["warmup_steps"] = float(ratio)
-    return data
-
-
 def import_trl() -> None:
-    """Import TRL without its side effect on this process's environment: on import it sets VLLM_LOGGING_LEVEL=ERROR,
-    which every vLLM server started later inherits (the pipeline checks its train section before it starts its
-    servers, whose logs then lost every vLLM line). Later imports of trl do not run that code again."""
+    """TRL's import sets VLLM_LOGGING_LEVEL=ERROR, which every vLLM server the pipeline starts later would inherit
+    (their logs lost every vLLM line); later imports do not run that code again."""
     saved = os.environ.get("VLLM_LOGGING_LEVEL")
     import trl  # noqa: F401
 
@@ -151,10 +113,16 @@ def parse_train_config(data: dict, argv: list[str] | None = None, processes: int
     if "gradient_accumulation_steps" in data:
         _fail("gradient_accumulation_steps is derived from global_batch_size and the number of processes; "
               "set global_batch_size instead")
-    sft_fields = {f.name for f in dataclasses.fields(SFTConfig)}
-    given = _portable_warmup(data, sft_fields)
     # YAML reads a bare `no` (as in `--set eval_strategy=no`) as false
-    given = {k: "no" if v is False and k.endswith("_strategy") else v for k, v in given.items()}
+    given = {k: "no" if v is False and k.endswith("_strategy") else v for k, v in data.items()}
+    if "warmup_ratio" in given and "warmup_ratio" not in {f.name for f in dataclasses.fields(SFTConfig)}:
+        # configs say warmup_ratio; transformers 5 dropped the field and reads a warmup_steps below 1 as a ratio
+        ratio = given.pop("warmup_ratio")
+        if "warmup_steps" in given:
+            _fail("set warmup_ratio or warmup_steps, not both")
+        if not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
+            _fail(f"warmup_ratio must be a number in [0, 1), got {ratio!r}")
+        given["warmup_steps"] = float(ratio)
     parser = TrlParser((DistillArguments, SFTConfig, ModelConfig), prog="distill.train")
     parser.error = _fail  # argparse would print the whole usage of ~200 TRL options, then exit
     dynamic = {"use_cpu": not _has_accelerator(), "disable_tqdm": not sys.stderr.isatty()}
@@ -166,9 +134,8 @@ def parse_train_config(data: dict, argv: list[str] | None = None, processes: int
         distill, sft, model = parser.parse_args_into_dataclasses(args=list(argv or []))
     except (ValueError, TypeError) as exc:
         _fail(str(exc).splitlines()[0])
-    for name in ("dataset_dir", "output_dir"):
-        if not (getattr(distill, name, None) or getattr(sft, name, None)):
-            _fail(f"{name} is required")
+    if not distill.dataset_dir:
+        _fail("dataset_dir is required")
     if not model.use_peft:
         _fail("distill trains a LoRA adapter: use_peft must be true")
     if sft.data_seed is None:
@@ -181,31 +148,26 @@ def parse_train_config(data: dict, argv: list[str] | None = None, processes: int
 def load_train_config(path: str | None, overrides: list[str] | None = None, argv: list[str] | None = None):
     """The YAML, its `--set` overrides and TRL-style flags; the flags are folded into `data` so the
     `train_config.yaml` written with the adapter reproduces the run."""
-    from distill.config import load_config
-
     if not path:
         raise DistillError("--config is required (e.g. configs/smollm2-135m_lora_cpu.yaml)")
     cfg = load_config(TrainConfig, path, overrides)
     if not argv:
         return cfg
     cfg = parse_train_config(cfg.data, argv)
+    parts = (cfg.distill, cfg.sft, cfg.model)
     for token in argv:
-        name = token[2:].split("=")[0] if token.startswith("--") else None
-        if name:
-            name = name[3:] if name.startswith("no_") and cfg.value(name) is None else name
-            value = cfg.value(name)
+        if token.startswith("--"):
+            name = token[2:].split("=")[0]
+            if name.startswith("no_") and not any(hasattr(p, name) for p in parts):
+                name = name[3:]
+            value = next(getattr(p, name) for p in parts if hasattr(p, name))
             cfg.data[name] = value.value if isinstance(value, enum.Enum) else value
     return cfg
 
 
-# ---------------------------------------------------------------------------------------------- arithmetic
-
-
 def world_size() -> int:
-    """Processes taking part, from the launcher's environment (accelerate launch and torchrun set WORLD_SIZE).
-
-    Read before accelerate's state exists on purpose: creating `PartialState()` here would fix its backend and
-    timeout before TrainingArguments could; `build_trainer` checks the two agree once they do exist."""
+    """From the launcher's environment, on purpose before accelerate's state exists: `PartialState()` here would
+    fix its backend and timeout before TrainingArguments could (`build_trainer` checks the two agree)."""
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
@@ -217,7 +179,6 @@ def _has_accelerator() -> bool:
 
 
 def gradient_accumulation_steps(global_batch_size: int, per_device: int, processes: int) -> int:
-    """Accumulation that keeps the effective batch at `global_batch_size` whatever the number of processes."""
     per_step = per_device * processes
     if global_batch_size % per_step:
         raise DistillError(
@@ -227,12 +188,9 @@ def gradient_accumulation_steps(global_batch_size: int, per_device: int, process
     return global_batch_size // per_step
 
 
-# ---------------------------------------------------------------------------------------------- launching
-
-
 def launch_command(config_path: str | Path, cfg: TrainConfig, gpus: int) -> list[str]:
     """How `distill pipeline` starts training: one process per GPU under `accelerate launch` (settable with
-    num_processes), or one plain process on CPU. The effective batch is the same either way."""
+    num_processes), or one plain process on CPU."""
     processes = cfg.distill.num_processes or max(gpus, 1)
     train = ["-m", "distill.train", "--config", str(config_path)]
     if gpus == 0:
@@ -249,8 +207,8 @@ def launch_command(config_path: str | Path, cfg: TrainConfig, gpus: int) -> list
 
 
 def launch(data: dict, gpus: int | None = None) -> dict:
-    """Train in child process(es) with the pipeline's section written as a config file; returns the adapter's
-    record. The child prints its own one-line error, so a failure here only names the stage."""
+    """The pipeline's train stage: its section as a config file, trained in child process(es). The child prints
+    its own one-line error, so a failure here only names the stage."""
     import shlex
     import subprocess
 
@@ -260,17 +218,14 @@ def launch(data: dict, gpus: int | None = None) -> dict:
     config = out / "stage_config.yaml"
     config.write_text("# written by `distill pipeline` from its train section\n" + yaml.safe_dump(data, sort_keys=False))
     if gpus is None:
-        import torch
+        from torch.cuda import device_count
 
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        gpus = device_count()
     cmd = launch_command(config, cfg, gpus)
     print(f"[pipeline] {shlex.join(cmd)}", flush=True)
     if subprocess.run(cmd).returncode != 0:
         raise DistillError(f"training failed ({shlex.join(cmd[1:4])}...); its error is printed above")
     return json.loads((out / ADAPTER_INFO).read_text())
-
-
-# ---------------------------------------------------------------------------------------------- building
 
 
 def _require(module: str, why: str, package: str | None = None) -> None:
@@ -282,15 +237,14 @@ def varlen_attention_available(attn_implementation: str | None) -> bool:
     """Whether the model would run flash-attention's variable-length kernels (needs the package and a GPU)."""
     from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available
 
-    usable = {"flash_attention_2": is_flash_attn_2_available, "flash_attention_3": is_flash_attn_3_available}
-    if attn_implementation is None:
-        return is_flash_attn_2_available()
+    usable = {None: is_flash_attn_2_available, "flash_attention_2": is_flash_attn_2_available,
+              "flash_attention_3": is_flash_attn_3_available}
     return attn_implementation in usable and usable[attn_implementation]()
 
 
 def choose_batching(cfg: TrainConfig) -> None:
     """Packed / padding-free batches only where the attention kernels keep examples apart (position_ids); SDPA and
-    eager would attend across the examples of a packed row, so they get ordinary padded batches and a message."""
+    eager would attend across the examples of a packed row."""
     sft, model = cfg.sft, cfg.model
     if not (sft.packing or sft.padding_free):
         return
@@ -306,16 +260,13 @@ def choose_batching(cfg: TrainConfig) -> None:
 
 
 def model_init_kwargs(cfg: TrainConfig) -> dict:
-    """What SFTTrainer passes to `from_pretrained` (as in TRL's sft.py), plus QLoRA's one copy per DDP rank."""
+    """TRL's sft.py's `from_pretrained` arguments, plus QLoRA's one copy per DDP rank."""
     import torch
     from accelerate import PartialState
-
-    import_trl()
     from trl import get_quantization_config
 
-    kwargs: dict[str, Any] = {"revision": cfg.model.model_revision, "dtype": cfg.model.dtype}
-    if cfg.model.attn_implementation:
-        kwargs["attn_implementation"] = cfg.model.attn_implementation
+    kwargs = {"revision": cfg.model.model_revision, "dtype": cfg.model.dtype,
+              "attn_implementation": cfg.model.attn_implementation}
     quantization = get_quantization_config(cfg.model)
     if quantization is not None:
         _require("bitsandbytes", "load_in_4bit / load_in_8bit (QLoRA)")
@@ -325,22 +276,12 @@ def model_init_kwargs(cfg: TrainConfig) -> dict:
     return kwargs | (cfg.sft.model_init_kwargs or {})
 
 
-def load_tokenizer(path: str, name: str):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if not tokenizer.chat_template:
-        raise DistillError(f"{name}: the tokenizer has no chat template; the planner prompt is a chat")
-    return tokenizer
-
-
 def load_splits(dataset_dir: str):
     """train and validation from `distill sft-data`; validation may be empty (then evaluation is off)."""
     from datasets import load_from_disk
 
     if not (Path(dataset_dir) / "dataset_dict.json").exists():
-        hint = f"run `distill sft-data KEPT.jsonl --out {dataset_dir}`"
-        raise DistillError(f"{dataset_dir}: not a dataset folder ({hint})")
+        raise DistillError(f"{dataset_dir}: not a dataset folder (run `distill sft-data KEPT.jsonl --out {dataset_dir}`)")
     data = load_from_disk(dataset_dir)
     if "train" not in data or len(data["train"]) == 0:
         raise DistillError(f"{dataset_dir}: the train split is empty")
@@ -353,7 +294,7 @@ def load_splits(dataset_dir: str):
 
 def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: bool = False):
     """The SFTTrainer exactly as training uses it (tests take their batches from it)."""
-    from transformers.trainer_utils import IntervalStrategy
+    from transformers import AutoTokenizer
 
     import_trl()
     from trl import SFTTrainer, get_peft_config
@@ -367,21 +308,22 @@ def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: boo
         _require("liger_kernel", "use_liger_kernel", "liger-kernel")
     path = resolve_model_path(cfg.model.model_name_or_path)
     train, val = load_splits(cfg.distill.dataset_dir)
-    processes = world_size()
-    if args.world_size != processes:
-        raise DistillError(f"WORLD_SIZE says {processes} process(es) but accelerate runs {args.world_size}")
+    if args.world_size != world_size():
+        raise DistillError(f"WORLD_SIZE says {world_size()} process(es) but accelerate runs {args.world_size}")
     if val is None:
-        args.eval_strategy = IntervalStrategy.NO
-        args.eval_on_start = False
+        args.eval_strategy, args.eval_on_start = "no", False
     if resuming:
         args.eval_on_start = False  # its step-0 result is already in the restored log history
     choose_batching(cfg)
     args.model_init_kwargs = model_init_kwargs(cfg)
-    tokenizer = load_tokenizer(path, cfg.model.model_name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if not tokenizer.chat_template:
+        raise DistillError(f"{cfg.model.model_name_or_path}: the tokenizer has no chat template; the planner prompt "
+                           "is a chat")
     log.info(
         "effective batch %d = per-device %d x accumulation %d x %d process(es); %d train / %d validation examples",
         cfg.distill.global_batch_size, args.per_device_train_batch_size, args.gradient_accumulation_steps,
-        processes, len(train), len(val) if val is not None else 0,
+        args.world_size, len(train), len(val) if val is not None else 0,
     )
     try:
         return SFTTrainer(
@@ -392,67 +334,48 @@ def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: boo
         raise DistillError(f"cannot load model {cfg.model.model_name_or_path!r}: {str(exc).splitlines()[0]}") from None
 
 
-# ---------------------------------------------------------------------------------------------- outputs
-
-
-def loss_history(log_history: list[dict]) -> dict:
-    """Train and eval loss per optimiser step, from `trainer.state.log_history` (kept across resumes)."""
-    train = [
-        {k: e[k] for k in ("step", "epoch", "loss", "learning_rate", "grad_norm") if k in e}
-        for e in log_history
-        if "loss" in e
-    ]
-    evals = [{k: e[k] for k in ("step", "epoch", "eval_loss") if k in e} for e in log_history if "eval_loss" in e]
-    summary = next((e for e in reversed(log_history) if "train_runtime" in e), {})
-    return {"train": train, "eval": evals, "summary": summary}
-
-
 def write_outputs(trainer, cfg: TrainConfig, started: float) -> dict:
-    """Adapter + tokenizer (with chat_template.jinja) via save_model on every rank (ZeRO-3 gathers there);
-    the small JSON/YAML files on the main process only."""
+    """save_model on every rank (ZeRO-3 gathers there) writes the adapter, tokenizer and chat_template.jinja;
+    the small files only on the main process. loss_history.json: train and eval loss per optimiser step, from
+    the log history that resumes keep."""
     from distill.llm.embedded import resolve_model_path
     from distill.store import write_json
 
     trainer.save_model(cfg.sft.output_dir)
     if not trainer.is_world_process_zero():
         return {}
-    out = Path(cfg.sft.output_dir)
-    args = trainer.args
-    processes = args.world_size
+    out, args, model, logs = Path(cfg.sft.output_dir), trainer.args, cfg.model, trainer.state.log_history
     derived = {
-        "world_size": processes,
+        "world_size": args.world_size,
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
-        "effective_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * processes,
+        "effective_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size,
     }
     header = "".join(f"# {k}: {v}\n" for k, v in derived.items())
     (out / "train_config.yaml").write_text(
         "# the config of this run (loadable again)\n" + header + yaml.safe_dump(cfg.model_dump(), sort_keys=False)
     )
-    history = loss_history(trainer.state.log_history)
+    history = {
+        "train": [{k: e[k] for k in ("step", "epoch", "loss", "learning_rate", "grad_norm") if k in e}
+                  for e in logs if "loss" in e],
+        "eval": [{k: e[k] for k in ("step", "epoch", "eval_loss") if k in e} for e in logs if "eval_loss" in e],
+        "summary": next((e for e in reversed(logs) if "train_runtime" in e), {}),
+    }
     write_json(out / "loss_history.json", history)
-    model = cfg.model
     info = {
-        "format_version": 1,
-        "base_model": model.model_name_or_path,
+        "format_version": 1, "base_model": model.model_name_or_path,
         "base_model_path": resolve_model_path(model.model_name_or_path),
-        "lora_r": model.lora_r,
-        "lora_alpha": model.lora_alpha,
-        "lora_target_modules": model.lora_target_modules,
-        "max_length": args.max_length,
-        "chat_template": "chat_template.jinja",
-        "dataset_dir": cfg.distill.dataset_dir,
+        "lora_r": model.lora_r, "lora_alpha": model.lora_alpha, "lora_target_modules": model.lora_target_modules,
+        "max_length": args.max_length, "chat_template": "chat_template.jinja", "dataset_dir": cfg.distill.dataset_dir,
         "global_step": trainer.state.global_step,
         "final_train_loss": history["train"][-1]["loss"] if history["train"] else None,
         "final_eval_loss": history["eval"][-1]["eval_loss"] if history["eval"] else None,
-        "wall_s": round(time.time() - started, 1),
-        **derived,
+        "wall_s": round(time.time() - started, 1), **derived,
     }
     write_json(out / ADAPTER_INFO, info)
     return info
 
 
 def train(cfg: TrainConfig, callbacks: list | None = None) -> dict:
-    """Train (resuming when a checkpoint exists), make sure the final eval loss is logged, save everything."""
     from transformers.trainer_utils import get_last_checkpoint
 
     started = time.time()
@@ -464,21 +387,13 @@ def train(cfg: TrainConfig, callbacks: list | None = None) -> dict:
     trainer.train(resume_from_checkpoint=resume)
     state = trainer.state
     last_eval = max((e["step"] for e in state.log_history if "eval_loss" in e), default=None)
-    finished = state.global_step >= state.max_steps
     evaluating = trainer.eval_dataset is not None and trainer.args.eval_strategy != "no"
-    if finished and evaluating and last_eval != state.global_step:
+    if state.global_step >= state.max_steps and evaluating and last_eval != state.global_step:
         trainer.evaluate()  # e.g. eval_strategy epoch with max_steps ending mid-epoch: the curve still gets its end
     return write_outputs(trainer, cfg, started)
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from distill.config import add_config_args
-
-    add_config_args(parser, default=None)
-
-
 def main(args: argparse.Namespace, rest: list[str] | None = None) -> int:
-    """`distill train`, and each process of `accelerate launch -m distill.train` (see `launcher_main`)."""
     cfg = load_train_config(args.config, args.set, rest)
     info = train(cfg)
     if info:

@@ -41,7 +41,6 @@ async def _run_all(chat, prompts, max_tokens: int) -> tuple[float, int, int]:
 
 def main() -> int:
     args = build_parser().parse_args()
-    sys.path.insert(0, str(ROOT))
     from distill.data import load_examples
     from distill.rewoo.prompts import planner_messages
     from distill.tools.registry import tool_descriptions
@@ -70,8 +69,8 @@ def main() -> int:
         else:
             raise SystemExit(f"error: unknown backend {backend!r} (transformers, vllm)")
     print(f"{len(prompts)} {args.prompt} planner prompts in flight at once, greedy, max_tokens {args.max_tokens}")
-    print(f"| backend | wall s | prompt tokens | generated tokens | generated tok/s |")
-    print(f"|---|---:|---:|---:|---:|")
+    print("| backend | wall s | prompt tokens | generated tokens | generated tok/s |")
+    print("|---|---:|---:|---:|---:|")
     for name, (wall, gen, prompt) in rows.items():
         print(f"| {name} | {wall:.1f} | {prompt} | {gen} | {gen / wall:.1f} |")
     if "vllm" in rows and "transformers" in rows:

@@ -6,34 +6,17 @@
     scripts/gpu_check_train.sh --sweep              # batch x checkpointing x kernels x packing, one table
     scripts/gpu_check_train.sh --tiny --steps 6     # CPU: a 2-layer model, to test the script itself
 
-The model is built in code from a Qwen2.5-7B-Instruct-like config (28 layers, hidden 3584, GQA 28/4 heads,
-MLP 18944, vocab 152064 so the LM-head cost is the real one); the embedded SmolLM2 tokenizer provides the
-token ids (its 49,152 ids are a subset of the model's vocabulary). The data are synthetic plan-like
-prompt/completion pairs built with the real student prompt (`planner_messages`) and canonical plans, and
-training goes through the same code as `distill.train` (its config parser, its packing gate, TRL SFTTrainer,
-completion-only loss, PEFT LoRA r 8 / alpha 16 / all-linear, bf16). `--liger` is TRL's `use_liger_kernel`;
-`--packing` is TRL's padding-free packing, used only where flash-attention's varlen kernels are installed
-(otherwise the run says so and trains on padded batches: the table's `packing` column shows what ran).
-
-`--sweep` runs each grid point in its own process (an out-of-memory point is a row, not the end) with
-`--steps 15 --warmup 3` unless given, and prints one markdown table; the default 16-point grid is sized for
-about 10 minutes on one H200, model builds included (an estimate: not yet run on a GPU).
-
-Reported, after `--warmup` steps: tokens/s (non-padding tokens, prompt included: the prompt is computed on even
-though it carries no loss), seconds per step, peak GPU memory, and model FLOPs utilisation
-
-    MFU = (4 * N_base + 6 * N_lora) * tokens / (seconds * peak)
-
-where N_base counts the frozen base's matmul weights (every nn.Linear, LM head included; the input embedding
-is a lookup), 2N per token for the forward and 2N for the backward's activation gradients (a frozen base has
-no weight gradients), and 6N for the trainable LoRA weights. Neither the recomputation of gradient
-checkpointing (hardware FLOPs, not model FLOPs) nor attention scores (~1% of 4N at these lengths) are
-counted. peak = 989 TFLOP/s, the H200's dense bf16 figure (use --peak-tflops for other GPUs).
+Training goes through `distill.train`'s own config parser and packing gate, then TRL's SFTTrainer, on synthetic
+plan-like pairs built with the real student prompt; the SmolLM2 tokenizer provides the ids (a subset of Qwen's
+vocabulary). `--sweep` runs each grid point in its own process, so an out-of-memory point is a row, not the end.
+After `--warmup` steps it reports tokens/s, peak GPU memory and MFU = (4 N_base + 6 N_lora) x tokens /
+(seconds x peak): a frozen base does no weight gradients, LoRA does; docs/TRAINING.md explains what is counted.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import sys
@@ -54,34 +37,27 @@ ENTITIES = [
 RELATIONS = ["was born in", "was founded by", "is located in", "was directed by", "was named after", "won"]
 
 
-def synthetic_example(rng: random.Random, tools: dict[str, str]) -> dict:
-    """A plan-like pair: two or three lookups, an LLM extraction over #E refs, sometimes a calculation."""
+def synthetic_dataset(n: int, seed: int):
+    """Plan-like pairs: two lookups, an LLM extraction over #E refs, sometimes a calculation."""
+    from datasets import Dataset
+
     from distill.rewoo.plan import Plan, Step, render_plan
     from distill.rewoo.prompts import planner_messages
-
-    a, b = rng.sample(ENTITIES, 2)
-    question = f"Which came first: the place where {a} {rng.choice(RELATIONS)}, or {b}?"
-    steps = [Step("#E1", f"Find out about {a}.", "Wikipedia", a, ())]
-    steps.append(Step("#E2", f"Find out about {b}.", "Wikipedia", b, ()))
-    ask = "When did each happen? Given context: #E1 and #E2"
-    steps.append(Step("#E3", "Extract the relevant dates.", "LLM", ask, ("#E1", "#E2")))
-    if rng.random() < 0.5:
-        steps.append(Step("#E4", "Compute the difference in years.", "Calculator", "#E3", ("#E3",)))
-    return {
-        "prompt": planner_messages(question, tools, "full"),
-        "completion": [{"role": "assistant", "content": render_plan(Plan(tuple(steps), ()))}],
-        "id": f"synthetic-{rng.random():.8f}",
-        "dataset": "synthetic",
-        "sample": 0,
-    }
-
-
-def synthetic_dataset(n: int, seed: int):
-    from distill.sft_data import to_dataset_dict
     from distill.tools.registry import TOOL_DESCRIPTIONS
 
-    rng = random.Random(seed)
-    return to_dataset_dict([synthetic_example(rng, dict(TOOL_DESCRIPTIONS)) for _ in range(n)], [])["train"]
+    rng, rows = random.Random(seed), []
+    for _ in range(n):
+        a, b = rng.sample(ENTITIES, 2)
+        steps = [Step("#E1", f"Find out about {a}.", "Wikipedia", a, ()),
+                 Step("#E2", f"Find out about {b}.", "Wikipedia", b, ()),
+                 Step("#E3", "Extract the relevant dates.", "LLM", "When did each happen? Given context: #E1 and #E2",
+                      ("#E1", "#E2"))]
+        if rng.random() < 0.5:
+            steps.append(Step("#E4", "Compute the difference in years.", "Calculator", "#E3", ("#E3",)))
+        question = f"Which came first: the place where {a} {rng.choice(RELATIONS)}, or {b}?"
+        rows.append({"prompt": planner_messages(question, dict(TOOL_DESCRIPTIONS), "full"),
+                     "completion": [{"role": "assistant", "content": render_plan(Plan(tuple(steps), ()))}]})
+    return Dataset.from_list(rows)
 
 
 def model_config(tiny: bool):
@@ -103,52 +79,48 @@ def matmul_params(model, trainable: bool) -> int:
     """Weights that take part in matmuls (nn.Linear), frozen base or trainable LoRA."""
     import torch
 
-    total = 0
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear):
-            for p in module.parameters(recurse=False):
-                if p.dim() == 2 and p.requires_grad == trainable:
-                    total += p.numel()
-    return total
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    params = [p for m in linears for p in m.parameters(recurse=False) if p.dim() == 2]
+    return sum(p.numel() for p in params if p.requires_grad == trainable)
 
 
-def make_timer(warmup: int, cuda: bool):
+def make_timer(cuda: bool):
     from transformers import TrainerCallback
 
     class Timer(TrainerCallback):
-        """Wall time and token count between the end of warm-up and the last step."""
+        """(seconds, tokens trained on) at the start and after each step; `trainer` is set once it exists."""
 
-        def __init__(self):
-            self.trainer = None
-            self.t0 = self.tokens0 = self.t1 = self.tokens1 = None
-            self.step_times: list[float] = []
-            self._start = 0.0
+        trainer = None
 
-        def _now(self) -> float:
+        def _mark(self, tokens: int) -> None:
             if cuda:
                 import torch
 
                 torch.cuda.synchronize()
-            return time.perf_counter()
+            self.marks.append((time.perf_counter(), tokens))
 
-        def on_step_begin(self, args, state, control, **kwargs):
-            self._start = self._now()
-            if state.global_step == warmup:
-                self.t0, self.tokens0 = self._start, self.trainer._total_train_tokens
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.marks: list[tuple[float, int]] = []
+            self._mark(0)
 
         def on_step_end(self, args, state, control, **kwargs):
-            now = self._now()
-            if state.global_step > warmup:
-                self.step_times.append(now - self._start)
-                self.t1, self.tokens1 = now, self.trainer._total_train_tokens
+            self._mark(self.trainer._total_train_tokens)
 
     return Timer()
 
 
-def build_config(args: argparse.Namespace, cuda: bool):
-    """The run's settings through distill.train's own parser, so what is measured is what training would run."""
+def run(args: argparse.Namespace) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTTrainer, get_peft_config
+
+    from distill.llm.embedded import resolve_model_path
     from distill.train import choose_batching, parse_train_config, world_size
 
+    cuda = torch.cuda.is_available() and not args.tiny
+    if not cuda and not args.tiny:
+        raise SystemExit("no CUDA GPU: run with --tiny to check the script on CPU")
+    # the run's settings through distill.train's own parser and packing gate: what is measured is what trains
     data = {
         "model_name_or_path": "random-qwen2.5-7b-shape", "dataset_dir": "(synthetic)", "output_dir": args.output_dir,
         "per_device_train_batch_size": args.batch_size, "global_batch_size": args.batch_size * world_size(),
@@ -160,32 +132,17 @@ def build_config(args: argparse.Namespace, cuda: bool):
     }
     cfg = parse_train_config(data)
     choose_batching(cfg)
-    return cfg
-
-
-def run(args: argparse.Namespace) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTTrainer, get_peft_config
-
-    from distill.llm.embedded import resolve_model_path
-
-    cuda = torch.cuda.is_available() and not args.tiny
-    if not cuda and not args.tiny:
-        raise SystemExit("no CUDA GPU: run with --tiny to check the script on CPU")
-    cfg = build_config(args, cuda)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m-instruct"))
-    attn = cfg.model.attn_implementation
-    extra = {"attn_implementation": attn} if attn else {}
     torch.manual_seed(0)
     t_build = time.perf_counter()
     with torch.device("cuda" if cuda else "cpu"):
         model = AutoModelForCausalLM.from_config(
-            model_config(args.tiny), dtype=torch.bfloat16 if cuda else torch.float32, **extra
+            model_config(args.tiny), attn_implementation=cfg.model.attn_implementation,
+            dtype=torch.bfloat16 if cuda else torch.float32,
         )
     model.config.use_cache = False
     build_s = time.perf_counter() - t_build
-    timer = make_timer(args.warmup, cuda)
+    timer = make_timer(cuda)
     trainer = SFTTrainer(
         model=model, args=cfg.sft, train_dataset=synthetic_dataset(args.examples, seed=0),
         processing_class=tokenizer, peft_config=get_peft_config(cfg.model), callbacks=[timer],
@@ -195,66 +152,54 @@ def run(args: argparse.Namespace) -> dict:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
-    if timer.t0 is None or timer.t1 is None:
+    measured = len(timer.marks) - 1 - args.warmup
+    if measured < 1:
         raise SystemExit(f"--steps {args.steps} must exceed --warmup {args.warmup}")
-    seconds, tokens = timer.t1 - timer.t0, timer.tokens1 - timer.tokens0
+    (t0, tokens0), (t1, tokens1) = timer.marks[args.warmup], timer.marks[-1]
+    seconds, tokens = t1 - t0, tokens1 - tokens0
     flops = (4 * n_base + 6 * n_lora) * tokens
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     return {
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "model": "tiny Qwen2 (2 layers)" if args.tiny else "Qwen2.5-7B shape, random bf16 weights",
-        "n_base_matmul_params": n_base,
-        "n_lora_params": n_lora,
-        "per_device_batch": args.batch_size,
-        "gradient_checkpointing": cfg.sft.gradient_checkpointing,
-        "liger": cfg.sft.use_liger_kernel,
+        "n_base_matmul_params": n_base, "n_lora_params": n_lora, "per_device_batch": args.batch_size,
+        "gradient_checkpointing": cfg.sft.gradient_checkpointing, "liger": cfg.sft.use_liger_kernel,
         "packing": bool(cfg.sft.packing or cfg.sft.padding_free),
         "attn_implementation": trainer.model.config._attn_implementation,
-        "measured_steps": len(timer.step_times),
-        "tokens": int(tokens),
-        "tokens_per_step": round(tokens / max(1, len(timer.step_times)), 1),
-        "seconds": round(seconds, 3),
-        "s_per_step": round(seconds / max(1, len(timer.step_times)), 4),
-        "tokens_per_s": round(tokens / seconds, 1),
-        "model_tflops_per_s": float(f"{flops / seconds / 1e12:.4g}"),
-        "peak_tflops": args.peak_tflops,
-        "mfu": float(f"{flops / seconds / (args.peak_tflops * 1e12):.4g}"),
+        "measured_steps": measured, "tokens": int(tokens), "tokens_per_step": round(tokens / measured, 1),
+        "seconds": round(seconds, 3), "s_per_step": round(seconds / measured, 4),
+        "tokens_per_s": round(tokens / seconds, 1), "model_tflops_per_s": float(f"{flops / seconds / 1e12:.4g}"),
+        "peak_tflops": args.peak_tflops, "mfu": float(f"{flops / seconds / (args.peak_tflops * 1e12):.4g}"),
         "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
         "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2) if cuda else None,
         "model_build_s": round(build_s, 1),
-        "first_loss": losses[0] if losses else None,
-        "last_loss": losses[-1] if losses else None,
+        "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
         "formula": "MFU = (4*N_base + 6*N_lora) * tokens / (seconds * peak); no recompute, no attention scores",
     }
 
 
 # ---------------------------------------------------------------------------------------------- the sweep
 
-SWEEP_DEFAULTS = {"sweep_batch": "8,32", "sweep_checkpointing": "on,off", "sweep_kernels": "off,on",
-                  "sweep_packing": "off,on"}
-
-
-def _switches(text: str, name: str) -> list[bool]:
+def switches(text: str) -> list[bool]:
     values = {"on": True, "off": False}
-    out = [values.get(v.strip()) for v in text.split(",")]
-    if None in out or not out:
-        raise SystemExit(f"--{name.replace('_', '-')}: a comma list of on/off, got {text!r}")
-    return out
+    if any(v.strip() not in values for v in text.split(",")):
+        raise argparse.ArgumentTypeError(f"a comma list of on/off, got {text!r}")
+    return [values[v.strip()] for v in text.split(",")]
+
+
+def integers(text: str) -> list[int]:
+    return [int(b) for b in text.split(",")]
+
+
+SWEEP_AXES = {"batch_size": ("--sweep-batch", integers, "8,32"),
+              "gradient_checkpointing": ("--sweep-checkpointing", switches, "on,off"),
+              "liger": ("--sweep-kernels", switches, "off,on"), "packing": ("--sweep-packing", switches, "off,on")}
 
 
 def sweep_grid(args: argparse.Namespace) -> list[dict]:
     """Every combination of the four axes, cheapest first, so a short budget still gets the baseline rows."""
-    try:
-        batches = [int(b) for b in args.sweep_batch.split(",")]
-    except ValueError:
-        raise SystemExit(f"--sweep-batch: a comma list of integers, got {args.sweep_batch!r}") from None
-    return [
-        {"batch_size": b, "gradient_checkpointing": ckpt, "liger": liger, "packing": packing}
-        for b in batches
-        for ckpt in _switches(args.sweep_checkpointing, "sweep_checkpointing")
-        for liger in _switches(args.sweep_kernels, "sweep_kernels")
-        for packing in _switches(args.sweep_packing, "sweep_packing")
-    ]
+    axes = [getattr(args, flag[2:].replace("-", "_")) for flag, _, _ in SWEEP_AXES.values()]
+    return [dict(zip(SWEEP_AXES, point)) for point in itertools.product(*axes)]
 
 
 def point_argv(point: dict, args: argparse.Namespace, json_path: str) -> list[str]:
@@ -336,8 +281,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output-dir", default=None, help="trainer scratch folder (nothing is saved)")
     parser.add_argument("--json", default=None, help="also write the result here")
     parser.add_argument("--sweep", action="store_true", help="run the grid below and print one table")
-    for name, default in SWEEP_DEFAULTS.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", default=default, help=f"sweep axis (default {default})")
+    for flag, kind, default in SWEEP_AXES.values():
+        parser.add_argument(flag, type=kind, default=default, help=f"sweep axis (default {default})")
     parser.add_argument("--point-timeout", type=int, default=120, help="seconds per sweep point")
     args = parser.parse_args(argv)
     settings = {"batch_size": 8, "gradient_checkpointing": True, "liger": False, "packing": False,

@@ -1,15 +1,11 @@
 #!/usr/bin/env python
 """python scripts/kill_resume_check.py [generate|eval] --config CONFIG [--kills 5] [--seed 0] [--set k=v ...]
 
-Crash-safety check: runs `distill generate` or `distill eval` with the config, SIGKILLs it at random points
-and resumes it each time, then lets it finish and verifies that every planned record is on disk exactly once,
-that no record seen after a kill was lost, and that no line is torn. tests/test_crash_resume.py runs the same
-code (`kill_and_resume`) in CI against a real vLLM server.
-
-Kill points: the first at a random moment of start-up; then each after one or two more records are on disk
-plus a random 0-0.5 s, so it lands anywhere in the next record's work or write, and each run makes progress.
-A record's write is too short for a kill to land inside it often, so after the third kill the check also
-leaves what such a kill would: half a record at the end of a record file, which the resumed run must cut.
+SIGKILLs `distill generate` or `distill eval` at random points, resumes it each time, lets it finish, and checks
+that every planned record is on disk exactly once, none seen after a kill was lost, and no line is torn; CI runs
+the same `kill_and_resume` (tests/test_crash_resume.py). The first kill lands in start-up, the others one or two
+records later plus 0-0.5 s, so each run makes progress. A kill rarely lands inside a record's short write, so
+after the third kill the check leaves what one would: half a record at the end of a file, for the resume to cut.
 """
 
 from __future__ import annotations
@@ -56,9 +52,7 @@ def kill_and_resume(command: str, config: str, out: Path, kills: int, seed: int,
                     timeout_s: float = 600) -> dict:
     """Kill a run `kills` times at random points, resume, finish; return what was seen (see `verdict`)."""
     rng = random.Random(seed)
-    cmd = [sys.executable, "-m", "distill.cli", command, "--config", config]
-    for s in sets:
-        cmd += ["--set", s]
+    cmd = [sys.executable, "-m", "distill.cli", command, "--config", config] + [a for s in sets for a in ("--set", s)]
     seen: set[tuple] = set()
     points, torn_seen = [], 0
     for k in range(kills):

@@ -12,7 +12,6 @@ from distill.data import (
     Example,
     check_no_leak,
     detect_layout,
-    eval_question_set,
     load_examples,
     normalize_question,
     question_set,
@@ -127,14 +126,6 @@ def test_limit_counts_distinct_questions():
     ]
 
 
-def test_example_round_trips_through_json():
-    example = load_examples(str(FIXTURES / "hotpot_official.json"), "hotpotqa", "dev")[0]
-    data = json.loads(json.dumps(example.to_dict()))
-    assert Example.from_dict(data) == example
-    trivia = load_examples(str(FIXTURES / "trivia.jsonl"), "triviaqa", "dev")[0]
-    assert Example.from_dict(json.loads(json.dumps(trivia.to_dict()))) == trivia
-
-
 # ---------------------------------------------------------------------------------------------------------
 # errors
 
@@ -240,18 +231,6 @@ def test_check_no_leak_reports_count_and_examples():
         check_no_leak(train, {"what is the capital of france?"})
 
 
-def test_eval_question_set_from_files():
-    keys = eval_question_set([FIXTURES / "trivia.jsonl", FIXTURES / "hotpot_official.json"])
-    assert "what is the chemical symbol for gold" in keys
-    assert "are both tokyo tower and the eiffel tower lattice towers" in keys
-    assert len(keys) == 4
-
-
-# ---------------------------------------------------------------------------------------------------------
-# the real shared data (read-only, never copied into the project)
-
-
-@pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared data not found at {SHARED} (set DISTILL_SHARED_DATA)")
 def test_real_shared_files_map_to_examples():
     dev = load_examples(str(SHARED / "hotpotqa" / "dev_distractor_sample.jsonl"), "hotpotqa", "dev")
     assert len(dev) == 200

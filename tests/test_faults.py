@@ -146,12 +146,12 @@ def test_a_passing_fault_is_retried_and_counted(fake: str, fault: str) -> None:
 
 
 def test_retry_after_is_honoured_up_to_the_cap() -> None:
-    from distill.llm.openai_backend import _Fault, retry_after_s
+    from distill.retry import Fault, backoff_s, retry_after_s
 
     model = OpenAIChat("m", ["http://127.0.0.1:9/v1"], max_retry_after_s=60)
-    assert model._backoff(0, _Fault("429", "", True, wait_s=7.5)) == 7.5
-    assert model._backoff(0, _Fault("429", "", True, wait_s=3600)) == 60  # wait the cap, not an hour
-    assert 0 <= model._backoff(3, _Fault("503", "", True)) <= 0.5 * 2**3  # no header: jittered backoff
+    assert backoff_s(0, Fault("429", "", True, wait_s=7.5), model.backoff_s, model.max_wait_s) == 7.5
+    assert backoff_s(0, Fault("429", "", True, wait_s=3600), model.backoff_s, model.max_wait_s) == 60  # the cap
+    assert 0 <= backoff_s(3, Fault("503", "", True), model.backoff_s, model.max_wait_s) <= 0.5 * 2**3  # jittered
     assert retry_after_s("12") == 12 and retry_after_s("soon") is None and retry_after_s(None) is None
     assert 50 < retry_after_s(time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 60))) <= 61
 

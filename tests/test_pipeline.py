@@ -50,13 +50,15 @@ def test_pipeline_runs_every_stage_then_skips_them(tmp_path):
     run = tmp_path / "run"
     for stage in ("generate", "filter", "sft-data", "train", "eval", "report"):
         assert (run / stage / "DONE.json").exists(), stage
-    assert (run / "train" / "adapter_config.json").exists()
+    for name in ("student", "student_compact"):  # both students, trained and served from one server
+        assert (run / "train" / name / "adapter_config.json").exists()
+        records = [json.loads(l) for l in (run / "eval" / "records" / f"{name}.jsonl").read_text().splitlines()]
+        assert len(records) == 2 and all(r["planner"]["model"] == name for r in records)
     results = json.loads((run / "results.json").read_text())
-    assert {"teacher", "student", "base", "react", "direct"} <= set(results["methods"])
-    assert (run / "report.md").read_text().count("student") >= 1
+    assert {"teacher", "student", "student_compact", "base", "react", "direct"} <= set(results["methods"])
+    assert set(results["prompt_goal"]["rows"]) >= {"student", "student_compact"}
+    assert "Compact vs full student" in (run / "report.md").read_text()
     assert list(run.glob("*.png"))
-    student = [json.loads(l) for l in (run / "eval" / "records" / "student.jsonl").read_text().splitlines()]
-    assert len(student) == 2 and all(r["planner"]["model"] == "planner" for r in student)
     assert first.stdout.strip().splitlines()[-1].startswith("results:")
 
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -105,7 +107,7 @@ class Recorder:
 
         @contextmanager
         def running():
-            yield SimpleNamespace(base_url=f"http://{'student' if cfg.adapter else 'teacher'}.test/v1")
+            yield SimpleNamespace(base_url=f"http://{'student' if cfg.adapters else 'teacher'}.test/v1")
 
         return running()
 
@@ -152,23 +154,26 @@ def test_each_stage_gets_its_folders_and_settings_and_done_json_its_counts(tmp_p
     assert [name for name, _ in recorder.calls] == ["server", "generate", "train", "server", "eval"]
     calls = dict(recorder.calls[1:3]) | {"eval": recorder.calls[4][1]}
     teacher_server, student_server = recorder.calls[0][1], recorder.calls[3][1]
-    assert teacher_server.adapter is None and teacher_server.port == 0
-    assert student_server.adapter == str(run / "train") and student_server.port == 0
+    assert teacher_server.adapter is None and not teacher_server.adapters and teacher_server.port == 0
+    # one student, named as its LoRA module always was
+    assert student_server.adapters == {"planner": str(run / "train" / "planner")} and student_server.port == 0
     gen = calls["generate"]
     assert gen.output_dir == str(run / "generate") and gen.cache == str(run / "calls.sqlite")
     assert gen.planner.base_url == gen.solver.base_url == "http://teacher.test/v1"
     train = calls["train"]
-    assert (train["dataset_dir"], train["output_dir"]) == (str(run / "sft-data"), str(run / "train"))
+    assert (train["dataset_dir"], train["output_dir"]) == (str(run / "sft-data" / "planner"),
+                                                           str(run / "train" / "planner"))
     assert train["max_steps"] == 2 and train["learning_rate"] == 1e-3  # the override on top of the named stage config
     ev = calls["eval"]
     assert ev.output_dir == str(run / "eval") and ev.planners[0].spec.base_url == "http://student.test/v1"
 
     done = {s: json.loads((run / s / "DONE.json").read_text()) for s in STAGES}
     assert done["filter"] | {"seconds": 0} == {"stage": "filter", "seconds": 0, "kept": 6, "input_records": 12}
-    summary = json.loads((run / "sft-data" / "summary.json").read_text())
-    assert done["sft-data"]["examples"] == {s: v["examples"] for s, v in summary["splits"].items()}
-    assert sum(done["sft-data"]["examples"].values()) == 6 and done["sft-data"]["examples"]["validation"] >= 1
-    assert done["train"]["global_step"] == 2 and done["eval"]["methods"] == ["student", "direct"]
+    summary = json.loads((run / "sft-data" / "planner" / "summary.json").read_text())
+    examples = done["sft-data"]["students"]["planner"]["examples"]
+    assert examples == {s: v["examples"] for s, v in summary["splits"].items()}
+    assert sum(examples.values()) == 6 and examples["validation"] >= 1
+    assert done["train"]["students"]["planner"]["global_step"] == 2 and done["eval"]["methods"] == ["student", "direct"]
     assert set(done["report"]["stage_seconds"]) == set(STAGES[:-1])
     assert json.loads((run / "results.json").read_text()) == recompute(run / "eval")
     from distill.report import PLOTS
@@ -180,6 +185,98 @@ def test_each_stage_gets_its_folders_and_settings_and_done_json_its_counts(tmp_p
     again = Recorder()
     Pipeline(validate(PipelineConfig, wiring_config(tmp_path)), "p.yaml", again.entries()).run_all()
     assert again.calls == [] and capsys.readouterr().out.count("done, skipped") == len(STAGES)
+
+
+def two_students(tmp_path: Path) -> dict:
+    cfg = wiring_config(tmp_path)
+    cfg["students"] = {"student": {"student_prompt": "full"}, "student_compact": {"student_prompt": "compact"}}
+    served = cfg["eval"]["planners"]["student"]["spec"]
+    cfg["eval"]["planners"] = {"student": {"prompt": "full", "spec": served | {"model": "student"}},
+                               "student_compact": {"prompt": "compact", "spec": served | {"model": "student_compact"}}}
+    return cfg
+
+
+def test_two_students_train_on_the_same_kept_examples_and_share_one_server(tmp_path, monkeypatch):
+    from distill.config import validate
+    from distill.pipeline import Pipeline, PipelineConfig
+    from distill.sft_data import build_sft_data
+    from datasets import load_from_disk
+
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    recorder = Recorder()
+
+    def sft_data(cfg):  # the real stage, seen on the way in
+        recorder.calls.append(("sft-data", cfg))
+        return build_sft_data(cfg)
+
+    entries = recorder.entries() | {"sft-data": sft_data}
+    Pipeline(validate(PipelineConfig, two_students(tmp_path)), "p.yaml", entries).run_all()
+
+    assert [n for n, _ in recorder.calls] == ["server", "generate", "sft-data", "sft-data", "train", "train", "server",
+                                               "eval"]
+    sft = [c for n, c in recorder.calls if n == "sft-data"]
+    assert [(c.student_prompt, c.out) for c in sft] == [
+        ("full", str(run / "sft-data" / "student")), ("compact", str(run / "sft-data" / "student_compact"))]
+    assert sft[0].kept == sft[1].kept == str(run / "filter" / "kept.jsonl")
+    assert sft[0].tools == sft[1].tools and sft[0].val_fraction == sft[1].val_fraction == 0.34  # shared sft_data keys
+    trains = [c for n, c in recorder.calls if n == "train"]
+    assert [(t["dataset_dir"], t["output_dir"]) for t in trains] == [
+        (str(run / "sft-data" / name), str(run / "train" / name)) for name in ("student", "student_compact")]
+    servers = [c for n, c in recorder.calls if n == "server"]
+    assert servers[1].adapter is None and servers[1].adapters == {
+        "student": str(run / "train" / "student"), "student_compact": str(run / "train" / "student_compact")}
+    ev = recorder.calls[-1][1]
+    assert [(p.name, p.prompt, p.spec.model, p.spec.base_url) for p in ev.planners] == [
+        ("student", "full", "student", "http://student.test/v1"),
+        ("student_compact", "compact", "student_compact", "http://student.test/v1")]
+
+    # the same examples under two prompts: same questions and plans, the compact prompt the shorter
+    full, compact = (load_from_disk(str(run / "sft-data" / n)) for n in ("student", "student_compact"))
+    for split in ("train", "validation"):
+        assert full[split]["id"] == compact[split]["id"] and full[split]["completion"] == compact[split]["completion"]
+        assert all(len(str(c)) < len(str(f)) for f, c in zip(full[split]["prompt"], compact[split]["prompt"]))
+    done = {s: json.loads((run / s / "DONE.json").read_text()) for s in ("sft-data", "train")}
+    prompts = [done["sft-data"]["students"][n]["student_prompt"] for n in ("student", "student_compact")]
+    assert prompts == ["full", "compact"]
+    assert set(done["train"]["students"]) == {"student", "student_compact"}
+
+    # a crash after the first student trained: the rerun trains only the second, then evaluates both again
+    (run / "train" / "DONE.json").unlink()
+    (run / "train" / "student_compact" / "DONE.json").unlink()
+    for stage in ("eval", "report"):
+        (run / stage / "DONE.json").unlink()
+    again = Recorder()
+    Pipeline(validate(PipelineConfig, two_students(tmp_path)), "p.yaml", again.entries()).run_all()
+    assert [n for n, _ in again.calls] == ["train", "server", "eval"]
+    assert again.calls[0][1]["output_dir"] == str(run / "train" / "student_compact")
+    assert json.loads((run / "train" / "DONE.json").read_text())["students"]["student"]["global_step"] == 2
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: c["eval"]["planners"]["student_compact"].update(prompt="full"),
+     "eval planner student_compact serves student student_compact with prompt full, but it is trained on "
+     "student_prompt compact"),
+    (lambda c: c["eval"].update(tools=["Wikipedia", "LLM"]), "eval tools ['Wikipedia', 'LLM'] differ from student"),
+    (lambda c: c.update(students={"a b": {}}), "students: Value error, 'a b' is not a student name"),
+    (lambda c: c.update(students={}), "students: Value error, name at least one student"),
+    (lambda c: c["students"]["student"].update(student_promt="full"), "students.student (pipeline): student_promt"),
+    (lambda c: c["student_server"].update(served_model_name="student"), "must differ from lora_name"),
+])
+def test_a_student_served_otherwise_than_trained_fails_before_any_stage(tmp_path, monkeypatch, capsys, change,
+                                                                         message):
+    from distill import cli
+
+    monkeypatch.chdir(ROOT)
+    cfg = two_students(tmp_path)
+    cfg["student_server"] = {}
+    change(cfg)
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["pipeline", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("section, value, message", [

@@ -16,6 +16,7 @@ from distill.report import (
     hops_of,
     method_metrics,
     paired_vs_reference,
+    prompt_goal_summary,
     recompute,
     render_markdown,
     summary_lines,
@@ -272,6 +273,68 @@ def sample_run() -> dict[str, list[dict]]:
     }
 
 
+def planner_rows(name: str, prompt: str, prompt_tokens: int, titles: tuple[str, ...], n: int = 4, **kw) -> list[dict]:
+    """n HotpotQA questions, each with gold pages A and B, whose evidence holds `titles`."""
+    rows = [rec(name, f"q{i}", "x", "x", planner_prompt_tokens=prompt_tokens, gold=["Alpha", "Beta"], titles=titles,
+                **kw) for i in range(n)]
+    for r in rows:
+        r["planner_prompt"] = prompt
+    return rows
+
+
+def test_prompt_goal_sets_each_zero_shot_planner_against_the_few_shot_teacher():
+    by_method = {
+        "direct": [rec("direct", f"q{i}", "x", "x", kind="direct", steps=0) for i in range(4)],
+        "teacher": planner_rows("teacher", "fewshot", 500, ("Alpha",)),  # recall 0.5
+        "student": planner_rows("student", "full", 300, ("Alpha", "Beta")),  # recall 1, but 0.6 of the prompt
+        "student_compact": planner_rows("student_compact", "compact", 100, ("Alpha",)),  # 0.5 at exactly 1/5: met
+        "base_compact": planner_rows("base_compact", "compact", 90, ()),  # tiny prompt, recall 0
+        "trivia": [dict(r, planner_prompt="compact") for r in
+                   (rec("trivia", f"t{i}", "x", "x", dataset="triviaqa", planner_prompt_tokens=80) for i in range(2))],
+        "teacher2": planner_rows("teacher2", "fewshot", 400, ("Alpha", "Beta")),  # a later few-shot row: no student
+    }
+    methods = list(by_method)
+    results = compute(by_method, methods=methods, reference="direct", samples=50)
+    goal = results["prompt_goal"]
+    assert goal["teacher"] == "teacher"  # the first few-shot ReWOO row, though the paired reference is Direct
+    assert (goal["teacher_evidence_recall"], goal["teacher_planner_prompt_tokens"]) == (0.5, 500)
+    assert goal["max_prompt_fraction"] == 0.2
+    assert list(goal["rows"]) == ["student", "student_compact", "base_compact", "trivia"]
+    rows = goal["rows"]
+    assert rows["student"] == {"prompt": "full", "planner_prompt_tokens": 300, "prompt_fraction": 0.6,
+                               "evidence_recall": 1.0, "recall_diff": 0.5, "plan_valid_rate": 1.0, "em": 1.0,
+                               "f1": 1.0, "goal_met": False}
+    assert (rows["student_compact"]["prompt_fraction"], rows["student_compact"]["recall_diff"]) == (0.2, 0.0)
+    assert rows["student_compact"]["goal_met"] is True  # equal recall at exactly a fifth meets it
+    assert rows["base_compact"]["prompt_fraction"] == 0.18 and rows["base_compact"]["recall_diff"] == -0.5
+    assert rows["base_compact"]["goal_met"] is False
+    assert rows["trivia"]["evidence_recall"] is None and rows["trivia"]["goal_met"] is None  # unmeasured, not missed
+
+    text = render_markdown(results)
+    assert "## Compact vs full student: the prompt goal" in text
+    assert "evidence recall of **teacher** (0.500) with at most 0.2 of its planner prompt tokens (500)" in text
+    assert "| student | full | 300 | 0.60 | 1.000 | +0.500 | 1.000 | 1.000 | 1.000 | no |" in text
+    assert "| student_compact | compact | 100 | 0.20 | 0.500 | +0.000 | 1.000 | 1.000 | 1.000 | yes |" in text
+    assert "| base_compact | compact | 90 | 0.18 | 0.000 | -0.500 | 1.000 | 1.000 | 1.000 | no |" in text
+    assert "| trivia | compact | 80 | 0.16 | – | – | 1.000 | 1.000 | 1.000 | – |" in text
+    lines = prompt_goal_summary(results)
+    assert len(lines) == 4 and lines[1].endswith(": yes") and "recall 0.500 vs 0.500" in lines[1]
+    assert "x0.20" in lines[1] and lines[0].endswith(": no") and lines[3].endswith(": –")
+
+
+def test_prompt_goal_falls_back_to_the_reference_and_is_absent_without_a_student():
+    by_method = {"teacher": planner_rows("teacher", "full", 400, ("Alpha", "Beta")),
+                 "student": planner_rows("student", "compact", 50, ("Alpha", "Beta"))}
+    goal = compute(by_method, methods=["teacher", "student"], reference="teacher", samples=50)["prompt_goal"]
+    assert goal["teacher"] == "teacher" and goal["rows"]["student"]["prompt_fraction"] == 0.125
+    assert goal["rows"]["student"]["goal_met"] is True
+    lonely = compute({"teacher": by_method["teacher"]}, samples=50)
+    assert lonely["prompt_goal"] is None and "prompt goal" not in render_markdown(lonely)
+    assert prompt_goal_summary(lonely) == []
+    direct = {"direct": [rec("direct", "q0", "x", "x", kind="direct", steps=0)], "student": by_method["student"]}
+    assert compute(direct, methods=["direct", "student"], reference="direct", samples=50)["prompt_goal"] is None
+
+
 def test_write_report_equals_recompute_and_has_every_section(tmp_path):
     runs = sample_run()
     manifest = {"methods": [{"name": n} for n in ("teacher", "student", "react", "direct")], "reference": "teacher",
@@ -293,7 +356,7 @@ def test_write_report_equals_recompute_and_has_every_section(tmp_path):
     for needle in ("## Accuracy", "EM [95% CI]", "F1 [95% CI]", "plan valid", "LLM calls", "$ / correct (EM)",
                    "latency p95 s", "ΔEM [95% CI]", "by hops taken", "by gold hops", "Planner prompt size",
                    "## The Planner apart from the Solver", "evidence recall [95% CI]", "all gold pages [95% CI]",
-                   "Δrecall [95% CI]", "Δsteps/plan [95% CI]", "too many steps",
+                   "Δrecall [95% CI]", "Δsteps/plan [95% CI]", "too many steps", "Compact vs full student",
                    "](accuracy_vs_tokens.png)", "](tokens_by_hops.png)", "](latency.png)",
                    "](recall_vs_prompt.png)"):
         assert needle in report, needle

@@ -104,6 +104,67 @@ def test_lora_name_is_configurable(base: Path, adapter: Path) -> None:
     assert model_name(cfg) == "student"
 
 
+def test_several_adapters_are_lora_modules_of_one_server_at_the_largest_rank(tmp_path: Path, base: Path,
+                                                                              adapter: Path) -> None:
+    compact = make_adapter(tmp_path / "compact", str(base), r=8)
+    cfg = ServeConfig(base_model=str(base), adapters={"student": str(adapter), "student_compact": str(compact)})
+    argv, _ = build_command(cfg, "cpu")
+    i = argv.index("--lora-modules")
+    assert argv[i + 1:i + 3] == [f"student={adapter.resolve()}", f"student_compact={compact.resolve()}"]
+    assert argv[i + 3].startswith("--")  # nothing else is read as a module
+    assert flag(argv, "--max-lora-rank") == "16" and flag(argv, "--max-loras") == "2"
+    assert argv.count("--enable-lora") == 1 and model_name(cfg) == "student"
+    # beside the single `adapter`, which keeps its own module name and comes first
+    both = ServeConfig(base_model=str(base), adapter=str(adapter), adapters={"student_compact": str(compact)})
+    argv, _ = build_command(both, "cpu")
+    assert argv[argv.index("--lora-modules") + 1].startswith("planner=") and flag(argv, "--max-loras") == "2"
+    assert flag(build_command(ServeConfig(base_model=str(base), adapter=str(adapter)), "cpu")[0], "--max-loras") == "1"
+
+
+def test_a_module_path_with_a_comma_is_passed_as_json(tmp_path: Path, base: Path) -> None:
+    odd = make_adapter(tmp_path / "a,b", str(base))
+    argv, _ = build_command(ServeConfig(base_model=str(base), adapters={"s": str(odd)}), "cpu")
+    assert json.loads(flag(argv, "--lora-modules")) == {"name": "s", "path": str(odd.resolve())}
+
+
+def test_every_adapter_is_checked_and_the_error_names_its_module(tmp_path: Path, base: Path, adapter: Path) -> None:
+    other = make_adapter(tmp_path / "other", str(make_model(tmp_path / "big", hidden_size=1024)))
+    cfg = ServeConfig(base_model=str(base), adapters={"student": str(adapter), "student_compact": str(other)})
+    with pytest.raises(DistillError, match="^LoRA module student_compact: the adapter was trained on .*hidden_size"):
+        build_command(cfg, "cpu")
+    cfg = ServeConfig(base_model=str(base), adapters={"student": str(adapter), "gone": str(tmp_path / "nope")})
+    with pytest.raises(DistillError, match="^LoRA module gone: adapter not found"):
+        build_command(cfg, "cpu")
+    cfg = ServeConfig(base_model=str(base), adapters={"a": str(adapter), "b": str(adapter)}, max_lora_rank=8)
+    with pytest.raises(DistillError, match="r=16 exceeds max_lora_rank=8"):
+        build_command(cfg, "cpu")
+
+
+def test_adapters_with_different_chat_templates_are_refused_unless_one_is_set(tmp_path: Path, base: Path,
+                                                                               adapter: Path) -> None:
+    same = make_adapter(tmp_path / "same", str(base), r=8, template="{{ adapter }}")
+    argv, _ = build_command(ServeConfig(base_model=str(base), adapters={"a": str(adapter), "b": str(same)}), "cpu")
+    assert flag(argv, "--chat-template") == str(adapter.resolve() / "chat_template.jinja")
+    differs = make_adapter(tmp_path / "differs", str(base), template="{{ other }}")
+    cfg = ServeConfig(base_model=str(base), adapters={"a": str(adapter), "b": str(differs)})
+    with pytest.raises(DistillError, match="LoRA modules a, b carry different chat templates"):
+        build_command(cfg, "cpu")
+    argv, _ = build_command(cfg.model_copy(update={"chat_template": str(adapter / "chat_template.jinja")}), "cpu")
+    assert flag(argv, "--chat-template") == str((adapter / "chat_template.jinja").resolve())
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"adapter": "x", "adapters": {"planner": "y"}}, "which is lora_name"),
+    ({"adapters": {"student": "y"}, "served_model_name": "student"}, "must differ from lora_name"),
+    ({"adapters": {"a=b": "y"}}, "not a LoRA module name"),
+    ({"adapters": {"../up": "y"}}, "not a LoRA module name"),
+    ({"adapters": {"a": "y"}, "merged_model": "m"}, "not both"),
+])
+def test_module_names_must_be_distinct_and_plain(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ServeConfig(**fields)
+
+
 @pytest.mark.parametrize(
     ("r", "requested", "expected"), [(8, None, 8), (12, None, 16), (2, None, 8), (16, 40, 64), (64, 64, 64)]
 )

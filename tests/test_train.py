@@ -3,9 +3,12 @@ equal to the inference prompt, adapter-only updates, config arithmetic, and a CP
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -312,9 +315,6 @@ GPU_CHECK = ROOT / "scripts" / "gpu_check_train.sh"
 
 def test_gpu_check_script_parses():
     """bash -n and --help: the shell wrapper and the option list load."""
-    import subprocess
-    import sys
-
     assert subprocess.run(["bash", "-n", str(GPU_CHECK)]).returncode == 0
     done = subprocess.run([sys.executable, str(GPU_CHECK.with_suffix(".py")), "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "--tiny" in done.stdout
@@ -323,10 +323,6 @@ def test_gpu_check_script_parses():
 @pytest.mark.slow
 def test_gpu_check_runs_tiny_on_cpu(tmp_path):
     """The H200 script, on a 2-layer model on CPU: the same code path, numbers that mean nothing."""
-    import os
-    import subprocess
-    import sys
-
     env = os.environ | {"OUT": str(tmp_path), "PYTHON": sys.executable}
     done = subprocess.run(["bash", str(GPU_CHECK), "--tiny", "--steps", "3", "--warmup", "1"], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -341,10 +337,6 @@ def test_gpu_check_runs_tiny_on_cpu(tmp_path):
 @pytest.mark.slow
 def test_two_processes_keep_the_effective_batch(sft_dir, tmp_path):
     """torchrun with 2 CPU processes (gloo) x accumulation 1 trains like 1 process x accumulation 2."""
-    import os
-    import subprocess
-    import sys
-
     common = ["--config", str(SMOKE), "--set", f"dataset_dir={sft_dir}", "--set", "max_steps=2",
               "--set", "eval_strategy=no", "--set", "save_strategy=no", "--set", "warmup_ratio=0"]
     runs = {
@@ -412,8 +404,6 @@ def test_packing_without_varlen_kernels_falls_back_to_padded_batches(sft_dir, tm
 
 
 def test_pipeline_train_stage_launches_one_process_per_gpu():
-    import sys
-
     from distill.train import ACCELERATE_CONFIGS, launch_command
 
     data = yaml.safe_load((CONFIGS / "qwen2.5-7b_lora_gpu.yaml").read_text())
@@ -439,8 +429,6 @@ def test_pipeline_train_stage_launches_one_process_per_gpu():
 
 def test_gpu_check_arguments_grid_and_table():
     """The sweep's CPU-side parts: options, the grid, the per-point command, the table (no GPU run here)."""
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("gpu_check_train", GPU_CHECK.with_suffix(".py"))
     g = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(g)
@@ -488,9 +476,6 @@ def test_pipeline_launch_trains_in_a_child_process(sft_dir, tmp_path):
 def test_importing_trl_leaves_the_vllm_log_level_of_later_servers_alone(tmp_path):
     """TRL sets VLLM_LOGGING_LEVEL=ERROR on import; a server the pipeline starts after checking its train section
     inherited it and logged no vLLM line. Checked in a fresh interpreter, where trl is imported for the first time."""
-    import subprocess
-    import sys
-
     env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}
     code = ("import os; from distill.train import parse_train_config; "
             "parse_train_config({'dataset_dir': 'd', 'output_dir': 'o'}, processes=1); "

@@ -25,7 +25,7 @@ from distill.filter import FilterConfig, first_failure
 from distill.rewoo.plan import parse_plan
 from distill.rewoo.worker import NO_EVIDENCE, WorkerConfig, run_plan
 from distill.tools import OnlineWikipedia
-from distill.llm.openai_backend import retry_after_s
+from distill.retry import retry_after_s
 
 PAGES = {
     "Marie Curie": "Marie Curie was a physicist\nand chemist who discovered radium.",

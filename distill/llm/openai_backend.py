@@ -9,20 +9,17 @@ the model and the fault. A concurrency cap bounds requests in flight; several ba
 from __future__ import annotations
 
 import asyncio
-import datetime
-import email.utils
 import itertools
 import os
-import random
 import time
 from collections import Counter
 
 from distill.errors import DistillError, ServerUnreachable, clip
 from distill.llm.base import Completion, Price, Usage, weights_fingerprint
+from distill.retry import Fault, bind, retry_after_s, with_retries
 
 # Statuses that mean "not now" rather than "never": rate limits, timeouts and server errors.
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
-BACKOFF_MAX_S = 30.0
 
 
 class ServerError(DistillError):
@@ -43,14 +40,6 @@ class ServerDown(ServerError, ServerUnreachable):
 RUN_STOPPING_STATUS = frozenset({"401", "403", "404"})
 
 
-class _Fault(Exception):
-    """One failed attempt: `kind` counts it, `retry` says whether another attempt may help."""
-
-    def __init__(self, kind: str, detail: str, retry: bool, wait_s: float | None = None):
-        super().__init__(detail)
-        self.kind, self.detail, self.retry, self.wait_s = kind, detail, retry, wait_s
-
-
 def _api_key(env_name: str | None) -> str:
     if env_name is None:
         return "EMPTY"  # local servers (vLLM) accept any key
@@ -58,24 +47,6 @@ def _api_key(env_name: str | None) -> str:
     if not key:
         raise DistillError(f"environment variable {env_name} is not set (it should hold the API key)")
     return key
-
-
-def retry_after_s(value: str | None) -> float | None:
-    """`Retry-After` as seconds from now (delta-seconds or an HTTP date); None when absent or unreadable.
-    The one reading of it for every HTTP client here: model servers and the Wikipedia API."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value.strip())
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:  # "-0000" dates: UTC (RFC 5322), not local time
-        when = when.replace(tzinfo=datetime.timezone.utc)
-    return max(0.0, when.timestamp() - time.time())
 
 
 def _error_message(resp) -> str:
@@ -93,7 +64,7 @@ def _parse_json(resp):
     try:
         return resp.json()
     except ValueError:
-        raise _Fault("malformed body", f"malformed body (not JSON: {clip(resp.text, 80)!r})", retry=True) from None
+        raise Fault("malformed body", f"malformed body (not JSON: {clip(resp.text, 80)!r})", retry=True) from None
 
 
 def _parse_chat(resp) -> tuple[str, dict | None]:
@@ -101,11 +72,11 @@ def _parse_chat(resp) -> tuple[str, dict | None]:
     body = _parse_json(resp)
     choices = body.get("choices") if isinstance(body, dict) else None
     if not isinstance(choices, list) or not choices:
-        raise _Fault("no choices", "no choices in the reply", retry=True)
+        raise Fault("no choices", "no choices in the reply", retry=True)
     message = choices[0].get("message") if isinstance(choices[0], dict) else None
     content = message.get("content") if isinstance(message, dict) else None
     if not isinstance(content, str):
-        raise _Fault("null content", "the reply's message has no text content", retry=True)
+        raise Fault("null content", "the reply's message has no text content", retry=True)
     usage = body.get("usage")
     return content, usage if isinstance(usage, dict) else None
 
@@ -127,11 +98,10 @@ class OpenAIChat:
         self._key = _api_key(api_key_env)  # read now, so a missing key fails before any work starts
         default_url = os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1")
         self._urls = [u.rstrip("/") for u in (base_urls or [default_url])]
-        self._timeout_s, self._max_retries, self._max_concurrency = timeout_s, max_retries, max_concurrency
-        self._max_retry_after_s, self._backoff_s = max_retry_after_s, backoff_s
+        self._timeout_s, self.max_concurrency = timeout_s, max_concurrency
+        self.max_retries, self.max_wait_s, self.backoff_s = max_retries, max_retry_after_s, backoff_s
         self.name = model
         self.price = price
-        self._loop = None
         self._next = itertools.cycle(range(len(self._urls)))
         self._inflight = [0] * len(self._urls)
         self.sent = [0] * len(self._urls)  # requests per base URL, to see the load spread
@@ -141,32 +111,11 @@ class OpenAIChat:
         self._tokenizer_name = tokenizer
         self._tokenizer = None
 
-    def _bind(self) -> None:
-        """The HTTP client and the semaphore belong to one event loop; a new `asyncio.run` gets fresh ones."""
-        import httpx
-
-        loop = asyncio.get_running_loop()
-        if loop is self._loop:
-            return
-        self._loop = loop
-        self._client = httpx.AsyncClient(
-            timeout=self._timeout_s,
-            headers={"Authorization": f"Bearer {self._key}"},
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=self._max_concurrency),
-        )
-        self._sem = asyncio.Semaphore(self._max_concurrency)
-
     def _pick(self) -> int:
         """Least-loaded server, ties broken round-robin, so one slow server does not stall the run."""
         start = next(self._next)
         order = [(start + i) % len(self._urls) for i in range(len(self._urls))]
         return min(order, key=lambda i: self._inflight[i])
-
-    def _backoff(self, attempt: int, fault: _Fault) -> float:
-        """Full-jitter exponential backoff; a server's `Retry-After` wins, but never past the cap."""
-        if fault.wait_s is not None:
-            return min(fault.wait_s, self._max_retry_after_s)
-        return random.uniform(0, min(BACKOFF_MAX_S, self._backoff_s * 2**attempt))
 
     async def _attempt(self, i: int, method: str, path: str, body: dict | None, parse):
         import httpx
@@ -178,40 +127,37 @@ class OpenAIChat:
             try:
                 resp = await self._client.request(method, f"{url}{path}", json=body)
             except httpx.TimeoutException:
-                raise _Fault("timeout", f"no answer within {self._timeout_s:g}s (timeout_s)", retry=True) from None
+                raise Fault("timeout", f"no answer within {self._timeout_s:g}s (timeout_s)", retry=True) from None
             except httpx.ConnectError as exc:
-                raise _Fault("connect", f"cannot reach it ({clip(str(exc), 120)})", retry=True) from None
+                raise Fault("connect", f"cannot reach it ({clip(str(exc), 120)})", retry=True) from None
             except httpx.HTTPError as exc:  # reset, dropped mid-reply, bad HTTP
                 detail = clip(str(exc) or type(exc).__name__, 120)
-                raise _Fault("dropped", f"connection dropped ({detail})", retry=True) from None
+                raise Fault("dropped", f"connection dropped ({detail})", retry=True) from None
             finally:
                 self._inflight[i] -= 1
         if resp.status_code != 200:
             status = resp.status_code
             retry = status in RETRY_STATUS or status >= 500
             wait = retry_after_s(resp.headers.get("retry-after")) if retry else None
-            raise _Fault(str(status), f"HTTP {status}: {_error_message(resp)}", retry=retry, wait_s=wait)
+            raise Fault(str(status), f"HTTP {status}: {_error_message(resp)}", retry=retry, wait_s=wait)
         return parse(resp)
 
     async def _call(self, method: str, path: str, body: dict | None, parse, server: int | None = None):
         """One request with bounded retries; a new attempt may go to another base URL unless `server` fixes it."""
-        self._bind()
-        for attempt in range(self._max_retries + 1):
-            i = self._pick() if server is None else server
-            try:
-                return await self._attempt(i, method, path, body, parse)
-            except _Fault as fault:
-                self.faults[fault.kind] += 1
-                if not fault.retry or attempt == self._max_retries:
-                    tries = "" if not fault.retry else f" after {attempt + 1} attempt{'s' * bool(attempt)}"
-                    stops_run = fault.retry or fault.kind in RUN_STOPPING_STATUS
-                    raise (ServerDown if stops_run else ServerError)(
-                        f"model server {self._urls[i]} (model {self.name}): {fault.detail}{tries}",
-                        fault.kind, fault.retry,
-                    ) from None
-                self.retries += 1
-                await asyncio.sleep(self._backoff(attempt, fault))
-        raise AssertionError("unreachable")
+        await bind(self, timeout=self._timeout_s, headers={"Authorization": f"Bearer {self._key}"})
+        tried: list[int] = []
+
+        async def attempt():
+            tried.append(self._pick() if server is None else server)
+            return await self._attempt(tried[-1], method, path, body, parse)
+
+        try:
+            return await with_retries(self, attempt)
+        except Fault as fault:
+            stops_run = fault.retry or fault.kind in RUN_STOPPING_STATUS
+            raise (ServerDown if stops_run else ServerError)(
+                f"model server {self._urls[tried[-1]]} (model {self.name}): {fault.describe()}", fault.kind, fault.retry
+            ) from None
 
     def _count(self, text: str) -> int:
         if self._tokenizer_name and self._tokenizer is None:

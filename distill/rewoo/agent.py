@@ -11,13 +11,13 @@ import asyncio
 import json
 import time
 import zlib
-from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Mapping
+from dataclasses import KW_ONLY, asdict, dataclass, field
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from distill.config import AgentConfig, add_config_args, load_config
 from distill.errors import DistillError
 from distill.llm.base import Completion, Usage
-from distill.metrics import evidence_recall, gold_titles
+from distill.metrics import evidence_recall, gold_titles, score
 from distill.rewoo import prompts
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS, Plan, parse_plan
 from distill.rewoo.worker import SURPRISES, Evidence, WorkerConfig, run_plan
@@ -46,58 +46,85 @@ def call_record(messages: list[dict], out: Completion) -> dict:
         "model": out.model,
         "messages": messages,
         "output": out.text,
-        "usage": {"prompt_tokens": out.usage.prompt_tokens, "completion_tokens": out.usage.completion_tokens},
+        "usage": asdict(out.usage),
         "latency_s": round(out.latency_s, 4),
         "cost_usd": out.cost_usd,
         "cached": out.cached,
     }
 
 
+def make_record(
+    example, method: str, sample: int, t0: float, *, evidence: list[dict], solver: dict, prediction: str,
+    solver_calls: Sequence[Completion], tools: Mapping[str, Any], planner: dict | None = None,
+    plan: dict | None = None, planner_calls: Sequence[Completion] = (), recall: bool = True, **extra: Any,
+) -> dict:
+    """The trajectory record of every method (ReWOO and the baselines), so the report compares like with like.
+    A method without a plan has no steps and validity not applicable (None, not False); `recall` is off for
+    one that never retrieves, so its records do not enter the evidence-recall mean."""
+    tool_calls = [c for t in tools.values() for c in getattr(t, "calls", [])]
+    p_usage, s_usage, t_usage = (sum((c.usage for c in cs), Usage()) for cs in (planner_calls, solver_calls, tool_calls))
+    calls = [*planner_calls, *solver_calls, *tool_calls]
+    record = {
+        "format_version": FORMAT_VERSION,
+        "id": example.id,
+        "dataset": example.dataset,
+        "question": example.question,
+        "answers": list(example.answers),
+        "method": method,
+        "sample": sample,
+        "planner": planner,
+        "plan": plan or {"valid": None, "steps": [], "errors": []},
+        "evidence": evidence,
+        "solver": solver,
+        "prediction": prediction,
+        "scores": dict(score(example.dataset, prediction, example.answers)) if example.answers else {},
+        "tool_usage": asdict(t_usage),
+        "tokens": {
+            "planner": p_usage.total_tokens,
+            "solver": s_usage.total_tokens,
+            "tools": t_usage.total_tokens,
+            "total": p_usage.total_tokens + s_usage.total_tokens + t_usage.total_tokens,
+        },
+        "llm_calls": len(calls),
+        "tool_calls": len(evidence),
+        "cost_usd": sum(c.cost_usd for c in calls),
+        "wall_s": round(time.perf_counter() - t0, 4),
+    }
+    if recall:
+        record["evidence_recall"] = evidence_recall(gold_titles(getattr(example, "supporting_facts", None)), evidence)
+    return record | extra
+
+
+@dataclass
 class ReWOOAgent:
-    def __init__(
-        self,
-        planner,
-        solver,
-        tools_for: Callable[[Any], Mapping[str, Any]],
-        tool_descriptions: Mapping[str, str],
-        *,
-        planner_prompt: prompts.PromptKind = "fewshot",
-        planner_temperature: float = 0.0,
-        planner_max_tokens: int = 512,
-        planner_stop: list[str] | None = None,
-        solver_max_tokens: int = 64,
-        worker: WorkerConfig | None = None,
-        method: str = "rewoo",
-        seed: int = 0,
-        max_plan_chars: int | None = DEFAULT_MAX_PLAN_CHARS,
-        max_plan_steps: int | None = None,
-        max_replans: int = 0,
-        replan_on: Collection[str] = SURPRISES,
-    ):
-        unknown = set(replan_on) - set(SURPRISES)
+    planner: Any
+    solver: Any
+    tools_for: Callable[[Any], Mapping[str, Any]]
+    tool_descriptions: Mapping[str, str]
+    _: KW_ONLY
+    planner_prompt: prompts.PromptKind = "fewshot"
+    planner_temperature: float = 0.0
+    planner_max_tokens: int = 512
+    planner_stop: list[str] | None = None
+    solver_max_tokens: int = 64
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    method: str = "rewoo"
+    seed: int = 0
+    max_plan_chars: int | None = DEFAULT_MAX_PLAN_CHARS
+    max_plan_steps: int | None = None
+    max_replans: int = 0
+    replan_on: Collection[str] = SURPRISES
+
+    def __post_init__(self) -> None:
+        unknown = set(self.replan_on) - set(SURPRISES)
         if unknown:
             raise DistillError(f"replan_on: unknown surprise {sorted(unknown)[0]!r}; known: {', '.join(SURPRISES)}")
-        self.planner, self.solver = planner, solver
-        self.tools_for = tools_for
-        self.tool_descriptions = dict(tool_descriptions)
-        self.planner_prompt = planner_prompt
-        self.planner_temperature = planner_temperature
-        self.planner_max_tokens = planner_max_tokens
-        self.planner_stop = planner_stop
-        self.solver_max_tokens = solver_max_tokens
-        self.worker = worker or WorkerConfig()
-        self.method = method
-        self.seed = seed
-        self.max_plan_chars, self.max_plan_steps = max_plan_chars, max_plan_steps
-        self.max_replans, self.replan_on = max_replans, frozenset(replan_on)
 
-    async def plan(self, question: str, seed: int | None = None) -> tuple[list[dict], Completion]:
-        messages = prompts.planner_messages(question, self.tool_descriptions, self.planner_prompt)
-        out = await self.planner.chat(
+    async def plan(self, messages: list[dict], seed: int | None = None) -> Completion:
+        return await self.planner.chat(
             messages, temperature=self.planner_temperature, max_tokens=self.planner_max_tokens,
             stop=self.planner_stop, seed=seed,
         )
-        return messages, out
 
     def parse(self, text: str, known_ids: Collection[str] = ()) -> Plan:
         return parse_plan(
@@ -108,7 +135,8 @@ class ReWOOAgent:
     async def run(self, example, sample: int = 0) -> dict:
         t0 = time.perf_counter()
         seed = sample_seed(example.id, sample, self.seed)
-        p_messages, p_out = await self.plan(example.question, seed)
+        p_messages = prompts.planner_messages(example.question, self.tool_descriptions, self.planner_prompt)
+        p_out = await self.plan(p_messages, seed)
         plan = self.parse(p_out.text)
         tools = self.tools_for(example)
         work_t0 = time.perf_counter()
@@ -116,41 +144,13 @@ class ReWOOAgent:
         plan, evidence, replans, r_outs = await self.replan(p_messages, plan, evidence, tools, seed, work_t0)
         s_messages = prompts.solver_messages(example.question, plan.steps, evidence)
         s_out = await self.solver.chat(s_messages, temperature=0.0, max_tokens=self.solver_max_tokens, seed=seed)
-        prediction = prompts.extract_answer(s_out.text)
-        record_evidence = [e.to_dict() for e in evidence]
-        tool_calls = [c for t in tools.values() for c in getattr(t, "calls", [])]
-        tool_usage = sum((c.usage for c in tool_calls), Usage())
-        planner_tokens = sum(o.usage.total_tokens for o in (p_out, *r_outs))
-        record = {
-            "format_version": FORMAT_VERSION,
-            "id": example.id,
-            "dataset": example.dataset,
-            "question": example.question,
-            "answers": list(example.answers),
-            "method": self.method,
-            "sample": sample,
-            "planner": call_record(p_messages, p_out),
-            "plan": plan.to_dict(),
-            "evidence": record_evidence,
-            "solver": call_record(s_messages, s_out),
-            "prediction": prediction,
-            "scores": score_record(example, prediction),
-            "evidence_recall": evidence_recall(gold_titles(getattr(example, "supporting_facts", None)), record_evidence),
-            "tool_usage": {"prompt_tokens": tool_usage.prompt_tokens, "completion_tokens": tool_usage.completion_tokens},
-            "tokens": {
-                "planner": planner_tokens,
-                "solver": s_out.usage.total_tokens,
-                "tools": tool_usage.total_tokens,
-                "total": planner_tokens + s_out.usage.total_tokens + tool_usage.total_tokens,
-            },
-            "llm_calls": 2 + len(r_outs) + len(tool_calls),
-            "tool_calls": len(evidence),
-            "cost_usd": sum(o.cost_usd for o in (p_out, s_out, *r_outs)) + sum(c.cost_usd for c in tool_calls),
-            "wall_s": round(time.perf_counter() - t0, 4),
-        }
-        if self.max_replans > 0:  # plain ReWOO keeps today's record shape
-            record["replans"] = replans
-        return record
+        extra = {"replans": replans} if self.max_replans > 0 else {}  # plain ReWOO keeps today's record shape
+        return make_record(
+            example, self.method, sample, t0, planner=call_record(p_messages, p_out), plan=plan.to_dict(),
+            evidence=[e.to_dict() for e in evidence], solver=call_record(s_messages, s_out),
+            prediction=prompts.extract_answer(s_out.text), planner_calls=[p_out, *r_outs], solver_calls=[s_out],
+            tools=tools, **extra,
+        )
 
     async def replan(
         self, p_messages: list[dict], plan: Plan, evidence: list[Evidence], tools, seed: int,
@@ -172,10 +172,7 @@ class ReWOOAgent:
             trigger = {"step": surprise.id, "kind": surprise.status, "error": surprise.error}
             next_id = 1 + max((int(s.id[2:]) for s in steps), default=0)
             messages = prompts.replan_messages(p_messages, steps, evidence, trigger, next_id)
-            out = await self.planner.chat(
-                messages, temperature=self.planner_temperature, max_tokens=self.planner_max_tokens,
-                stop=self.planner_stop, seed=seed,
-            )
+            out = await self.plan(messages, seed)
             new = self.parse(out.text, known_ids={s.id for s in steps})
             known = {e.id: e.output for e in evidence}
             fresh = await run_plan(new, tools, self.worker, known=known, t0=work_t0)
@@ -187,18 +184,8 @@ class ReWOOAgent:
         return Plan(tuple(steps), tuple(errors)), evidence, replans, outs
 
 
-def score_record(example, prediction: str) -> dict:
-    if not example.answers:
-        return {}
-    from distill.metrics import score
-
-    return dict(score(example.dataset, prediction, example.answers))
-
-
 def build_wikipedia(cfg, tools: Mapping[str, str]):
     """The shared Wikipedia backend; per-question scoping happens in `tools_for`."""
-    from distill.errors import DistillError
-
     if "Wikipedia" not in tools:
         return None
     if cfg.wikipedia_backend == "online":
@@ -221,7 +208,6 @@ def make_tools_for(cfg, llm_tool_model, cache=None, wiki=None, wrap=None) -> Cal
 
     `wrap(tools, example)` is applied last, outside the call cache, so what it does (eval's injected
     failures) is never cached as a tool's answer."""
-    from distill.errors import DistillError
     from distill.llm.cached import CachedTool
     from distill.tools.registry import build_tools, tool_descriptions
 
@@ -250,15 +236,6 @@ def make_tools_for(cfg, llm_tool_model, cache=None, wiki=None, wrap=None) -> Cal
         return wrap(tools, example) if wrap is not None else tools
 
     return tools_for
-
-
-def worker_config(cfg) -> WorkerConfig:
-    """The Worker settings of an AgentConfig (shared by ReWOO and the ReAct baseline)."""
-    return WorkerConfig(
-        max_concurrency=cfg.worker_max_concurrency,
-        tool_timeout_s=cfg.tool_timeout_s,
-        evidence_max_chars=cfg.evidence_max_chars,
-    )
 
 
 def build_agent(
@@ -296,17 +273,16 @@ def build_agent(
     solver = build_chat(cfg.solver, cfg.prices, cache)
     llm_tool_model = build_chat(cfg.llm_tool, cfg.prices, cache) if cfg.llm_tool else solver
     tools_for = make_tools_for(cfg, llm_tool_model, cache, wiki, wrap_tools)
+    worker = WorkerConfig(cfg.worker_max_concurrency, cfg.tool_timeout_s, cfg.evidence_max_chars)
     if kind == "react":
         from distill.baselines import ReActAgent
 
         react = ReActAgent(
             solver, tools_for, descriptions, max_steps=react_max_steps, max_tokens=react_max_tokens,
-            worker=worker_config(cfg), method=method, seed=seed,
+            worker=worker, method=method, seed=seed,
         )
         return _with_endpoints(react, solver, llm_tool_model, wiki)
     if kind != "rewoo":
-        from distill.errors import DistillError
-
         raise DistillError(f"unknown agent kind {kind!r}; known: rewoo, react, direct")
     spec = planner or cfg.planner
     planner_model = build_chat(spec, cfg.prices, cache)
@@ -320,7 +296,7 @@ def build_agent(
         planner_max_tokens=spec.max_tokens,
         planner_stop=spec.stop,
         solver_max_tokens=cfg.solver.max_tokens,
-        worker=worker_config(cfg),
+        worker=worker,
         method=method,
         seed=seed,
         max_plan_chars=cfg.max_plan_chars,

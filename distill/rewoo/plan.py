@@ -7,19 +7,16 @@ The canonical form is the one the paper's Planner writes::
     Plan: Find the director's birth year.
     #E2 = LLM[In what year was the director named in #E1 born?]
 
-Real models (teachers and, above all, half-trained students) wander from it, so the parser is lenient about
-decoration (markdown bold, numbering, code fences, `#E1:` instead of `#E1 =`) and strict about meaning: a
-tool call is `Tool[input]` where the input runs to the bracket that closes the first `[`, and `#E1` never
-matches inside `#E10`. A line that looks like a step but is not a well-formed one (`E2 = Tool[x]`, `#E0`,
-`#E-1`, a control character in front) is a `malformed_step`, never silently folded into Plan text, because
-the filter trusts `Plan.valid`. Parsing never raises; everything that is wrong with a plan comes back as a
-`PlanError` with a stable `code`, so generation can record bad plans and filtering can count them.
+Real models (half-trained students above all) wander from it, so the parser is lenient about decoration
+(markdown bold, numbering, code fences, `#E1:` for `#E1 =`) and strict about meaning: the input runs to the
+bracket that closes the first `[`, `#E1` never matches inside `#E10`, and a damaged step (`E2 = Tool[x]`,
+`#E0`, a control character in front) is a `malformed_step`, never folded into Plan text, because the filter
+trusts `Plan.valid`. Parsing never raises: every fault is a `PlanError` with a stable `code`.
 
-Model output is untrusted and the parser runs inside the agent's event loop, so parsing is linear in the
-length of the text: every regex quantifier is possessive (or can never give back what it took), regexes
-run on positions of the text rather than on copied slices, and text is gathered in lists and joined once.
-`max_plan_chars` bounds the text read and `max_plan_steps` the steps kept (ReWOO's Worker runs every
-step it is given, so a runaway plan must be cut here, not after a dozen tool calls).
+Model output is untrusted and parsed inside the agent's event loop, so parsing is linear in its length:
+every regex quantifier is possessive (or can never give back what it took), regexes run on positions rather
+than copied slices, and text is joined once. `max_plan_chars` bounds the text read and `max_plan_steps` the
+steps kept (the Worker runs every step it is given, so a runaway plan is cut here, not after its tool calls).
 """
 
 from __future__ import annotations
@@ -30,16 +27,11 @@ import re
 import sys
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from distill.errors import DistillError
-
-__all__ = [
-    "Step", "PlanError", "Plan", "parse_plan", "render_plan", "substitute", "find_refs", "ERROR_CODES",
-    "DEFAULT_MAX_PLAN_CHARS",
-]
 
 ERROR_CODES = (
     "empty_plan", "unknown_tool", "undefined_ref", "forward_ref", "duplicate_id", "malformed_step",
@@ -101,9 +93,6 @@ class PlanError:
     step: str | None
     message: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "step": self.step, "message": self.message}
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -116,14 +105,8 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON shape stored in trajectory records and printed by `distill plan check --json`."""
-        return {
-            "valid": self.valid,
-            "steps": [
-                {"id": s.id, "description": s.description, "tool": s.tool, "input": s.input, "deps": list(s.deps)}
-                for s in self.steps
-            ],
-            "errors": [e.to_dict() for e in self.errors],
-        }
+        steps = [asdict(s) | {"deps": list(s.deps)} for s in self.steps]
+        return {"valid": self.valid, "steps": steps, "errors": [asdict(e) for e in self.errors]}
 
 
 def find_refs(text: str) -> list[str]:
@@ -274,9 +257,12 @@ class _Scanner:
         pos, end = 0, -1
         while pos < len(self.text):
             if pos > end:  # several steps may share a line: find its end once, not once per step
-                end = self.text.find("\n", pos)
-                end = len(self.text) if end < 0 else end
+                end = self._line_end(pos)
             pos = self._line(pos, end)
+
+    def _line_end(self, pos: int) -> int:
+        end = self.text.find("\n", pos)
+        return len(self.text) if end < 0 else end
 
     def _line(self, start: int, end: int) -> int:
         """Handle the line text[start:end]; return where scanning resumes (always past `start`)."""
@@ -296,12 +282,11 @@ class _Scanner:
             self.continuing = False
             self._malformed_line(start, loose.group("id"), end)  # type: ignore[union-attr]
             return end + 1
-        if self.continuing:
-            part = text[start:end].strip()
-            if part:
-                self.pending[-1].append(part)
-                return end + 1
-        self.continuing = False
+        part = text[start:end].strip() if self.continuing else ""
+        if part:
+            self.pending[-1].append(part)
+        else:
+            self.continuing = False
         return end + 1
 
     def _plan_line(self, start: int, match: re.Match[str], end: int) -> int:
@@ -371,8 +356,7 @@ class _Scanner:
         return None
 
     def _starts_new_item(self, pos: int) -> bool:
-        end = self.text.find("\n", pos)
-        end = len(self.text) if end < 0 else end
+        end = self._line_end(pos)
         return bool(
             _FULL_STEP_RE.match(self.text, pos, end)
             or _PLAN_RE.match(self.text, pos, end)

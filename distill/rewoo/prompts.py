@@ -10,6 +10,9 @@ from __future__ import annotations
 import re
 from typing import Literal, Mapping, Sequence, get_args
 
+from distill.rewoo.plan import Plan, render_plan
+from distill.rewoo.worker import NO_EVIDENCE
+
 # The planner prompt kinds, by what the planner must be told:
 #   fewshot  the teacher: instructions, tool descriptions, format and worked exemplars
 #   full     a student without exemplars: instructions, tool descriptions and format
@@ -125,7 +128,7 @@ def solver_messages(question: str, steps: Sequence, evidence: Sequence) -> list[
     blocks = []
     for step in steps:
         ev = by_id.get(step.id)
-        out = (ev.output if hasattr(ev, "output") else ev["output"]) if ev is not None else "No evidence found"
+        out = (ev.output if hasattr(ev, "output") else ev["output"]) if ev is not None else NO_EVIDENCE
         blocks.append(f"Plan: {step.description}\nEvidence: {out}")
     body = "\n\n".join(blocks) if blocks else "(no plan was made)"
     content = f"{SOLVER_INSTRUCTIONS}\n\n{body}\n\n{SOLVER_SUFFIX}\n\nQuestion: {question.strip()}"
@@ -156,8 +159,6 @@ def replan_messages(
     its prefix cacheable and serves the student the prompt it was trained on; new ids start at `next_id`
     and the earlier ones stay usable, because their evidence is kept.
     """
-    from distill.rewoo.plan import Plan, render_plan
-
     blocks = []
     for ev in evidence:
         note = "" if ev.status == "ok" else f" ({ev.status}: {ev.error})"

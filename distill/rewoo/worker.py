@@ -38,7 +38,7 @@ SURPRISES: tuple[str, ...] = get_args(Surprise)
 @dataclass
 class WorkerConfig:
     max_concurrency: int = 8
-    tool_timeout_s: float | dict[str, float] = 30.0  # a dict maps tool name -> seconds; others get 30 s
+    tool_timeout_s: float | dict[str, float] = DEFAULT_TOOL_TIMEOUT_S  # a dict: tool name -> s, others default
     evidence_max_chars: int = 1500
 
     def timeout_for(self, tool: str) -> float:
@@ -85,63 +85,6 @@ def dependency_indices(steps: Sequence[Step]) -> list[list[int]]:
     return deps
 
 
-class _Run:
-    """State of one plan run: the tasks, the clock origin and the concurrency cap."""
-
-    def __init__(
-        self, steps: Sequence[Step], tools: Mapping[str, Tool], config: WorkerConfig, known: Mapping[str, str],
-        t0: float | None = None,
-    ):
-        if config.max_concurrency < 1:
-            raise DistillError(f"worker max_concurrency must be at least 1, got {config.max_concurrency}")
-        self.steps = steps
-        self.known = known
-        self.tools = tools
-        self.config = config
-        self.deps = dependency_indices(steps)
-        self.semaphore = asyncio.Semaphore(config.max_concurrency)
-        self.t0 = time.perf_counter() if t0 is None else t0
-        self.tasks: list[asyncio.Task[Evidence]] = []
-
-    def clock(self) -> float:
-        return time.perf_counter() - self.t0
-
-    async def step(self, index: int) -> Evidence:
-        step = self.steps[index]
-        # Tasks are created in step order and deps point backwards, so every awaited task exists.
-        inputs = {ref: self.known[ref] for ref in step.deps if ref in self.known}
-        inputs |= {self.steps[i].id: (await self.tasks[i]).output for i in self.deps[index]}
-        query = substitute(step.input, inputs)
-        tool = self.tools.get(step.tool)
-        if tool is None:
-            now = self.clock()
-            return _failed(step, query, "error", f"unknown tool {step.tool!r}", now, now)
-        async with self.semaphore:
-            return await self.call(step, tool, query)
-
-    async def call(self, step: Step, tool: Tool, query: str) -> Evidence:
-        timeout = self.config.timeout_for(step.tool)
-        start = self.clock()
-        try:
-            raw = await asyncio.wait_for(tool.run(query), timeout)
-        except asyncio.TimeoutError:
-            return _failed(step, query, "timeout", f"no answer within {timeout:g}s", start, self.clock())
-        except Exception as exc:  # any tool failure becomes recorded evidence, by design
-            log.debug("tool %s failed on %r", step.tool, query, exc_info=True)
-            return _failed(step, query, "error", f"{type(exc).__name__}: {exc}", start, self.clock())
-        end = self.clock()
-        text = raw.strip() if isinstance(raw, str) else ""
-        if not text:
-            why = "tool returned no text" if isinstance(raw, str) else f"tool returned {type(raw).__name__}, not text"
-            return _failed(step, query, "empty", why, start, end)
-        output = truncate(text, self.config.evidence_max_chars)
-        return Evidence(step.id, step.tool, query, output, "ok", None, start, end)
-
-
-def _failed(step: Step, query: str, status: Status, error: str, start: float, end: float) -> Evidence:
-    return Evidence(step.id, step.tool, query, NO_EVIDENCE, status, error, start, end)
-
-
 async def run_plan(
     plan: Plan,
     tools: Mapping[str, Tool],
@@ -156,11 +99,51 @@ async def run_plan(
     earlier step of `plan` with the same id wins, as a duplicate id does within one plan. `t0` (a
     time.perf_counter value) is the origin of the evidence's start_s/end_s, by default this call's start,
     so the steps of a continued plan can share the clock of the first."""
-    run = _Run(plan.steps, tools, config or WorkerConfig(), known or {}, t0)
+    config, known = config or WorkerConfig(), known or {}
+    if config.max_concurrency < 1:
+        raise DistillError(f"worker max_concurrency must be at least 1, got {config.max_concurrency}")
+    origin = time.perf_counter() if t0 is None else t0
+    semaphore = asyncio.Semaphore(config.max_concurrency)
+    deps = dependency_indices(plan.steps)
+    tasks: list[asyncio.Task[Evidence]] = []
+
+    def clock() -> float:
+        return time.perf_counter() - origin
+
+    async def run_step(step: Step, index: int) -> Evidence:
+        # Tasks are created in step order and deps point backwards, so every awaited task exists.
+        inputs = {ref: known[ref] for ref in step.deps if ref in known}
+        inputs |= {plan.steps[i].id: (await tasks[i]).output for i in deps[index]}
+        query = substitute(step.input, inputs)
+        tool = tools.get(step.tool)
+        if tool is None:
+            now = clock()
+            return _failed(step, query, "error", f"unknown tool {step.tool!r}", now, now)
+        async with semaphore:
+            timeout = config.timeout_for(step.tool)
+            start = clock()
+            try:
+                raw = await asyncio.wait_for(tool.run(query), timeout)
+            except asyncio.TimeoutError:
+                return _failed(step, query, "timeout", f"no answer within {timeout:g}s", start, clock())
+            except Exception as exc:  # any tool failure becomes recorded evidence, by design
+                log.debug("tool %s failed on %r", step.tool, query, exc_info=True)
+                return _failed(step, query, "error", f"{type(exc).__name__}: {exc}", start, clock())
+            end = clock()
+        text = raw.strip() if isinstance(raw, str) else ""
+        if not text:
+            why = "tool returned no text" if isinstance(raw, str) else f"tool returned {type(raw).__name__}, not text"
+            return _failed(step, query, "empty", why, start, end)
+        return Evidence(step.id, step.tool, query, truncate(text, config.evidence_max_chars), "ok", None, start, end)
+
     async with asyncio.TaskGroup() as group:
-        for index in range(len(plan.steps)):
-            run.tasks.append(group.create_task(run.step(index)))
-    return [task.result() for task in run.tasks]
+        for index, step in enumerate(plan.steps):
+            tasks.append(group.create_task(run_step(step, index)))
+    return [task.result() for task in tasks]
+
+
+def _failed(step: Step, query: str, status: Status, error: str, start: float, end: float) -> Evidence:
+    return Evidence(step.id, step.tool, query, NO_EVIDENCE, status, error, start, end)
 
 
 def run_plan_sync(plan: Plan, tools: Mapping[str, Tool], config: WorkerConfig | None = None) -> list[Evidence]:

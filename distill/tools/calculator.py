@@ -46,10 +46,8 @@ def evaluate(expression: str) -> Number:
 
 def format_number(value: Number) -> str:
     """Integers without `.0`; floats to 12 significant digits so 0.1+0.2 reads as 0.3."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
-        return str(int(value))
     if isinstance(value, float):
-        return format(value, ".12g")
+        return str(int(value)) if value.is_integer() and abs(value) < 1e15 else format(value, ".12g")
     return str(value)
 
 
@@ -75,7 +73,10 @@ def _normalise(expression: str) -> str:
 
 def _eval(node: ast.expr) -> Number:
     if isinstance(node, ast.Constant):
-        return _literal(node.value)
+        # bool is an int subclass and complex is a number; neither belongs in arithmetic input.
+        if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
+            raise ValueError(f"not allowed in an arithmetic expression: literal {node.value!r}")
+        return _checked(node.value)
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_eval(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
@@ -83,16 +84,12 @@ def _eval(node: ast.expr) -> Number:
     raise ValueError(f"not allowed in an arithmetic expression: {_describe(node)}")
 
 
-def _literal(value: object) -> Number:
-    # bool is an int subclass and complex is a number; neither belongs in arithmetic input.
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"not allowed in an arithmetic expression: literal {value!r}")
-    return _checked(value)
-
-
 def _binary(op: ast.operator, left: Number, right: Number) -> Number:
-    if isinstance(op, ast.Pow):
-        _check_power(left, right)
+    if isinstance(op, ast.Pow):  # refuse a huge power from the operands' sizes alone, before computing it
+        if abs(right) > MAX_EXPONENT:
+            raise ValueError(f"exponent {format_number(right)} is larger than {MAX_EXPONENT} in absolute value")
+        if abs(left) > 1 and right > 0 and right * math.log10(abs(left)) > MAX_DIGITS:
+            raise ValueError(f"result would have more than {MAX_DIGITS} digits")
     try:
         result = _BINARY[type(op)](left, right)
     except ZeroDivisionError as exc:
@@ -102,14 +99,6 @@ def _binary(op: ast.operator, left: Number, right: Number) -> Number:
     if isinstance(result, complex):
         raise ValueError("result is not a real number")
     return _checked(result)
-
-
-def _check_power(base: Number, exponent: Number) -> None:
-    """Refuse a power whose result would be huge, using only the operands' sizes."""
-    if abs(exponent) > MAX_EXPONENT:
-        raise ValueError(f"exponent {format_number(exponent)} is larger than {MAX_EXPONENT} in absolute value")
-    if abs(base) > 1 and exponent > 0 and exponent * math.log10(abs(base)) > MAX_DIGITS:
-        raise ValueError(f"result would have more than {MAX_DIGITS} digits")
 
 
 def _checked(value: Number) -> Number:

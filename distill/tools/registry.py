@@ -25,14 +25,6 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
 }
 
 
-def canonical_name(name: str) -> str:
-    """Map a configured name to its registry spelling; configs written by hand often get the case wrong."""
-    for known in TOOL_DESCRIPTIONS:
-        if known.lower() == name.strip().lower():
-            return known
-    raise DistillError(f"unknown tool {name!r}; known tools: {', '.join(TOOL_DESCRIPTIONS)}")
-
-
 def tool_descriptions(names: Iterable[str]) -> dict[str, str]:
     """Name -> description, in the order given and spelled as the registry spells them.
 
@@ -40,9 +32,12 @@ def tool_descriptions(names: Iterable[str]) -> dict[str, str]:
     come through here, so the student is served exactly the list it was trained on. Case is fixed (configs
     are written by hand); a repeat or an empty list is refused, since either would change the prompt.
     """
+    by_key = {known.lower(): known for known in TOOL_DESCRIPTIONS}
     out: dict[str, str] = {}
     for raw in names:
-        name = canonical_name(raw)
+        name = by_key.get(raw.strip().lower())
+        if name is None:
+            raise DistillError(f"unknown tool {raw!r}; known tools: {', '.join(TOOL_DESCRIPTIONS)}")
         if name in out:
             raise DistillError(f"tool {name!r} is listed twice")
         out[name] = TOOL_DESCRIPTIONS[name]
@@ -59,23 +54,17 @@ def build_tools(
     The Wikipedia backend is passed in already built because choosing it (online, local corpus, per-question
     scope) is the caller's decision; the LLM tool is built here around `llm_model` (a ChatModel).
     """
-    return {
-        name: _build_one(name, wikipedia=wikipedia, llm_model=llm_model, llm_max_tokens=llm_max_tokens)
-        for name in tool_descriptions(names)
-    }
-
-
-def _build_one(name: str, *, wikipedia: Tool | None, llm_model: Any, llm_max_tokens: int = 256) -> Tool:
-    if name == "Wikipedia":
-        if wikipedia is None:
-            raise DistillError("tool 'Wikipedia' is listed but no Wikipedia backend was configured")
-        return wikipedia
-    if name == "LLM":
-        if llm_model is None:
-            raise DistillError("tool 'LLM' is listed but no model was given for it")
-        from distill.tools.llm_tool import LLMTool
-
-        return LLMTool(llm_model, max_tokens=llm_max_tokens)
     from distill.tools.calculator import Calculator
+    from distill.tools.llm_tool import LLMTool
 
-    return Calculator()
+    made = {
+        "Wikipedia": wikipedia,
+        "LLM": None if llm_model is None else LLMTool(llm_model, max_tokens=llm_max_tokens),
+        "Calculator": Calculator(),
+    }
+    missing = {"Wikipedia": "no Wikipedia backend was configured", "LLM": "no model was given for it"}
+    tools = {name: made[name] for name in tool_descriptions(names)}
+    for name, tool in tools.items():
+        if tool is None:
+            raise DistillError(f"tool {name!r} is listed but {missing[name]}")
+    return tools

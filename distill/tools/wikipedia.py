@@ -17,25 +17,24 @@ import asyncio
 import functools
 import logging
 import os
-import random
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, Sequence
 
 import httpx
 
 from distill import __version__
 from distill.errors import DistillError, clip, one_line
-from distill.llm.openai_backend import retry_after_s
+from distill.retry import Fault, bind, retry_after_s, with_retries
 from distill.store import read_jsonl
 from distill.tools.registry import TOOL_DESCRIPTIONS
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CHARS = 800
-TOKENIZER = {"stopwords": "en", "stemmer": "english"}
 
 
 @functools.cache
@@ -68,87 +67,17 @@ def format_paragraphs(paragraphs: Sequence[Paragraph], max_chars: int | None) ->
     return cut.rstrip() + "…"
 
 
-# ---------------------------------------------------------------------------------------------- BM25 core
+def _title_key(text: str) -> str:
+    return " ".join(text.casefold().split())
 
 
-def _stemmer() -> Any:
-    try:
-        import Stemmer
-    except ImportError as exc:
-        raise DistillError("the local Wikipedia tool needs PyStemmer: pip install PyStemmer") from exc
-    return Stemmer.Stemmer(TOKENIZER["stemmer"])
-
-
-class _Bm25:
-    """A bm25s retriever plus the query side of its tokenizer, shared by the corpus and scoped backends.
+class ScopedWikipedia:
+    """BM25 over a handful of given paragraphs (one HotpotQA question's context); in memory, never saved.
 
     Queries are tokenized to strings and mapped through the index vocabulary, so a query word the corpus
     never used is simply ignored. A lock serialises searches because PyStemmer objects are not thread-safe
     and searches run in worker threads.
     """
-
-    def __init__(self, retriever: Any, titles: Sequence[str]) -> None:
-        self.retriever = retriever
-        self._stemmer = _stemmer()
-        self._lock = threading.Lock()
-        self._by_title: dict[str, int] = {}
-        for i, title in enumerate(titles):
-            self._by_title.setdefault(_title_key(title), i)
-
-    @classmethod
-    def build(cls, paragraphs: Sequence[Paragraph]) -> "_Bm25":
-        bm25s = _bm25s()
-
-        # The title goes into the indexed text so that a query naming the page finds it.
-        docs = [f"{p.title}. {p.text}" for p in paragraphs]
-        tokens = bm25s.tokenize(docs, stopwords=TOKENIZER["stopwords"], stemmer=_stemmer(), show_progress=False)
-        retriever = bm25s.BM25()
-        retriever.index(tokens, show_progress=False)
-        return cls(retriever, [p.title for p in paragraphs])
-
-    def search(self, query: str, k: int) -> list[int]:
-        """Indices of the k best documents with a positive score; a page whose title is the query comes first."""
-        bm25s = _bm25s()
-        import numpy as np
-
-        with self._lock:
-            tokens = bm25s.tokenize(
-                [query], return_ids=False, stopwords=TOKENIZER["stopwords"], stemmer=self._stemmer, show_progress=False
-            )[0]
-        exact = self._by_title.get(_title_key(query))
-        ranked: list[int] = [] if exact is None else [exact]
-        known = [t for t in tokens if t in self.retriever.vocab_dict]
-        if known:
-            scores = self.retriever.get_scores(known)
-            order = np.argsort(-scores, kind="stable")[: k + 1]
-            ranked += [int(i) for i in order if scores[i] > 0 and int(i) != exact]
-        return ranked[:k]
-
-
-def _title_key(text: str) -> str:
-    return " ".join(text.casefold().split())
-
-
-# ------------------------------------------------------------------------------------------------ corpus
-
-
-def read_corpus(path: Path) -> list[Paragraph]:
-    """The paragraphs of a JSONL corpus, read by the project's one JSONL reader."""
-    paragraphs: list[Paragraph] = []
-    for n, record in enumerate(read_jsonl(path), 1):
-        if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("title", "text")):
-            raise DistillError(f"{path}: record {n}: a corpus record needs string fields 'title' and 'text'")
-        paragraphs.append(Paragraph(record["title"], record["text"]))
-    if not paragraphs:
-        raise DistillError(f"Wikipedia corpus {path} has no records")
-    return paragraphs
-
-
-# ------------------------------------------------------------------------------------------------ tools
-
-
-class ScopedWikipedia:
-    """BM25 over a handful of given paragraphs (one HotpotQA question's context); in memory, never saved."""
 
     name = "Wikipedia"
     description = TOOL_DESCRIPTIONS["Wikipedia"]
@@ -156,18 +85,40 @@ class ScopedWikipedia:
     def __init__(
         self, paragraphs: Sequence[tuple[str, str]], *, top_k: int = 1, max_chars: int | None = DEFAULT_MAX_CHARS
     ):
+        import Stemmer
+
         if not paragraphs:
             raise DistillError("a scoped Wikipedia needs at least one (title, text) paragraph")
-        self._index([Paragraph(title, text) for title, text in paragraphs], top_k, max_chars)
-
-    def _index(self, paragraphs: list[Paragraph], top_k: int, max_chars: int | None) -> None:
         if top_k < 1:
             raise DistillError(f"wikipedia top_k must be at least 1, got {top_k}")
-        self.paragraphs, self.top_k, self.max_chars = paragraphs, top_k, max_chars
-        self.index = _Bm25.build(paragraphs)
+        self.paragraphs = [Paragraph(title, text) for title, text in paragraphs]
+        self.top_k, self.max_chars = top_k, max_chars
+        self._stemmer = Stemmer.Stemmer("english")
+        self._lock = threading.Lock()
+        self._by_title: dict[str, int] = {}
+        for i, p in enumerate(self.paragraphs):
+            self._by_title.setdefault(_title_key(p.title), i)
+        # The title goes into the indexed text so that a query naming the page finds it.
+        docs = [f"{p.title}. {p.text}" for p in self.paragraphs]
+        self._retriever = _bm25s().BM25()
+        self._retriever.index(_bm25s().tokenize(docs, stopwords="en", stemmer=self._stemmer, show_progress=False),
+                              show_progress=False)
 
     def _search(self, query: str) -> str:
-        return format_paragraphs([self.paragraphs[i] for i in self.index.search(query, self.top_k)], self.max_chars)
+        """The top_k paragraphs with a positive score; a page whose title is the query comes first."""
+        import numpy as np
+
+        with self._lock:
+            tokens = _bm25s().tokenize([query], return_ids=False, stopwords="en", stemmer=self._stemmer,
+                                       show_progress=False)[0]
+        exact = self._by_title.get(_title_key(query))
+        ranked: list[int] = [] if exact is None else [exact]
+        known = [t for t in tokens if t in self._retriever.vocab_dict]
+        if known:
+            scores = self._retriever.get_scores(known)
+            order = np.argsort(-scores, kind="stable")[: self.top_k + 1]
+            ranked += [int(i) for i in order if scores[i] > 0 and int(i) != exact]
+        return format_paragraphs([self.paragraphs[i] for i in ranked[: self.top_k]], self.max_chars)
 
     async def run(self, query: str) -> str:
         return self._search(query)  # ten paragraphs score in microseconds: no thread needed
@@ -183,9 +134,15 @@ class LocalWikipedia(ScopedWikipedia):
     def __init__(
         self, corpus_path: str | os.PathLike[str], *, top_k: int = 1, max_chars: int | None = DEFAULT_MAX_CHARS
     ):
-        self.corpus_path = Path(corpus_path)
-        start = time.perf_counter()
-        self._index(read_corpus(self.corpus_path), top_k, max_chars)
+        path, start = Path(corpus_path), time.perf_counter()
+        paragraphs = []
+        for n, record in enumerate(read_jsonl(path), 1):
+            if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("title", "text")):
+                raise DistillError(f"{path}: record {n}: a corpus record needs string fields 'title' and 'text'")
+            paragraphs.append((record["title"], record["text"]))
+        if not paragraphs:
+            raise DistillError(f"Wikipedia corpus {path} has no records")
+        super().__init__(paragraphs, top_k=top_k, max_chars=max_chars)
         log.info("built BM25 index over %d paragraphs in %.1fs", len(self.paragraphs), time.perf_counter() - start)
 
     @classmethod
@@ -200,30 +157,17 @@ class LocalWikipedia(ScopedWikipedia):
 # ------------------------------------------------------------------------------------------- online API
 
 
-class _Fault(Exception):
-    """One failed API attempt: what went wrong, whether another attempt may help, and the server's wait."""
-
-    def __init__(self, message: str, *, retry: bool, retry_after: float | None = None):
-        super().__init__(message)
-        self.retry = retry
-        self.retry_after = retry_after
-
-
 class OnlineWikipedia:
     """Search the MediaWiki API, then return the plain-text intro of the best pages.
 
     A teacher run makes thousands of these calls, so the API's rate limits are a matter of course, not an
     accident: 429, 5xx, timeouts, dropped connections and the API's own `ratelimited`/`maxlag` errors are
-    retried with exponential backoff and jitter, waiting as long as `Retry-After` asks (up to `max_wait_s`).
+    retried (distill.retry), waiting as long as `Retry-After` asks (up to `max_wait_s`).
     When the retries run out the call raises one `DistillError` line naming the API and the fault, which the
     Worker records as a tool error, so the filter drops that trajectory instead of keeping one built on a
     silent "No evidence found". `budget_s` bounds one `run` (retries and waits included) and ends it the same
     way; built from a config it sits just inside the Worker's tool timeout, so the record names the fault
-    rather than a bare timeout. `retries` counts the retries made, for the run summary.
-
-    One pooled HTTP client and one semaphore (at most `max_concurrency` requests in flight, as the API
-    etiquette asks of clients) per event loop: both belong to the loop that made them, and `run_plan_sync`
-    or an evaluation may start a new loop for each run, which then gets its own.
+    rather than a bare timeout. At most `max_concurrency` requests are in flight, as the API etiquette asks.
     """
 
     name = "Wikipedia"
@@ -265,7 +209,7 @@ class OnlineWikipedia:
         self.max_chars = max_chars
         self.api_url = api_url
         self.retries = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.faults: Counter[str] = Counter()
 
     @classmethod
     def from_config(cls, cfg: Any) -> "OnlineWikipedia":
@@ -282,102 +226,22 @@ class OnlineWikipedia:
             max_chars=cfg.wikipedia_max_chars,
         )
 
-    async def _bind(self) -> None:
-        loop = asyncio.get_running_loop()
-        if loop is self._loop:
-            return
-        self._loop = loop
-        # No pool limit: the semaphore is the cap, and it queues without the pool's timeout.
-        self._client = httpx.AsyncClient(headers={"User-Agent": self.user_agent}, timeout=self.timeout_s)
-        self._sem = asyncio.Semaphore(self.max_concurrency)
-        self._closer = _close_when_loop_ends(self._client)
-        await self._closer.asend(None)
-
     async def run(self, query: str) -> str:
-        await self._bind()
+        await bind(self, headers={"User-Agent": self.user_agent}, timeout=self.timeout_s)
         deadline = None if self.budget_s is None else self._loop.time() + self.budget_s
-        titles = await self._search(query, deadline)
-        if not titles:
-            return ""
-        return format_paragraphs(await self._extracts(titles, deadline), self.max_chars)
-
-    async def _get(self, params: dict[str, str], deadline: float | None) -> dict[str, Any]:
-        params = {"format": "json", "formatversion": "2", **params}
-        fault: _Fault | None = None
-        for attempt in range(self.max_retries + 1):
-            try:
-                async with asyncio.timeout_at(deadline), self._sem:
-                    return await self._attempt(params)
-            except TimeoutError:
-                last = f"{fault}, then " if fault else ""
-                raise DistillError(
-                    f"Wikipedia API {self.api_url}: {last}no answer within the {self.budget_s:g}s budget"
-                ) from None
-            except _Fault as exc:
-                fault = exc
-            delay = self._delay(attempt, fault.retry_after)
-            past_budget = deadline is not None and self._loop.time() + delay > deadline
-            if not fault.retry or attempt == self.max_retries or past_budget:
-                tries = f" (after {attempt + 1} attempts)" if attempt else ""
-                raise DistillError(f"Wikipedia API {self.api_url}: {fault}{tries}")
-            self.retries += 1
-            await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
-
-    def _delay(self, attempt: int, retry_after: float | None) -> float:
-        """Seconds to wait before the next attempt, capped at `max_wait_s`, with jitter so that callers refused
-        together do not all come back together: at least the server's `Retry-After` when it gives one (never
-        sooner than it asked, unless past the cap), else half to all of an exponentially growing backoff."""
-        if retry_after is not None:
-            return min(retry_after, self.max_wait_s) + random.uniform(0, self.backoff_s)
-        backoff = min(self.backoff_s * 2**attempt, self.max_wait_s)
-        return backoff / 2 + random.uniform(0, backoff / 2)
-
-    async def _attempt(self, params: dict[str, str]) -> dict[str, Any]:
+        search = {"action": "query", "list": "search", "srsearch": query, "srlimit": str(self.top_k), "srprop": ""}
         try:
-            response = await self._client.get(self.api_url, params=params)
-        except httpx.TimeoutException:
-            raise _Fault(f"no answer within {self.timeout_s:g}s", retry=True) from None
-        except httpx.TransportError as exc:
-            raise _Fault(f"connection failed ({one_line(exc, 200)})", retry=True) from None
-        status = response.status_code
-        if status == 429 or status >= 500:
-            wait = retry_after_s(response.headers.get("Retry-After"))
-            raise _Fault(f"HTTP {status} {response.reason_phrase}", retry=True, retry_after=wait)
-        if status != 200:
-            raise _Fault(f"HTTP {status} {response.reason_phrase}", retry=False)
-        try:
-            data = response.json()
-        except ValueError:  # an overloaded proxy answers with an HTML page
-            raise _Fault("answered 200 with a body that is not JSON", retry=True) from None
-        if not isinstance(data, dict):
-            raise _Fault("answered 200 with JSON that is not an object", retry=True)
-        error = data.get("error")
-        if error is not None:
-            code = error.get("code") if isinstance(error, dict) else None
-            info = error.get("info") if isinstance(error, dict) else error
-            wait = retry_after_s(response.headers.get("Retry-After"))
-            raise _Fault(f"error {code}: {clip(str(info), 200)}", retry=code in self.RETRY_API_CODES, retry_after=wait)
-        return data
-
-    async def _search(self, query: str, deadline: float | None) -> list[str]:
-        params = {"action": "query", "list": "search", "srsearch": query, "srlimit": str(self.top_k), "srprop": ""}
-        hits = _items(await self._get(params, deadline), "search")
-        return [hit["title"] for hit in hits if isinstance(hit.get("title"), str)]
-
-    async def _extracts(self, titles: list[str], deadline: float | None) -> list[Paragraph]:
-        params = {
-            "action": "query",
-            "prop": "extracts",
-            "exintro": "1",
-            "explaintext": "1",
-            "redirects": "1",
-            "exlimit": str(len(titles)),
-            "titles": "|".join(titles),
-        }
-        if self.sentences:
-            params["exsentences"] = str(self.sentences)
-        data = await self._get(params, deadline)
+            hits = _items(await with_retries(self, lambda: self._get(search), deadline), "search")
+            titles = [hit["title"] for hit in hits if isinstance(hit.get("title"), str)]
+            if not titles:
+                return ""
+            extracts = {"action": "query", "prop": "extracts", "exintro": "1", "explaintext": "1", "redirects": "1",
+                        "exlimit": str(len(titles)), "titles": "|".join(titles)}
+            if self.sentences:
+                extracts["exsentences"] = str(self.sentences)
+            data = await with_retries(self, lambda: self._get(extracts), deadline)
+        except Fault as fault:
+            raise DistillError(f"Wikipedia API {self.api_url}: {fault.describe()}") from None
         pages = {p["title"]: p for p in _items(data, "pages") if isinstance(p.get("title"), str)}
         renamed = {r.get("from"): r.get("to") for r in _items(data, "normalized") + _items(data, "redirects")}
         found = []
@@ -386,16 +250,36 @@ class OnlineWikipedia:
             extract = page.get("extract") if page and not page.get("missing") else None
             if isinstance(extract, str) and extract.strip():
                 found.append(Paragraph(page["title"], " ".join(extract.split())))
-        return found
+        return format_paragraphs(found, self.max_chars)
 
-
-async def _close_when_loop_ends(client: httpx.AsyncClient) -> AsyncIterator[None]:
-    """Parked at its `yield` until the loop's end: `asyncio.run` closes every open async generator before it
-    closes the loop, which closes the kept-alive connections while their loop can still do it."""
-    try:
-        yield
-    finally:
-        await client.aclose()
+    async def _get(self, params: dict[str, str]) -> dict[str, Any]:
+        """One attempt; every failure is a `Fault` that says whether another attempt may help."""
+        params = {"format": "json", "formatversion": "2", **params}
+        async with self._sem:
+            try:
+                response = await self._client.get(self.api_url, params=params)
+            except httpx.TimeoutException:
+                raise Fault("timeout", f"no answer within {self.timeout_s:g}s", retry=True) from None
+            except httpx.TransportError as exc:
+                raise Fault("connect", f"connection failed ({one_line(exc, 200)})", retry=True) from None
+        status = response.status_code
+        if status != 200:
+            retry = status == 429 or status >= 500
+            wait = retry_after_s(response.headers.get("Retry-After")) if retry else None
+            raise Fault(str(status), f"HTTP {status} {response.reason_phrase}", retry=retry, wait_s=wait)
+        try:
+            data = response.json()
+        except ValueError:  # an overloaded proxy answers with an HTML page
+            raise Fault("not json", "answered 200 with a body that is not JSON", retry=True) from None
+        if not isinstance(data, dict):
+            raise Fault("not json", "answered 200 with JSON that is not an object", retry=True)
+        error = data.get("error")
+        if error is not None:
+            code = error.get("code") if isinstance(error, dict) else None
+            info = error.get("info") if isinstance(error, dict) else error
+            wait = retry_after_s(response.headers.get("Retry-After"))
+            raise Fault(str(code), f"error {code}: {clip(str(info), 200)}", code in self.RETRY_API_CODES, wait)
+        return data
 
 
 def _items(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
