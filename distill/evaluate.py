@@ -23,6 +23,12 @@ Robustness (`tool_failure_rate`): each tool call fails with that probability, de
 (tool_failure_seed, example id, tool, input), so a rerun fails the same calls and two methods that make
 the same call on the same question see the same failure. A failed call becomes the evidence
 `No evidence found` through the Worker's normal error path, with the error recorded.
+
+The robustness sweep (`robustness: {rates: [0.3, 1.0], methods: [teacher, teacher+replan, react], n: 8}`)
+runs each listed method again at each rate as a method of its own, `teacher@fail0.3`, with its own records,
+cache and `tool_failure_rate`, and `robustness_of: teacher` in its records so the report keeps it out of
+the main tables and puts it in the robustness table beside the main run (the sweep's rate 0, or whatever
+`tool_failure_rate` says). `n`: only the first n questions of each dataset, for a cheaper sweep.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import argparse
 import hashlib
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
@@ -64,6 +70,27 @@ class PlannerEntry(Strict):
     replan: bool = False
 
 
+class RobustnessSweep(Strict):
+    """ReWOO, ReWOO+replan and ReAct under tool failures: each method again at each rate (the main run is
+    the rate the config's `tool_failure_rate` sets, so that rate is not repeated)."""
+
+    rates: list[float]
+    methods: list[str]
+    n: int | None = Field(default=None, ge=1)  # first n questions of each dataset; None: all of them
+
+    @model_validator(mode="after")
+    def _check(self) -> "RobustnessSweep":
+        if not self.rates or not self.methods:
+            raise ValueError("robustness needs both `rates` and `methods`")
+        bad = [r for r in self.rates if not 0.0 < r <= 1.0]
+        if bad:
+            raise ValueError(f"robustness.rates: {bad[0]:g} is not in (0, 1] (rate 0 is the main run)")
+        for what, values in (("rates", self.rates), ("methods", self.methods)):
+            if len(set(values)) < len(values):
+                raise ValueError(f"robustness.{what} repeats a value")
+        return self
+
+
 class EvalDatasetSource(DatasetSource):
     """A DatasetSource whose split defaults to the hub's evaluation split rather than `train`."""
 
@@ -87,6 +114,7 @@ class EvalConfig(AgentConfig):
     tool_failure_seed: int = 0
     judge: ModelSpec | None = None
     bootstrap_samples: int = Field(default=1000, ge=1)
+    robustness: RobustnessSweep | None = None
 
     @field_validator("planners", mode="before")
     @classmethod
@@ -116,6 +144,16 @@ class EvalConfig(AgentConfig):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"method names must be unique; repeated: {', '.join(dupes)}")
+        if self.robustness is not None:
+            unknown = [m for m in self.robustness.methods if m not in names]
+            if unknown:
+                raise ValueError(f"robustness.methods: {unknown[0]!r} is not a planner or baseline of this config")
+            if "direct" in self.robustness.methods:
+                raise ValueError("robustness.methods: direct calls no tools, so tool failures cannot change it")
+            if self.tool_failure_rate in self.robustness.rates:
+                raise ValueError(
+                    f"robustness.rates: {self.tool_failure_rate:g} is the main run's tool_failure_rate; drop it"
+                )
         return self
 
 
@@ -126,12 +164,30 @@ class Method:
     prompt: str | None = None  # fewshot | full | compact for ReWOO planners
     spec: ModelSpec | None = None
     replan: bool = False
+    tool_failure_rate: float = 0.0
+    robustness_of: str | None = None  # a sweep row: the main method it reruns at another failure rate
+
+
+def sweep_name(method: str, rate: float) -> str:
+    """`teacher@fail0.3`: '@' is not allowed in configured names, so a derived name never clashes with one."""
+    return f"{method}@fail{rate:g}"
 
 
 def methods_of(cfg: EvalConfig) -> list[Method]:
-    """Planners first, in config order (the first is the reference of the paired comparisons), then baselines."""
-    methods = [Method(p.name, "rewoo", p.prompt, p.spec, p.replan) for p in cfg.planners]
-    return methods + [Method(b, b) for b in cfg.baselines]
+    """Planners first, in config order (the first is the reference of the paired comparisons), then baselines,
+    then the robustness sweep: each of its methods at each of its rates."""
+    rate = cfg.tool_failure_rate
+    methods = [Method(p.name, "rewoo", p.prompt, p.spec, p.replan, rate) for p in cfg.planners]
+    methods += [Method(b, b, tool_failure_rate=rate) for b in cfg.baselines]
+    if cfg.robustness is None:
+        return methods
+    by_name = {m.name: m for m in methods}
+    sweep = [
+        replace(by_name[name], name=sweep_name(name, r), tool_failure_rate=r, robustness_of=name)
+        for name in cfg.robustness.methods
+        for r in cfg.robustness.rates
+    ]
+    return methods + sweep
 
 
 # ---------------------------------------------------------------------------------------- tool failures
@@ -211,6 +267,19 @@ def load_eval_examples(cfg: EvalConfig) -> list:
     return examples
 
 
+def examples_for(cfg: EvalConfig, method: Method, examples: list) -> list:
+    """A sweep row's questions: the first `robustness.n` of each dataset (the main rows get them all)."""
+    if method.robustness_of is None or cfg.robustness.n is None:
+        return examples
+    taken: dict[str, int] = {}
+    kept = []
+    for ex in examples:
+        if taken.get(ex.dataset, 0) < cfg.robustness.n:
+            taken[ex.dataset] = taken.get(ex.dataset, 0) + 1
+            kept.append(ex)
+    return kept
+
+
 # --------------------------------------------------------------------------------------------- agents
 
 
@@ -232,7 +301,7 @@ def build_method(cfg: EvalConfig, method: Method, cache=None):
     from distill.rewoo.agent import build_agent
 
     def failing(tools: dict, example) -> dict:
-        return with_tool_failures(tools, cfg.tool_failure_rate, cfg.tool_failure_seed, example.id)
+        return with_tool_failures(tools, method.tool_failure_rate, cfg.tool_failure_seed, example.id)
 
     return build_agent(
         cfg, cache, kind=method.kind, planner=method.spec, planner_prompt=method.prompt, method=method.name,
@@ -252,8 +321,10 @@ def make_work(cfg: EvalConfig, method: Method, agent, judge_model) -> Callable:
             planner_prompt=method.prompt,
             question_type=getattr(example, "type", None),
             gold_hops=gold_hops(example),
-            tool_failure_rate=cfg.tool_failure_rate,
+            tool_failure_rate=method.tool_failure_rate,
         )
+        if method.robustness_of is not None:
+            rec["robustness_of"] = method.robustness_of
         await add_judgement(judge_model, example, rec)
         return rec
 
@@ -272,7 +343,7 @@ def check_resumable(records: list[dict], cfg: EvalConfig, method: Method, path: 
     directory of a clean run): its records would be kept as if they answered the new question."""
     from distill.rewoo.prompts import canonical_prompt_kind
 
-    want = {"tool_failure_rate": cfg.tool_failure_rate, "kind": method.kind, "solver model": cfg.solver.model}
+    want = {"tool_failure_rate": method.tool_failure_rate, "kind": method.kind, "solver model": cfg.solver.model}
     if method.kind == "rewoo":
         want |= {"planner model": method.spec.model, "planner_prompt": method.prompt, "replan": method.replan}
     for rec in records:
@@ -338,7 +409,11 @@ def build_manifest(cfg: EvalConfig, config_path: str | None, methods: list[Metho
     from distill.run import manifest_header
 
     return manifest_header("eval", cfg, config_path) | {
-        "methods": [{"name": m.name, "kind": m.kind, "prompt": m.prompt, "replan": m.replan} for m in methods],
+        "methods": [
+            {"name": m.name, "kind": m.kind, "prompt": m.prompt, "replan": m.replan,
+             "tool_failure_rate": m.tool_failure_rate, "robustness_of": m.robustness_of}
+            for m in methods
+        ],
         "reference": methods[0].name,
         "bootstrap_samples": cfg.bootstrap_samples,
         "seed": cfg.seed,
@@ -360,7 +435,7 @@ def evaluate(cfg: EvalConfig, config_path: str | None = None) -> dict:
         t0 = time.perf_counter()
         runs = manifest.setdefault("runs", {})
         for method in methods:
-            result = run_method(cfg, method, examples, out, errors)
+            result = run_method(cfg, method, examples_for(cfg, method, examples), out, errors)
             runs[method.name] = result.summary()
             raise_if_stopped(result)
             report_errors(result, out / ERRORS)

@@ -18,6 +18,10 @@ What "hops" means per method: the number of plan steps for a ReWOO planner, the 
 ReAct, and 0 for Direct. Gold hops come from the dataset (HotpotQA: 2; TriviaQA: unknown). Grouping tokens
 by hops is what shows ReAct's cost growing with each hop (every turn resends the history) while ReWOO's
 stays flat (the planner sees the question once).
+
+Robustness: the runs of eval's `robustness:` sweep (records with `robustness_of`) are not methods of the
+main tables; they form their own table, each swept method at each tool failure rate with its main run as
+one more rate, all over the same questions, and `accuracy_vs_calls.png`.
 """
 
 from __future__ import annotations
@@ -384,7 +388,11 @@ def compute(
     samples: int = 1000, seed: int = 0,
 ) -> dict:
     """The results dict from records grouped by method (the pure core of `recompute`)."""
-    methods = methods or sorted(by_method)
+    sweep = {m: recs for m, recs in by_method.items() if recs and recs[0].get("robustness_of")}
+    by_method = {m: recs for m, recs in by_method.items() if m not in sweep}
+    if not by_method:
+        raise DistillError("only robustness-sweep records: the main run's records are missing")
+    methods = [m for m in methods or sorted(by_method) if m in by_method]
     reference = reference if reference in by_method else methods[0]
     per_method = {m: method_metrics(by_method[m], samples, seed) for m in methods}
     paired = {
@@ -409,7 +417,93 @@ def compute(
         "tokens_by_gold_hops": {m: tokens_by(by_method[m], lambda r: r.get("gold_hops")) for m in methods},
         "plots": dict(PLOTS),
     }
+    if sweep:
+        results["robustness"] = robustness(by_method, sweep, samples, seed)
+        results["plots"]["accuracy_vs_calls"] = ROBUSTNESS_PLOT
     return _rounded(results)
+
+
+# ---------------------------------------------------------------------------------------- robustness
+
+ROBUSTNESS_PLOT = "accuracy_vs_calls.png"
+ROBUSTNESS_FIELDS = ("n", "em", "f1", "judge", "n_evidence", "evidence_recall", "llm_calls_mean",
+                     "tool_calls_mean", "tool_failures")
+
+
+def robustness(
+    main: dict[str, list[dict]], sweep: dict[str, list[dict]], samples: int = 1000, seed: int = 0
+) -> dict:
+    """One row per swept method and tool failure rate, its main run being one more rate, in order of rate.
+
+    A method's rows are restricted to the questions all of them answered: a sweep on the first n questions
+    (or one cut short) must not be set against a main run over more, easier or harder, questions."""
+    bases = list(dict.fromkeys(recs[0]["robustness_of"] for recs in sweep.values()))
+    rows = []
+    for base in bases:
+        runs = {m: recs for m, recs in sweep.items() if recs[0]["robustness_of"] == base}
+        if base in main:
+            runs = {base: main[base], **runs}
+        common = set.intersection(*({_key(r) for r in recs} for recs in runs.values()))
+        mine = []
+        for name, recs in runs.items():
+            kept = [r for r in recs if _key(r) in common]
+            if not kept:
+                continue
+            metrics = method_metrics(kept, samples, seed)
+            mine.append({"method": base, "run": name, "tool_failure_rate": float(kept[0].get("tool_failure_rate", 0.0)),
+                         **{k: metrics[k] for k in ROBUSTNESS_FIELDS}})
+        rows += sorted(mine, key=lambda row: row["tool_failure_rate"])
+    return {"methods": bases, "rows": rows}
+
+
+def _plot_robustness(plt, results: dict, path: Path) -> None:
+    """Accuracy against model calls, one line per method through its failure rates (each point labelled)."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for base in results["robustness"]["methods"]:
+        points = [(r["llm_calls_mean"], r["f1"]["mean"], r["tool_failure_rate"])
+                  for r in results["robustness"]["rows"] if r["method"] == base and r["f1"] is not None]
+        if not points:
+            continue
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=base)
+        for x, y, rate in points:
+            ax.annotate(f"{rate:g}", (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    ax.set_xlabel("model calls per question (mean)")
+    ax.set_ylabel("accuracy: F1 (mean)")
+    ax.set_title("Accuracy against model calls under tool failures\n(point labels: tool failure rate)")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _robustness_block(results: dict) -> list[str]:
+    rob = results.get("robustness")
+    if not rob:
+        return []
+    rows = [
+        [r["method"], f"{r['tool_failure_rate']:g}", str(r["n"]), _ci_text(r["em"]), _ci_text(r["f1"]),
+         _f((r["judge"] or {}).get("accuracy")), _ci_text(r["evidence_recall"]), _f(r["llm_calls_mean"], 2),
+         _f(r["tool_calls_mean"], 2), _f((r["tool_failures"] or {}).get("rate"), 2)]
+        for r in rob["rows"]
+    ]
+    return [
+        "## Robustness: tool failures",
+        "",
+        "Each method again with a share of its tool calls failing (`No evidence found`); rate 0 is the main "
+        "run. A method's rows cover the same questions (n). Model calls: Planner (re-plans included), Solver "
+        "and LLM-tool calls; tool calls: the steps or actions run; failed: the share of them that failed.",
+        "",
+        *_table(
+            ["method", "failure rate", "n", "EM [95% CI]", "F1 [95% CI]", "judge acc", "evidence recall [95% CI]",
+             "model calls/q", "tool calls/q", "failed"],
+            rows,
+        ),
+        "",
+        f"![F1 against model calls per question under tool failures]({results['plots']['accuracy_vs_calls']})",
+        "",
+    ]
 
 
 def _load(output_dir: str | Path) -> tuple[dict, list[str], dict[str, list[dict]]]:
@@ -454,6 +548,8 @@ def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str 
     _plot_hops(plt, results, methods, out / PLOTS["tokens_by_hops"])
     _plot_latency(plt, by_method, methods, out / PLOTS["latency"])
     _plot_recall(plt, results, methods, out / PLOTS["recall_vs_prompt"])
+    if results.get("robustness"):
+        _plot_robustness(plt, results, out / results["plots"]["accuracy_vs_calls"])
     return dict(PLOTS)
 
 
@@ -772,6 +868,7 @@ def render_markdown(results: dict) -> str:
             ],
         ),
         "",
+        *_robustness_block(results),
         "## Plots",
         "",
         f"![F1 against tokens per question]({results['plots']['accuracy_vs_tokens']})",

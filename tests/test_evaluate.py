@@ -64,17 +64,31 @@ def test_config_accepts_a_list_or_a_mapping_of_planners():
         ({"planner": PLANNER}, "planner is not used by eval"),
         ({"tool_failure_rate": 1.5}, "tool_failure_rate"),
         ({"react_max_steps": 0}, "react_max_steps"),
+        ({"robustness": {"rates": [0.3], "methods": ["teacher"]}}, "'teacher' is not a planner or baseline"),
+        ({"robustness": {"rates": [0.3], "methods": ["direct"]}}, "direct calls no tools"),
+        ({"robustness": {"rates": [0.0], "methods": ["react"]}}, r"0 is not in \(0, 1\] \(rate 0 is the main run\)"),
+        ({"robustness": {"rates": [1.5], "methods": ["react"]}}, r"1.5 is not in \(0, 1\]"),
+        ({"robustness": {"rates": [0.3, 0.3], "methods": ["react"]}}, "robustness.rates repeats"),
+        ({"robustness": {"rates": [], "methods": ["react"]}}, "needs both"),
+        ({"robustness": {"rates": [0.3]}}, "robustness.methods: Field required"),
+        ({"robustness": {"rates": [0.3], "methods": ["react"], "n": 0}}, "robustness.n"),
+        ({"robustness": {"rates": [0.3], "methods": ["react"], "every": 2}}, "robustness.every"),
+        ({"tool_failure_rate": 1.0, "robustness": {"rates": [0.3, 1.0], "methods": ["react"]}},
+         "1 is the main run's tool_failure_rate"),
     ],
 )
 def test_config_errors_are_one_line_distill_errors(extra, message):
     with pytest.raises(DistillError, match=message) as info:
-        validate(EvalConfig, BASE | extra)
+        validate(EvalConfig, BASE | {"baselines": ["react", "direct"]} | extra)
     assert "\n" not in str(info.value)
 
 
 def test_shipped_configs_load_with_openai_planners():
     demo = load_config(EvalConfig, ROOT / "configs" / "eval_smollm2_cpu.yaml")
-    assert [m.name for m in methods_of(demo)] == ["teacher", "student", "base", "react", "direct"]
+    assert [m.name for m in methods_of(demo)] == [
+        "teacher", "teacher+replan", "student", "base", "react", "direct", "teacher@fail0.3", "teacher@fail1",
+        "teacher+replan@fail0.3", "teacher+replan@fail1", "react@fail0.3", "react@fail1",
+    ]
     student = next(p for p in demo.planners if p.name == "student")
     assert student.spec.backend == "openai" and student.spec.model == "planner" and student.prompt == "full"
     real = load_config(EvalConfig, ROOT / "configs" / "eval_hotpot_trivia_7b.yaml")
@@ -82,6 +96,34 @@ def test_shipped_configs_load_with_openai_planners():
     assert next(p for p in real.planners if p.name == "student").spec.base_urls == ["http://127.0.0.1:8000/v1"]
     first = (ROOT / "configs" / "eval_hotpot_trivia_7b.yaml").read_text().splitlines()[0]
     assert first.startswith("# ") and "distill eval --config configs/eval_hotpot_trivia_7b.yaml" in first
+
+
+def test_the_sweep_adds_each_method_at_each_rate_on_its_first_n_questions_per_dataset():
+    from distill.evaluate import examples_for
+
+    cfg = validate(EvalConfig, BASE | {
+        "planners": [{"name": "teacher", "prompt": "fewshot", "spec": PLANNER},
+                     {"name": "teacher+replan", "prompt": "fewshot", "spec": PLANNER, "replan": True}],
+        "baselines": ["react", "direct"],
+        "datasets": [{"name": "hotpotqa", "source": str(MINI), "split": "dev", "n": 3},
+                     {"name": "triviaqa", "source": str(TRIVIA), "split": "dev", "n": 2}],
+        "robustness": {"rates": [0.3, 1.0], "methods": ["teacher+replan", "react"], "n": 2},
+    })
+    methods = methods_of(cfg)
+    assert [(m.name, m.tool_failure_rate, m.robustness_of) for m in methods] == [
+        ("teacher", 0.0, None), ("teacher+replan", 0.0, None), ("react", 0.0, None), ("direct", 0.0, None),
+        ("teacher+replan@fail0.3", 0.3, "teacher+replan"), ("teacher+replan@fail1", 1.0, "teacher+replan"),
+        ("react@fail0.3", 0.3, "react"), ("react@fail1", 1.0, "react"),
+    ]
+    swept = methods[5]  # the same row as its main run but for name and rate
+    assert (swept.kind, swept.prompt, swept.spec, swept.replan) == ("rewoo", "fewshot", cfg.planners[1].spec, True)
+    examples = load_eval_examples(cfg)
+    assert examples_for(cfg, methods[0], examples) == examples
+    assert [(e.dataset, e.id) for e in examples_for(cfg, swept, examples)] == [
+        (e.dataset, e.id) for e in examples[:2] + examples[3:5]
+    ]
+    everything = cfg.model_copy(update={"robustness": cfg.robustness.model_copy(update={"n": None})})
+    assert examples_for(everything, swept, examples) == examples
 
 
 def test_an_openai_planner_is_wired_to_its_server_and_says_when_it_is_unreachable():
@@ -168,6 +210,23 @@ def test_resuming_into_a_run_made_with_other_settings_is_refused_before_any_mode
     other_solver = validate(EvalConfig, BASE | {"output_dir": str(out), "solver": {"model": "other"}})
     with pytest.raises(DistillError, match="solver model"):
         evaluate(other_solver)
+
+
+def test_a_sweep_record_file_made_at_another_rate_is_refused_before_any_model_loads(tmp_path):
+    from distill.evaluate import evaluate
+    from distill.store import write_jsonl
+
+    out = tmp_path / "eval"
+    old = {"method": "react@fail1", "id": "mini-1", "kind": "react", "tool_failure_rate": 0.3,
+           "robustness_of": "react", "solver": {"model": "smollm2-135m-instruct"}, "planner": None,
+           "planner_prompt": None}
+    write_jsonl(out / "records" / "react@fail1.jsonl", [old])
+    cfg = validate(EvalConfig, BASE | {"output_dir": str(out), "baselines": ["react"],
+                                       "robustness": {"rates": [1.0], "methods": ["react"]}})
+    with pytest.raises(DistillError, match=r"react@fail1.jsonl holds records made with tool_failure_rate 0.3, "
+                                           r"but the config says 1.0"):
+        evaluate(cfg)
+    assert not (out / "manifest.json").exists()
 
 
 # ----------------------------------------------------------------------------------------- tool failures

@@ -10,7 +10,9 @@ SmolLM2 as Solver.
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +26,7 @@ from distill.rewoo.worker import NO_EVIDENCE, WorkerConfig, run_plan
 from distill.tools.calculator import Calculator
 from distill.tools.wikipedia import ScopedWikipedia
 
+MINI = Path(__file__).resolve().parent / "fixtures" / "hotpot_mini.jsonl"
 TOOLS = {"Wikipedia": "search", "Calculator": "arithmetic"}
 PARAGRAPHS = [
     ("Danube", "The Danube is 2850 km long and flows into the Black Sea."),
@@ -263,3 +266,90 @@ def test_eval_refuses_to_resume_records_made_with_the_other_replan_setting(tmp_p
     check_resumable([rec | {"replans": []}], cfg, method, tmp_path / "r.jsonl")
     with pytest.raises(DistillError, match="replan False"):
         check_resumable([rec], cfg, method, tmp_path / "r.jsonl")
+
+
+class ContinuingPlanner:
+    """A scripted Planner for eval's sweep (a real model cannot be made to write a chosen plan): two Calculator
+    steps numbered from where a replan request says to continue. It answers under the name of the model it
+    stands in for, as that model's records would."""
+
+    def __init__(self, name: str):
+        self.name, self.calls = name, 0
+
+    async def chat(self, messages, *, temperature=0.0, max_tokens=512, stop=None, seed=None) -> Completion:
+        self.calls += 1
+        found = re.search(r"from #E(\d+) on", messages[-1]["content"])
+        k = int(found.group(1)) if found else 1
+        text = plan_text(f"#E{k} = Calculator[{k} + 3]", f"#E{k + 1} = Calculator[#E{k} * 2]")
+        return Completion(text, Usage(100, 10), latency_s=0.01, cost_usd=0.0, model=self.name)
+
+
+def test_the_robustness_sweep_runs_each_method_at_each_rate_bounds_replans_and_resumes(
+    smollm2, tmp_path, monkeypatch
+) -> None:
+    """`evaluate` itself with a sweep over ReWOO and ReWOO+replan: the real SmolLM2 Solver in process, the
+    real Calculator, records, caches and resume; only the Planner is scripted. (ReAct's sweep rows are the
+    same code path, left out here because each in-process ReAct turn costs seconds.)"""
+    import distill.evaluate as ev
+    from distill.report import recompute
+    from distill.store import read_jsonl
+
+    planners: list[ContinuingPlanner] = []
+
+    def build(cfg, method, cache=None):
+        agent = real_build(cfg, method, cache)
+        if method.kind == "rewoo":
+            agent.planner = ContinuingPlanner(method.spec.model)
+            planners.append(agent.planner)
+        return agent
+
+    real_build = ev.build_method
+    monkeypatch.setattr(ev, "build_method", build)
+    spec = {"backend": "transformers", "model": "smollm2-135m-instruct", "max_tokens": 16}
+    out = tmp_path / "eval"
+    cfg = validate(EvalConfig, {
+        "datasets": [{"name": "hotpotqa", "source": str(MINI), "split": "dev", "n": 2}], "tools": ["Calculator"],
+        "wikipedia_corpus": None, "solver": {"max_tokens": 4}, "max_replans": 2, "concurrency": 1,
+        "tool_failure_seed": 7,  # at 0.3 this seed fails mini-1's second step, 4 * 2, and not its first
+        "planners": [{"name": "rewoo", "prompt": "full", "spec": spec},
+                     {"name": "rewoo+replan", "prompt": "full", "spec": spec, "replan": True}],
+        "output_dir": str(out), "bootstrap_samples": 50,
+        "robustness": {"rates": [0.3, 1.0], "methods": ["rewoo", "rewoo+replan"], "n": 1},
+    })
+    manifest = ev.evaluate(cfg)
+    sweep = {f"{m}@fail{r}": (m, float(r)) for m in ("rewoo", "rewoo+replan") for r in ("0.3", "1")}
+    names = ["rewoo", "rewoo+replan", *sweep]
+    assert [m["name"] for m in manifest["methods"]] == names and manifest["status"] == "complete"
+    assert all((out / "cache" / f"{name}.sqlite").exists() for name in names)
+    records = {name: read_jsonl(out / "records" / f"{name}.jsonl") for name in names}
+    for name, recs in records.items():
+        base, rate = sweep.get(name, (name, 0.0))
+        assert sorted(r["id"] for r in recs) == (["mini-1", "mini-2"] if name == base else ["mini-1"])
+        for r in recs:
+            assert r["method"] == name and r["tool_failure_rate"] == rate and r.get("robustness_of") == (
+                None if name == base else base)
+            for e in r["evidence"]:  # exactly the calls the hash picks fail, and they never reach the tool
+                injected = ev.tool_fails(rate, 7, r["id"], e["tool"], e["input"])
+                assert str(e["error"]).startswith("InjectedToolFailure") == injected
+            assert r["llm_calls"] == 2 + len(r.get("replans", [])) and len(r.get("replans", [])) <= 2
+    # rate 0: the scripted plan succeeds, so no replan; rate 1.0: every plan fails, replans stop at the bound
+    assert all(r["replans"] == [] for r in records["rewoo+replan"])
+    (full,), (plain,) = records["rewoo+replan@fail1"], records["rewoo@fail1"]
+    assert full["llm_calls"] == 4 and [x["trigger"]["step"] for x in full["replans"]] == ["#E1", "#E3"]
+    assert [e["id"] for e in full["evidence"]] == ["#E1", "#E2", "#E3", "#E4", "#E5", "#E6"]
+    assert plain["llm_calls"] == 2 and len(plain["evidence"]) == 2 and "replans" not in plain
+    (some,), (plain,) = records["rewoo+replan@fail0.3"], records["rewoo@fail0.3"]
+    assert [e["status"] for e in plain["evidence"]] == ["ok", "error"] and plain["llm_calls"] == 2
+    assert some["replans"][0]["trigger"]["step"] == "#E2" and some["evidence"][2]["id"] == "#E3"
+
+    sizes = {name: (out / "records" / f"{name}.jsonl").stat().st_size for name in names}
+    planners.clear()
+    ev.evaluate(cfg)  # resumes: every record is there, so no Planner is asked anything
+    assert {name: (out / "records" / f"{name}.jsonl").stat().st_size for name in names} == sizes
+    assert sum(p.calls for p in planners) == 0
+
+    results = recompute(out)
+    assert results["methods"] == ["rewoo", "rewoo+replan"]
+    rows = [(r["method"], r["tool_failure_rate"], r["n"], r["llm_calls_mean"]) for r in results["robustness"]["rows"]]
+    assert [row[:3] for row in rows] == [(m, rate, 1) for m in ("rewoo", "rewoo+replan") for rate in (0.0, 0.3, 1.0)]
+    assert rows[2][3] == 2.0 and rows[5][3] == 4.0

@@ -422,3 +422,75 @@ def test_distill_report_on_bad_input_is_one_line_exit_2(tmp_path, capsys):
     assert cli.main(["report", str(run)]) == 2
     err = capsys.readouterr().err
     assert err == "error: records of teacher lack kind: not evaluation records\n"
+
+
+# ---------------------------------------------------------------------------------------- robustness
+
+
+def swept(r: dict, rate: float, base: str, llm_calls: int) -> dict:
+    """A record of eval's robustness sweep: its own method name, rate and model calls."""
+    return r | {"method": f"{base}@fail{rate:g}", "tool_failure_rate": rate, "robustness_of": base,
+                "llm_calls": llm_calls}
+
+
+def robustness_run() -> dict[str, list[dict]]:
+    """teacher on q1-q3 at rate 0, and on q1-q2 (the sweep's first n) at 0.3 and 1.0; react at 0 and 1.0."""
+    gold = {"q1": ["q1 A", "q1 B"], "q2": ["q2 A", "q2 B"], "q3": ["q3 A", "q3 B"]}
+
+    def t(q: str, pred: str, titles: tuple[str, ...] = (), **kw) -> dict:
+        return rec("teacher", q, pred, "Paris", gold=gold[q], titles=titles, **kw)
+
+    return {
+        "teacher": [t("q1", "Paris", ("q1 A", "q1 B")), t("q2", "wrong", ("q2 A",)), t("q3", "Paris", ("q3 A",))],
+        "teacher@fail0.3": [swept(t("q1", "Paris", ("q1 A",)), 0.3, "teacher", 2),
+                            swept(t("q2", "wrong", evidence_status="error"), 0.3, "teacher", 3)],
+        "teacher@fail1": [swept(t("q1", "wrong", evidence_status="error"), 1.0, "teacher", 3),
+                          swept(t("q2", "wrong", evidence_status="error"), 1.0, "teacher", 3)],
+        "react": [rec("react", q, "Paris", "Paris", kind="react", steps=1) for q in ("q1", "q2", "q3")],
+        "react@fail1": [swept(rec("react", q, "wrong", "Paris", kind="react", steps=3, evidence_status="error"), 1.0,
+                              "react", 4) for q in ("q1", "q2")],
+    }
+
+
+def test_robustness_rows_compare_each_method_across_rates_on_the_same_questions():
+    results = compute(robustness_run(), methods=["teacher", "react"], samples=200)
+    assert results["methods"] == ["teacher", "react"]  # sweep runs are no methods of the main tables
+    assert set(results["per_method"]) == {"teacher", "react"} and set(results["paired"]) == {"react"}
+    assert results["tool_failure_rate"] == 0.0 and results["plots"]["accuracy_vs_calls"] == "accuracy_vs_calls.png"
+    rob = results["robustness"]
+    assert rob["methods"] == ["teacher", "react"]
+    table = [(r["method"], r["run"], r["tool_failure_rate"], r["n"], r["em"]["mean"], r["f1"]["mean"],
+              r["llm_calls_mean"], r["tool_calls_mean"], r["tool_failures"]["rate"]) for r in rob["rows"]]
+    assert table == [  # the main run is rate 0, cut to the sweep's questions q1, q2
+        ("teacher", "teacher", 0.0, 2, 0.5, 0.5, 2.0, 2.0, 0.0),
+        ("teacher", "teacher@fail0.3", 0.3, 2, 0.5, 0.5, 2.5, 2.0, 0.5),
+        ("teacher", "teacher@fail1", 1.0, 2, 0.0, 0.0, 3.0, 2.0, 1.0),
+        ("react", "react", 0.0, 2, 1.0, 1.0, 2.0, 1.0, 0.0),
+        ("react", "react@fail1", 1.0, 2, 0.0, 0.0, 4.0, 3.0, 1.0),
+    ]
+    recall = [r["evidence_recall"] and r["evidence_recall"]["mean"] for r in rob["rows"]]
+    assert recall == [0.75, 0.25, 0.0, None, None]  # react's records name no gold pages here
+    assert results["per_method"]["teacher"]["n"] == 3  # the main table keeps every question
+
+
+def test_robustness_table_and_plot_in_the_report(tmp_path):
+    runs = robustness_run()
+    names = ["teacher", "react", "teacher@fail0.3", "teacher@fail1", "react@fail1"]
+    manifest = {"methods": [{"name": n} for n in names], "reference": "teacher", "bootstrap_samples": 100,
+                "seed": 0, "examples": [["hotpotqa", q] for q in ("q1", "q2", "q3")]}
+    out = write_run(tmp_path, runs, manifest)
+    results = write_report(out)
+    assert results == recompute(out) == json.loads((out / "results.json").read_text())
+    assert (out / "accuracy_vs_calls.png").stat().st_size > 1000
+    report = (out / "report.md").read_text()
+    block = report[report.index("## Robustness: tool failures"):report.index("## Plots")]
+    assert "| teacher | 0.3 | 2 | 0.500 [" in block and "| react | 1 | 2 | 0.000 [" in block
+    assert "](accuracy_vs_calls.png)" in block
+    assert "@fail" not in report  # sweep runs appear as method and rate, never as methods of their own
+    assert summary_lines(results)[0].startswith("teacher") and len(summary_lines(results)) == 2
+
+
+def test_no_sweep_no_robustness_section():
+    results = compute(sample_run(), samples=50)
+    assert "robustness" not in results and "accuracy_vs_calls" not in results["plots"]
+    assert "Robustness" not in render_markdown(results)
