@@ -68,8 +68,7 @@ def record_key(rec: dict) -> tuple[str, int]:
 def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
     """Run (or resume) generation; returns the summary that is also written to summary.json."""
     from distill.rewoo.agent import build_agent, retries_of
-    from distill.run import add_judgement, build_judge, manifest_header, raise_if_stopped, report_errors, run_lifecycle
-    from distill.runner import run_resumable
+    from distill.run import add_judgement, build_judge, manifest_header, run_lifecycle, run_records
     from distill.store import CallCache, JsonlStore, write_json
 
     out = Path(cfg.output_dir)
@@ -88,11 +87,10 @@ def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
             return rec
 
         t0 = time.perf_counter()
-        with JsonlStore(out / TRAJECTORIES, key=record_key) as store, JsonlStore(out / ERRORS) as errors:
-            if store.repaired:
-                print(f"note: {store.path} ended in a torn line from an earlier crash; it was cut and will be redone")
-            result = run_resumable(
-                items, work, store, record_key, errors=errors, concurrency=cfg.concurrency, desc="generate"
+        with JsonlStore(out / ERRORS) as errors:
+            result = run_records(
+                out / TRAJECTORIES, items, work, record_key, errors, concurrency=cfg.concurrency, desc="generate",
+                keep=lambda r: manifest.update(counts=r.counts(), records_on_disk=r.done),
             )
         summary = result.summary() | {
             "planned_records": len(items),
@@ -103,9 +101,6 @@ def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
                 "hits": cache.hits, "misses": cache.misses, "model_misses": cache.misses_by_kind.get("model", 0),
             },
         }
-        manifest.update(counts=result.counts(), records_on_disk=result.done)
-        raise_if_stopped(result)
-        report_errors(result, out / ERRORS)
         manifest.update(totals=summary)
         write_json(out / "summary.json", summary)
     return summary
@@ -113,8 +108,7 @@ def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
 
 # ------------------------------------------------------------------------------------------ command line
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    add_config_args(parser)
+configure_parser = add_config_args  # a config file and its --set overrides are all of generate's flags
 
 
 def main(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ import sys
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from distill.errors import DistillError, is_environment_failure, one_line
 
@@ -134,6 +134,21 @@ async def add_judgement(judge_model, example, rec: dict) -> None:
     verdict = await judge(judge_model, example.question, example.answers, rec["prediction"])
     rec["scores"]["judge"] = verdict["verdict"]
     rec["judge"] = verdict
+
+
+def run_records(path: Path, items: list, work: Callable, key: Callable[[dict], Any], errors, *, concurrency: int,
+                desc: str, keep: Callable[[Any], None]) -> Any:
+    """One pass of the run loop (distill.runner) over one record file; `keep(result)` puts its counts in the
+    manifest before a stop is raised, so the manifest of a stopped run still says how far it got."""
+    from distill.runner import run_resumable
+    from distill.store import JsonlStore
+
+    with JsonlStore(path, key=key) as store:
+        result = run_resumable(items, work, store, key, errors=errors, concurrency=concurrency, desc=desc)
+    keep(result)
+    raise_if_stopped(result)
+    report_errors(result, errors.path)
+    return result
 
 
 def raise_if_stopped(result) -> None:

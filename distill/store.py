@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import sys
 import threading
 import time
 from pathlib import Path
@@ -135,7 +136,8 @@ def write_json(path: str | Path, obj: Any) -> None:
 
 
 class JsonlStore:
-    """Append-only JSONL with resume. Opening it repairs a torn last line; `append` is durable on return.
+    """Append-only JSONL with resume. Opening it repairs a torn last line (and says so on stderr: the run that
+    made it crashed); `append` is durable on return.
 
     With `key`, the store holds at most one record per key: loading keeps the first and counts the rest in
     `duplicates`, and `append` of a key already held writes nothing and returns False. Ignoring rather than
@@ -177,6 +179,8 @@ class JsonlStore:
                     with self.path.open("r+b") as f:
                         f.truncate(good_end)
                     self.repaired = True
+                    print(f"note: {self.path} ended in a torn line from an earlier crash; it was cut and will be "
+                          "redone", file=sys.stderr)
                     break
             good_end += len(line) + 1
         return records
