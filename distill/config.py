@@ -10,14 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from distill.errors import DistillError
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS
@@ -67,12 +60,6 @@ class ModelSpec(Strict):
         if self.backend == "openai" and not self.base_url and not self.api_key_env:
             raise ValueError("an openai backend needs base_url (a local server) or api_key_env (a hosted API)")
         return self
-
-    @property
-    def base_urls(self) -> list[str]:
-        if self.base_url is None:
-            return []
-        return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
 
 
 class AgentConfig(Strict):
@@ -171,6 +158,5 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: list[st
 
 def add_config_args(parser, default: str | None = None) -> None:
     parser.add_argument("--config", default=default, help="YAML config (keys are the config's field names)")
-    parser.add_argument(
-        "--set", action="append", metavar="KEY=VALUE", default=[], help="override a config key (repeatable; dotted for nested)"
-    )
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
+                        help="override a config key (repeatable; dotted for nested)")

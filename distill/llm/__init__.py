@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from distill.llm.base import ChatModel, Completion, Price, Usage
+from distill.llm.base import ChatModel, Price
 
 
 def price_for(spec, prices: dict[str, dict[str, float]] | None = None) -> Price:
@@ -30,9 +30,10 @@ def build_chat(spec, prices: dict | None = None, cache=None) -> ChatModel:
     else:
         from distill.llm.openai_backend import OpenAIChat
 
+        urls = [spec.base_url] if isinstance(spec.base_url, str) else spec.base_url  # several spread the load
         model = OpenAIChat(
-            spec.model, spec.base_urls, spec.api_key_env, price, spec.max_concurrency, spec.timeout_s,
-            spec.max_retries, spec.tokenizer, spec.max_retry_after_s,
+            spec.model, urls, spec.api_key_env, price, spec.max_concurrency, spec.timeout_s, spec.max_retries,
+            spec.tokenizer, spec.max_retry_after_s,
         )
     if cache is not None:
         from distill.llm.cached import CachedChat
@@ -40,5 +41,3 @@ def build_chat(spec, prices: dict | None = None, cache=None) -> ChatModel:
         model = CachedChat(model, cache)
     return model
 
-
-__all__ = ["ChatModel", "Completion", "Price", "Usage", "build_chat", "price_for"]
