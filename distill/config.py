@@ -96,27 +96,23 @@ class AgentConfig(Strict):
     prices: dict[str, dict[str, float]] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
 
 
-def _set_dotted(data: dict, dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    for key in keys[:-1]:
-        data = data.setdefault(key, {})
-        if not isinstance(data, dict):
-            raise DistillError(f"--set {dotted}: {key} is not a mapping")
-    data[keys[-1]] = value
-
-
 def parse_overrides(pairs: list[str] | None) -> dict:
     """`key=value` pairs, values read as YAML (so `3`, `true`, `[a, b]` keep their types)."""
     out: dict = {}
     for pair in pairs or []:
         if "=" not in pair:
             raise DistillError(f"--set expects key=value, got {pair!r}")
-        key, raw = pair.split("=", 1)
+        dotted, raw = pair.split("=", 1)
+        *parents, last = dotted.strip().split(".")
+        data = out
+        for key in parents:
+            data = data.setdefault(key, {})
+            if not isinstance(data, dict):
+                raise DistillError(f"--set {dotted.strip()}: {key} is not a mapping")
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            data[last] = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
-            value = raw
-        _set_dotted(out, key.strip(), value)
+            data[last] = raw
     return out
 
 
