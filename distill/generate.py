@@ -5,9 +5,8 @@
 
 A teacher run costs real money and hours, so: one record per (example, sample) appended and fsynced as soon
 as it exists, a rerun of the same command finishes what is missing, and every model and tool call goes
-through a content-addressed cache, so even a deleted output is rebuilt without paying again.
-A question whose work fails becomes a line in `errors.jsonl` (retried by the rerun) instead of stopping the
-run; the lock, the manifest's states and what stops a whole run are distill.run's and distill.runner's.
+through a content-addressed cache, so even a deleted output is rebuilt without paying again. The lock, the
+manifest, error records and what stops a run are distill.run's and distill.runner's.
 """
 
 from __future__ import annotations

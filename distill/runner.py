@@ -1,8 +1,7 @@
 """The resumable run loop shared by generation and evaluation.
 
-Work items are keyed; whatever the store already holds is skipped, each finished record is appended
-(durably) the moment it exists, and Ctrl-C stops the loop between writes, so a record is never torn and
-never lost. Only the items in flight at the interrupt are redone on the next run.
+Items the store holds are skipped, a finished record is appended durably at once, and Ctrl-C stops the loop
+between writes: a rerun redoes only what was in flight.
 
 Every planned item ends as a record (`done`), an error record in `errors.jsonl` (its work raised: one odd
 question must not stop a 4k-question run, and a rerun tries it again) or `not_run` when the whole run stopped,
