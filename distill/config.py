@@ -61,6 +61,12 @@ class ModelSpec(Strict):
             raise ValueError("an openai backend needs base_url (a local server) or api_key_env (a hosted API)")
         return self
 
+    @property
+    def base_urls(self) -> list[str]:
+        if self.base_url is None:
+            return []
+        return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
+
 
 class AgentConfig(Strict):
     """What `distill ask` needs; generation and evaluation configs extend it."""

@@ -30,9 +30,8 @@ def build_chat(spec, prices: dict | None = None, cache=None) -> ChatModel:
     else:
         from distill.llm.openai_backend import OpenAIChat
 
-        urls = [spec.base_url] if isinstance(spec.base_url, str) else spec.base_url  # several spread the load
         model = OpenAIChat(
-            spec.model, urls, spec.api_key_env, price, spec.max_concurrency, spec.timeout_s, spec.max_retries,
+            spec.model, spec.base_urls, spec.api_key_env, price, spec.max_concurrency, spec.timeout_s, spec.max_retries,
             spec.tokenizer, spec.max_retry_after_s,
         )
     if cache is not None:
