@@ -10,14 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from distill.errors import DistillError
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS
@@ -109,27 +102,23 @@ class AgentConfig(Strict):
     prices: dict[str, dict[str, float]] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
 
 
-def _set_dotted(data: dict, dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    for key in keys[:-1]:
-        data = data.setdefault(key, {})
-        if not isinstance(data, dict):
-            raise DistillError(f"--set {dotted}: {key} is not a mapping")
-    data[keys[-1]] = value
-
-
 def parse_overrides(pairs: list[str] | None) -> dict:
     """`key=value` pairs, values read as YAML (so `3`, `true`, `[a, b]` keep their types)."""
     out: dict = {}
     for pair in pairs or []:
         if "=" not in pair:
             raise DistillError(f"--set expects key=value, got {pair!r}")
-        key, raw = pair.split("=", 1)
+        dotted, raw = pair.split("=", 1)
+        *parents, last = dotted.strip().split(".")
+        data = out
+        for key in parents:
+            data = data.setdefault(key, {})
+            if not isinstance(data, dict):
+                raise DistillError(f"--set {dotted.strip()}: {key} is not a mapping")
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            data[last] = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
-            value = raw
-        _set_dotted(out, key.strip(), value)
+            data[last] = raw
     return out
 
 
@@ -171,6 +160,5 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: list[st
 
 def add_config_args(parser, default: str | None = None) -> None:
     parser.add_argument("--config", default=default, help="YAML config (keys are the config's field names)")
-    parser.add_argument(
-        "--set", action="append", metavar="KEY=VALUE", default=[], help="override a config key (repeatable; dotted for nested)"
-    )
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
+                        help="override a config key (repeatable; dotted for nested)")

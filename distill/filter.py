@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Literal
+from statistics import fmean
+from typing import Literal, get_args
 
 from distill.config import Strict, add_config_args, load_config
 
@@ -24,11 +25,11 @@ REASONS = (
     "invalid_plan", "step_failed", "too_many_steps", "unused_evidence", "evidence_missed", "incorrect",
     "not_best_sample",
 )
-CRITERIA = ("answer", "evidence", "answer_and_evidence")
+Criterion = Literal["answer", "evidence", "answer_and_evidence"]
 
 
 class FilterConfig(Strict):
-    criterion: Literal["answer", "evidence", "answer_and_evidence"] = "answer"
+    criterion: Criterion = "answer"
     min_f1: float = 0.8  # HotpotQA: correct when EM on any alias or F1 >= min_f1
     f1_datasets: list[str] = ["hotpotqa"]  # datasets where the F1 rule applies; elsewhere EM only
     use_judge: bool = False  # correct when the stored judge verdict says so (needs a judged run)
@@ -68,9 +69,8 @@ def first_failure(rec: dict, cfg: FilterConfig) -> str | None:
     plan = rec.get("plan") or {}
     if not plan.get("valid") or not plan.get("steps"):
         return "invalid_plan"
-    if any(e.get("status") != "ok" for e in rec.get("evidence", [])) or len(rec.get("evidence", [])) != len(
-        plan["steps"]
-    ):
+    evidence = rec.get("evidence", [])
+    if len(evidence) != len(plan["steps"]) or any(e.get("status") != "ok" for e in evidence):
         return "step_failed"
     if cfg.max_steps is not None and len(plan["steps"]) > cfg.max_steps:
         return "too_many_steps"
@@ -99,46 +99,31 @@ def filter_records(records: list[dict], cfg: FilterConfig) -> tuple[list[dict], 
         (dropped.append((rec, reason)) if reason else passing.append(rec))
     if not cfg.best_per_question:
         return passing, dropped
-    groups: dict[str, list[dict]] = defaultdict(list)
+    best: dict[str, dict] = {}
     for rec in passing:
-        groups[rec["id"]].append(rec)
-    kept = []
-    for recs in groups.values():
-        recs.sort(key=rank)
-        kept.append(recs[0])
-        dropped.extend((r, "not_best_sample") for r in recs[1:])
-    order = {id(r): i for i, r in enumerate(records)}
-    kept.sort(key=lambda r: order[id(r)])
-    return kept, dropped
+        best[rec["id"]] = min(best.get(rec["id"], rec), rec, key=rank)  # a tie keeps the earlier
+    winners = {id(r) for r in best.values()}
+    dropped += [(r, "not_best_sample") for r in passing if id(r) not in winners]
+    return [r for r in passing if id(r) in winners], dropped
 
 
 def recall_summary(records: list[dict]) -> dict[str, dict]:
     """Mean evidence recall and the share with every gold page, per dataset, over records that have gold pages."""
-    acc: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])
+    by: dict[str, list[dict]] = defaultdict(list)
     for r in records:
-        recall = r.get("evidence_recall")
-        if recall is None:
-            continue
-        a = acc[r.get("dataset", "?")]
-        a[0] += 1
-        a[1] += recall["recall"]
-        a[2] += bool(recall["all"])
-    return {k: {"n": n, "recall": s / n, "all": full / n} for k, (n, s, full) in sorted(acc.items())}
+        if r.get("evidence_recall") is not None:
+            by[r.get("dataset", "?")].append(r["evidence_recall"])
+    return {k: {"n": len(v), "recall": fmean(x["recall"] for x in v), "all": fmean(bool(x["all"]) for x in v)}
+            for k, v in sorted(by.items())}
 
 
 def build_report(records: list[dict], kept: list[dict], dropped: list[tuple[dict, str]],
                  cfg: FilterConfig | None = None) -> dict:
-    def steps_of(r: dict) -> int:
-        return len((r.get("plan") or {}).get("steps") or [])
-
     by_reason = Counter(reason for _, reason in dropped)
     table: dict[str, dict[str, Counter]] = {"dataset": defaultdict(Counter), "steps": defaultdict(Counter)}
-    for r in kept:
-        table["dataset"][r.get("dataset", "?")]["kept"] += 1
-        table["steps"][str(steps_of(r))]["kept"] += 1
-    for r, reason in dropped:
-        table["dataset"][r.get("dataset", "?")][reason] += 1
-        table["steps"][str(steps_of(r))][reason] += 1
+    for r, outcome in [(r, "kept") for r in kept] + dropped:
+        table["dataset"][r.get("dataset", "?")][outcome] += 1
+        table["steps"][str(len((r.get("plan") or {}).get("steps") or []))][outcome] += 1
     return {
         "input_records": len(records),
         "questions": len({r["id"] for r in records}),
@@ -149,7 +134,7 @@ def build_report(records: list[dict], kept: list[dict], dropped: list[tuple[dict
         "accounted": len(kept) + len(dropped) == len(records),
         "evidence_recall": {"input": recall_summary(records), "kept": recall_summary(kept)},
         "kept_by_criterion": None if cfg is None else {
-            c: len(filter_records(records, cfg.model_copy(update={"criterion": c}))[0]) for c in CRITERIA
+            c: len(filter_records(records, cfg.model_copy(update={"criterion": c}))[0]) for c in get_args(Criterion)
         },
     }
 

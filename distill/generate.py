@@ -5,9 +5,8 @@
 
 A teacher run costs real money and hours, so: one record per (example, sample) appended and fsynced as soon
 as it exists, a rerun of the same command finishes what is missing, and every model and tool call goes
-through a content-addressed cache, so even a deleted output is rebuilt without paying again.
-A question whose work fails becomes a line in `errors.jsonl` (retried by the rerun) instead of stopping the
-run; the lock, the manifest's states and what stops a whole run are distill.run's and distill.runner's.
+through a content-addressed cache, so even a deleted output is rebuilt without paying again. The lock, the
+manifest, error records and what stops a run are distill.run's and distill.runner's.
 """
 
 from __future__ import annotations
@@ -68,8 +67,7 @@ def record_key(rec: dict) -> tuple[str, int]:
 def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
     """Run (or resume) generation; returns the summary that is also written to summary.json."""
     from distill.rewoo.agent import build_agent, retries_of
-    from distill.run import add_judgement, build_judge, manifest_header, raise_if_stopped, report_errors, run_lifecycle
-    from distill.runner import run_resumable
+    from distill.run import add_judgement, build_judge, manifest_header, run_lifecycle, run_records
     from distill.store import CallCache, JsonlStore, write_json
 
     out = Path(cfg.output_dir)
@@ -88,11 +86,10 @@ def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
             return rec
 
         t0 = time.perf_counter()
-        with JsonlStore(out / TRAJECTORIES, key=record_key) as store, JsonlStore(out / ERRORS) as errors:
-            if store.repaired:
-                print(f"note: {store.path} ended in a torn line from an earlier crash; it was cut and will be redone")
-            result = run_resumable(
-                items, work, store, record_key, errors=errors, concurrency=cfg.concurrency, desc="generate"
+        with JsonlStore(out / ERRORS) as errors:
+            result = run_records(
+                out / TRAJECTORIES, items, work, record_key, errors, concurrency=cfg.concurrency, desc="generate",
+                keep=lambda r: manifest.update(counts=r.counts(), records_on_disk=r.done),
             )
         summary = result.summary() | {
             "planned_records": len(items),
@@ -103,9 +100,6 @@ def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
                 "hits": cache.hits, "misses": cache.misses, "model_misses": cache.misses_by_kind.get("model", 0),
             },
         }
-        manifest.update(counts=result.counts(), records_on_disk=result.done)
-        raise_if_stopped(result)
-        report_errors(result, out / ERRORS)
         manifest.update(totals=summary)
         write_json(out / "summary.json", summary)
     return summary
@@ -113,8 +107,7 @@ def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
 
 # ------------------------------------------------------------------------------------------ command line
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    add_config_args(parser)
+configure_parser = add_config_args  # a config file and its --set overrides are all of generate's flags
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,12 +1,9 @@
 """The lifecycle every resumable run shares (generation and evaluation).
 
-One writer per output folder: an exclusive `flock` on `<output_dir>/run.lock`, which holds the PID and
-command of its holder so a second run can say who is in the way. The kernel drops the lock when its process
-dies, however it dies, so a SIGKILLed run never leaves a lock that blocks the rerun.
-
-`manifest.json` tells what happened: `running` while the run goes, then `complete`, `interrupted` (Ctrl-C or
-SIGTERM: a clean stop between records) or `failed` with a one-line `reason`. Records finished before a stop
-are on disk whatever the ending, and rerunning the same command resumes.
+One writer per output folder: a `flock` on `run.lock`, which names its holder so a second run can say who is in
+the way; the kernel drops it however its process dies, so a SIGKILLed run never blocks the rerun.
+`manifest.json` says `running`, then `complete`, `interrupted` (Ctrl-C/SIGTERM) or `failed` with a one-line
+`reason`; finished records are on disk whatever the ending, and rerunning the same command resumes.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ import sys
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from distill.errors import DistillError, is_environment_failure, one_line
 
@@ -83,14 +80,9 @@ class RunStopped(DistillError):
 
 @contextmanager
 def run_lifecycle(out: Path, manifest: dict, check: Callable[[], None] | None = None) -> Iterator[dict]:
-    """Lock the folder, mark the manifest `running`, and on leaving write how the run ended.
-
-    `check` runs under the lock before the manifest is touched: a refusal (say, records made under other
-    settings) leaves the earlier run's manifest as it was.
-
-    The block fills `manifest` with whatever it wants kept (counts, totals) before it returns or raises.
-    A failure from the user's world (I/O, a server) leaves as a one-line DistillError; a bug keeps its
-    traceback, but the manifest says `failed` either way.
+    """Lock the folder, mark the manifest `running`, and on leaving write how the run ended (the block fills
+    `manifest` with what it wants kept). `check` runs first, so a refusal leaves the earlier manifest as it was.
+    A failure of the user's world (I/O, a server) leaves as a one-line DistillError; a bug keeps its traceback.
     """
     from distill.store import write_json
 
@@ -118,15 +110,12 @@ def run_lifecycle(out: Path, manifest: dict, check: Callable[[], None] | None = 
 
 def build_judge(cfg, cache):
     """The optional LLM judge (the paper's "Acc") of a run's config, or None."""
-    if cfg.judge is None:
-        return None
     from distill.llm import build_chat
 
-    return build_chat(cfg.judge, cfg.prices, cache)
+    return None if cfg.judge is None else build_chat(cfg.judge, cfg.prices, cache)
 
 
 async def add_judgement(judge_model, example, rec: dict) -> None:
-    """Let the judge grade the record's prediction against the gold answers (when there are both)."""
     if judge_model is None or not example.answers:
         return
     from distill.metrics import judge
@@ -134,6 +123,21 @@ async def add_judgement(judge_model, example, rec: dict) -> None:
     verdict = await judge(judge_model, example.question, example.answers, rec["prediction"])
     rec["scores"]["judge"] = verdict["verdict"]
     rec["judge"] = verdict
+
+
+def run_records(path: Path, items: list, work: Callable, key: Callable[[dict], Any], errors, *, concurrency: int,
+                desc: str, keep: Callable[[Any], None]) -> Any:
+    """One pass of the run loop (distill.runner) over one record file; `keep(result)` puts its counts in the
+    manifest before a stop is raised, so the manifest of a stopped run still says how far it got."""
+    from distill.runner import run_resumable
+    from distill.store import JsonlStore
+
+    with JsonlStore(path, key=key) as store:
+        result = run_resumable(items, work, store, key, errors=errors, concurrency=concurrency, desc=desc)
+    keep(result)
+    raise_if_stopped(result)
+    report_errors(result, errors.path)
+    return result
 
 
 def raise_if_stopped(result) -> None:

@@ -1,8 +1,7 @@
 """The resumable run loop shared by generation and evaluation.
 
-Work items are keyed; whatever the store already holds is skipped, each finished record is appended
-(durably) the moment it exists, and Ctrl-C stops the loop between writes, so a record is never torn and
-never lost. Only the items in flight at the interrupt are redone on the next run.
+Items the store holds are skipped, a finished record is appended durably at once, and Ctrl-C stops the loop
+between writes: a rerun redoes only what was in flight.
 
 Every planned item ends as a record (`done`), an error record in `errors.jsonl` (its work raised: one odd
 question must not stop a 4k-question run, and a rerun tries it again) or `not_run` when the whole run stopped,
@@ -16,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Hashable
 
@@ -25,59 +25,48 @@ from distill.store import JsonlStore
 
 @dataclass
 class RunningStats:
-    """Running totals shown on the progress bar and written to the summary."""
+    """Running sums for the progress bar and the summary. A mean is over the records that have its value (a
+    TriviaQA record has no gold pages: it is not a recall of 0), except per dataset, where it is over all."""
 
-    n: int = 0
-    em: float = 0.0
-    f1: float = 0.0
-    scored: int = 0
-    tokens: int = 0
-    cost_usd: float = 0.0
-    valid_plans: int = 0
-    recall: float = 0.0  # evidence recall summed over the records that have gold pages
-    recalled: int = 0  # how many records those are
-    by_dataset: dict[str, dict[str, float]] = field(default_factory=dict)
+    sums: Counter = field(default_factory=Counter)
+    by_dataset: dict[str, Counter] = field(default_factory=dict)
     errors: int = 0  # error records made by this run
 
     def add(self, rec: dict) -> None:
-        self.n += 1
-        self.tokens += rec.get("tokens", {}).get("total", 0)
-        self.cost_usd += rec.get("cost_usd", 0.0)
-        self.valid_plans += bool(rec.get("plan", {}).get("valid", False))
-        if rec.get("evidence_recall"):
-            self.recalled += 1
-            self.recall += rec["evidence_recall"]["recall"]
-        scores = rec.get("scores") or {}
-        d = self.by_dataset.setdefault(rec.get("dataset", "?"), {"n": 0, "em": 0.0, "f1": 0.0})
-        d["n"] += 1
+        scores, recall = rec.get("scores") or {}, rec.get("evidence_recall")
+        add = {"n": 1, "tokens": rec.get("tokens", {}).get("total", 0), "cost_usd": rec.get("cost_usd", 0.0),
+               "valid_plans": int(bool(rec.get("plan", {}).get("valid", False)))}
+        if recall:
+            add |= {"recalled": 1, "recall": recall["recall"]}
         if "em" in scores:
-            self.scored += 1
-            self.em += scores["em"]
-            self.f1 += scores["f1"]
-            d["em"] += scores["em"]
-            d["f1"] += scores["f1"]
+            add |= {"scored": 1, "em": scores["em"], "f1": scores["f1"]}
+        self.sums.update(add)
+        self.by_dataset.setdefault(rec.get("dataset", "?"), Counter()).update(add)
 
     def postfix(self) -> str:
-        acc = f"EM {self.em / self.scored:.3f}" if self.scored else "EM -"
-        recall = f" recall {self.recall / self.recalled:.2f}" if self.recalled else ""
+        em, recall = _mean(self.sums, "em", "scored"), _mean(self.sums, "recall", "recalled")
+        acc = "EM -" if em is None else f"EM {em:.3f}"
+        recall = "" if recall is None else f" recall {recall:.2f}"
         errors = f" errors {self.errors}" if self.errors else ""
-        return f"{acc}{recall} tok {self.tokens / 1e3:.1f}k ${self.cost_usd:.4f}{errors}"
+        return f"{acc}{recall} tok {self.sums['tokens'] / 1e3:.1f}k ${self.sums['cost_usd']:.4f}{errors}"
 
     def summary(self) -> dict:
-        per = {
-            k: {"n": v["n"], "em": v["em"] / v["n"] if v["n"] else None, "f1": v["f1"] / v["n"] if v["n"] else None}
-            for k, v in self.by_dataset.items()
-        }
+        s = self.sums
         return {
-            "records": self.n,
-            "em": self.em / self.scored if self.scored else None,
-            "f1": self.f1 / self.scored if self.scored else None,
-            "valid_plan_rate": self.valid_plans / self.n if self.n else None,
-            "evidence_recall": self.recall / self.recalled if self.recalled else None,
-            "tokens": self.tokens,
-            "cost_usd": round(self.cost_usd, 6),
-            "by_dataset": per,
+            "records": s["n"],
+            "em": _mean(s, "em", "scored"),
+            "f1": _mean(s, "f1", "scored"),
+            "valid_plan_rate": _mean(s, "valid_plans", "n"),
+            "evidence_recall": _mean(s, "recall", "recalled"),
+            "tokens": s["tokens"],
+            "cost_usd": round(float(s["cost_usd"]), 6),
+            "by_dataset": {k: {"n": d["n"], "em": _mean(d, "em", "n"), "f1": _mean(d, "f1", "n")}
+                           for k, d in self.by_dataset.items()},
         }
+
+
+def _mean(sums: Counter, total: str, count: str) -> float | None:
+    return sums[total] / sums[count] if sums[count] else None
 
 
 @dataclass
@@ -112,9 +101,7 @@ async def _run(
     max_consecutive_errors: int,
 ) -> tuple[str, str | None]:
     """Returns (status, reason): complete, interrupted, or failed with the one-line reason."""
-    queue: asyncio.Queue = asyncio.Queue()
-    for item in todo:
-        queue.put_nowait(item)
+    pending = iter(todo)  # shared by the workers: no await between two `next`s
     loop = asyncio.get_running_loop()
     ending: dict[str, str | None] = {}  # set once: status and reason of the stop
     in_a_row = 0
@@ -129,10 +116,8 @@ async def _run(
 
     async def worker() -> None:
         nonlocal in_a_row
-        while not ending:
-            try:
-                key, payload = queue.get_nowait()
-            except asyncio.QueueEmpty:
+        for key, payload in pending:
+            if ending:
                 return
             try:
                 record = await work(payload)
@@ -182,7 +167,6 @@ def run_resumable(
     concurrency: int = 4,
     max_consecutive_errors: int | None = None,
     desc: str = "run",
-    stats: RunningStats | None = None,
 ) -> RunResult:
     """Run every item whose key is not in the store yet (error records are retried); never raises for a
     question's failure or a stop: the result says how the run ended (see the module docstring)."""
@@ -190,7 +174,7 @@ def run_resumable(
 
     from distill.run import now
 
-    stats = stats or RunningStats()
+    stats = RunningStats()
     done = store.keys(key)
     wanted = {k for k, _ in items}
     for rec in store.records():

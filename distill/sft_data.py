@@ -3,8 +3,8 @@
 The prompt is built by `planner_messages` over `registry.tool_descriptions(tools)` in the kind `student_prompt`
 names (`full`: instructions and tool descriptions; `compact`: the tool names only, the rest left to training), the
 very functions the agent factory calls for eval and ask, so the student is trained on exactly the prompt it will
-be served. The completion is the teacher's plan parsed
-and re-rendered canonically: the student learns one spelling of the format, not every teacher quirk.
+be served. The completion is the teacher's plan parsed and re-rendered canonically: the student learns one
+spelling of the format, not every teacher quirk.
 
 The train/validation split is by `distill.data.normalize_question`, the leak guard's own key, so samples of one
 question never sit on both sides and validation loss measures planning for unseen questions rather than recall
@@ -132,32 +132,17 @@ def split_by_question(examples: Sequence[dict], val_fraction: float, seed: int) 
     return train, val
 
 
-def _features():
-    from datasets import Features, List, Value
-
-    message = {"role": Value("string"), "content": Value("string")}
-    return Features(
-        {
-            "prompt": List(message),
-            "completion": List(message),
-            "id": Value("string"),
-            "dataset": Value("string"),
-            "sample": Value("int64"),
-        }
-    )
-
-
 def to_dataset_dict(train: Sequence[dict], val: Sequence[dict]):
     """Explicit features, so an empty validation split still has the same columns as train."""
-    from datasets import Dataset, DatasetDict
+    from datasets import Dataset, DatasetDict, Features, List, Value
 
-    features = _features()
-
-    def build(rows: Sequence[dict]) -> Dataset:
-        columns = {name: [row[name] for row in rows] for name in features}  # from_list fails on no rows
-        return Dataset.from_dict(columns, features=features)
-
-    return DatasetDict({"train": build(train), "validation": build(val)})
+    message = {"role": Value("string"), "content": Value("string")}
+    features = Features({"prompt": List(message), "completion": List(message), "id": Value("string"),
+                         "dataset": Value("string"), "sample": Value("int64")})
+    return DatasetDict({  # from_dict, since from_list fails on no rows
+        split: Dataset.from_dict({name: [row[name] for row in rows] for name in features}, features=features)
+        for split, rows in (("train", train), ("validation", val))
+    })
 
 
 def prompt_tokens(messages: Sequence[Mapping[str, str]], tokenizer) -> int:
@@ -244,15 +229,8 @@ def build_sft_data(cfg: SftDataConfig) -> dict:
     dataset_dict.save_to_disk(str(out), num_shards={split: 1 for split in dataset_dict})
     write_jsonl(out / "preview.jsonl", (train + val)[:PREVIEW_ROWS])
     summary = summarize(dataset_dict, counts, load_tokenizer(cfg.tokenizer), cfg.tokenizer or "none")
-    summary.update(
-        {
-            "source": cfg.kept,
-            "tools": list(tools),
-            "student_prompt": cfg.student_prompt,
-            "val_fraction": cfg.val_fraction,
-            "seed": cfg.seed,
-        }
-    )
+    summary |= {"source": cfg.kept, "tools": list(tools)}
+    summary |= cfg.model_dump(include={"student_prompt", "val_fraction", "seed"})
     write_json(out / "summary.json", summary)
     return summary
 
@@ -275,8 +253,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    flags = {"kept": args.kept, "out": args.out, "tools": args.tools, "student_prompt": args.student_prompt,
-             "val_fraction": args.val_fraction, "seed": args.seed, "tokenizer": args.tokenizer}
+    flags = {k: getattr(args, k) for k in ("kept", "out", "tools", "student_prompt", "val_fraction", "seed", "tokenizer")}
     data = (read_yaml(args.config) if args.config else {}) | {k: v for k, v in flags.items() if v is not None}
     cfg = validate(SftDataConfig, data | parse_overrides(args.set), args.config or "sft-data")
     summary = build_sft_data(cfg)

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import sys
 import threading
 import time
 from pathlib import Path
@@ -96,16 +97,12 @@ def dedupe(records: Iterable[dict], key: Callable[[dict], Hashable], origin: str
 
 def _fsync_dir(folder: Path) -> None:
     """Make a rename or a new file survive power loss; a platform that cannot open folders just skips it."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _replace(path: str | Path, write: Callable[[IO[str]], None]) -> None:
@@ -131,12 +128,7 @@ def _replace(path: str | Path, write: Callable[[IO[str]], None]) -> None:
 
 def write_jsonl(path: str | Path, records: Iterable[dict]) -> None:
     """Write a whole file atomically and durably, for outputs that are rebuilt, not appended."""
-
-    def write(handle: IO[str]) -> None:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-
-    _replace(path, write)
+    _replace(path, lambda handle: handle.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
 def write_json(path: str | Path, obj: Any) -> None:
@@ -144,7 +136,8 @@ def write_json(path: str | Path, obj: Any) -> None:
 
 
 class JsonlStore:
-    """Append-only JSONL with resume. Opening it repairs a torn last line; `append` is durable on return.
+    """Append-only JSONL with resume. Opening it repairs a torn last line (and says so on stderr: the run that
+    made it crashed); `append` is durable on return.
 
     With `key`, the store holds at most one record per key: loading keeps the first and counts the rest in
     `duplicates`, and `append` of a key already held writes nothing and returns False. Ignoring rather than
@@ -172,11 +165,9 @@ class JsonlStore:
     def _load_and_repair(self) -> list[dict]:
         if not self.path.exists():
             return []
-        raw = self.path.read_bytes()
-        records, good_end, pos = [], 0, 0
-        lines = raw.split(b"\n")
+        records, good_end = [], 0
+        lines = self.path.read_bytes().split(b"\n")
         for i, line in enumerate(lines):
-            end = pos + len(line) + 1
             if line.strip():
                 try:
                     if i == len(lines) - 1:  # no trailing newline: written partly, whatever it parses as
@@ -188,9 +179,10 @@ class JsonlStore:
                     with self.path.open("r+b") as f:
                         f.truncate(good_end)
                     self.repaired = True
+                    print(f"note: {self.path} ended in a torn line from an earlier crash; it was cut and will be "
+                          "redone", file=sys.stderr)
                     break
-            good_end = min(end, len(raw))
-            pos = end
+            good_end += len(line) + 1
         return records
 
     def __len__(self) -> int:
@@ -200,11 +192,7 @@ class JsonlStore:
         return list(self._records)
 
     def keys(self, key: Callable[[dict], Any] | None = None) -> set:
-        if key is None:
-            if self.key is None:
-                raise TypeError("JsonlStore.keys() needs a key function when the store has none")
-            return set(self._keys)
-        return {key(r) for r in self._records}
+        return {(key or self.key)(r) for r in self._records}
 
     def append(self, record: dict) -> bool:
         """Write one record durably; False (nothing written) when the store already holds its key."""
@@ -262,25 +250,21 @@ class CallCache:
             raise
 
     def _execute(self, sql: str, args: tuple = ()) -> list[tuple]:
-        attempt = 0
-        while True:
+        for attempt in range(self.retries + 1):
+            if attempt:
+                self.lock_retries += 1
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
                 with self._lock:
                     return self._db.execute(sql, args).fetchall()
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) and "busy" not in str(exc):
-                    raise DistillError(f"call cache {self.path}: {exc}") from None
-                if attempt >= self.retries:
-                    raise DistillError(
-                        f"call cache {self.path} stayed locked by another process "
-                        f"({self.retries + 1} tries, {self.busy_timeout_s:g} s wait each); "
-                        "let that run finish or give this one its own cache"
-                    ) from None
             except sqlite3.Error as exc:
-                raise DistillError(f"call cache {self.path}: {exc}") from None
-            time.sleep(self.backoff_s * 2**attempt)
-            attempt += 1
-            self.lock_retries += 1
+                if not (isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))):
+                    raise DistillError(f"call cache {self.path}: {exc}") from None
+        raise DistillError(
+            f"call cache {self.path} stayed locked by another process "
+            f"({self.retries + 1} tries, {self.busy_timeout_s:g} s wait each); "
+            "let that run finish or give this one its own cache"
+        )
 
     @property
     def misses(self) -> int:

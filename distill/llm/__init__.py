@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from distill.llm.base import ChatModel, Completion, Price, Usage
+from distill.llm.base import ChatModel, Price
 
 
 def price_for(spec, prices: dict[str, dict[str, float]] | None = None) -> Price:
@@ -31,8 +31,8 @@ def build_chat(spec, prices: dict | None = None, cache=None) -> ChatModel:
         from distill.llm.openai_backend import OpenAIChat
 
         model = OpenAIChat(
-            spec.model, spec.base_urls, spec.api_key_env, price, spec.max_concurrency, spec.timeout_s,
-            spec.max_retries, spec.tokenizer, spec.max_retry_after_s,
+            spec.model, spec.base_urls, spec.api_key_env, price, spec.max_concurrency, spec.timeout_s, spec.max_retries,
+            spec.tokenizer, spec.max_retry_after_s,
         )
     if cache is not None:
         from distill.llm.cached import CachedChat
@@ -40,5 +40,3 @@ def build_chat(spec, prices: dict | None = None, cache=None) -> ChatModel:
         model = CachedChat(model, cache)
     return model
 
-
-__all__ = ["ChatModel", "Completion", "Price", "Usage", "build_chat", "price_for"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 
 @dataclass
@@ -31,9 +31,6 @@ class Completion:
     model: str = ""
     cached: bool = False
 
-    def to_dict(self) -> dict:
-        return asdict(self)  # nested: usage becomes a dict too
-
 
 @dataclass(frozen=True)
 class Price:
@@ -46,7 +43,6 @@ class Price:
         return (usage.prompt_tokens * self.prompt_per_mtok + usage.completion_tokens * self.completion_per_mtok) / 1e6
 
 
-@runtime_checkable
 class ChatModel(Protocol):
     name: str
 
@@ -73,12 +69,11 @@ def _file_digest(path: Path) -> str:
     stat = path.stat()
     key = (str(path), stat.st_size, stat.st_mtime_ns)
     if key not in _FINGERPRINTS:
-        digest = hashlib.sha256()
         with path.open("rb") as f:
             if stat.st_size <= FULL_HASH_MAX_BYTES:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(block)
+                digest = hashlib.file_digest(f, "sha256")
             else:
+                digest = hashlib.sha256()
                 digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
                 digest.update(f.read(16 << 20))
                 f.seek(-(16 << 20), 2)

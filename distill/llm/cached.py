@@ -7,6 +7,7 @@ just its name, so a retrained adapter served again under the same name is never 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import asdict
 
 from distill.llm.base import Completion, Usage, identity_of
 from distill.store import CallCache, stable_hash
@@ -46,15 +47,15 @@ class CachedChat:
             return Completion(hit["text"], Usage(**hit["usage"]), hit["latency_s"], hit["cost_usd"], hit["model"], True)
         self.calls += 1
         out = await self.inner.chat(messages, temperature=temperature, max_tokens=max_tokens, stop=stop, seed=seed)
-        self.cache.put(key, out.to_dict(), kind="model")
+        self.cache.put(key, asdict(out), kind="model")
         return out
 
 
 class CachedTool:
+    """Forwards every other member (`name`, `description`, the LLM tool's `calls`) to the tool it caches."""
+
     def __init__(self, inner, cache: CallCache, scope: str = ""):
         self.inner = inner
-        self.name = inner.name
-        self.description = getattr(inner, "description", "")
         self.cache = cache
         self.scope = scope  # e.g. the question id for a per-question Wikipedia
 
