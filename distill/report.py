@@ -109,7 +109,7 @@ def plan_steps_of(rec: dict) -> dict | None:
     """Steps of a ReWOO plan (those kept: a plan over `max_plan_steps` is cut there); None for other kinds."""
     if rec["kind"] != "rewoo":
         return None
-    return {"steps": float(len((rec.get("plan") or {}).get("steps") or []))}
+    return {"steps": float(hops_of(rec))}
 
 
 def too_many_steps(rec: dict) -> bool:
@@ -152,16 +152,12 @@ def _groups(records: Iterable[dict], key: Callable[[dict], Any]) -> dict[Any, li
 
 
 def _judge(records: list[dict]) -> dict | None:
-    verdicts = [(r.get("scores") or {}).get("judge", "absent") for r in records]
-    present = [v for v in verdicts if v != "absent"]
-    if not present:
+    """None when nothing was judged; a verdict of None is a judge reply that did not parse."""
+    verdicts = [r["scores"]["judge"] for r in records if "judge" in (r.get("scores") or {})]
+    if not verdicts:
         return None
-    parsed = [v for v in present if v is not None]
-    return {
-        "accuracy": _mean(float(v) for v in parsed),
-        "n_judged": len(parsed),
-        "unparsed": len(present) - len(parsed),
-    }
+    parsed = [float(v) for v in verdicts if v is not None]
+    return {"accuracy": _mean(parsed), "n_judged": len(parsed), "unparsed": len(verdicts) - len(parsed)}
 
 
 def _tool_failures(records: list[dict]) -> dict | None:
@@ -169,10 +165,8 @@ def _tool_failures(records: list[dict]) -> dict | None:
     if not evidence:
         return None
     failed = [e for e in evidence if e.get("status") != "ok"]
-    injected = [e for e in failed if str(e.get("error") or "").startswith("InjectedToolFailure")]
-    return {
-        "rate": len(failed) / len(evidence), "failed": len(failed), "injected": len(injected), "calls": len(evidence)
-    }
+    injected = sum(str(e.get("error") or "").startswith("InjectedToolFailure") for e in failed)
+    return {"rate": len(failed) / len(evidence), "failed": len(failed), "injected": injected, "calls": len(evidence)}
 
 
 def _by_dataset(records: list[dict]) -> dict:
