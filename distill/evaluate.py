@@ -277,13 +277,11 @@ def build_method(cfg: EvalConfig, method: Method, cache=None):
     and HTTP clients belong to the loop they were first used in (in-process weights are shared anyway)."""
     from distill.rewoo.agent import build_agent
 
-    def failing(tools: dict, example) -> dict:
-        return with_tool_failures(tools, method.tool_failure_rate, cfg.tool_failure_seed, example.id)
-
     return build_agent(
         cfg, cache, kind=method.kind, planner=method.spec, planner_prompt=method.prompt, method=method.name,
-        seed=cfg.seed, wrap_tools=failing, react_max_steps=cfg.react_max_steps, react_max_tokens=cfg.react_max_tokens,
+        seed=cfg.seed, react_max_steps=cfg.react_max_steps, react_max_tokens=cfg.react_max_tokens,
         replan=method.replan,
+        wrap_tools=lambda tools, ex: with_tool_failures(tools, method.tool_failure_rate, cfg.tool_failure_seed, ex.id),
     )
 
 

@@ -107,9 +107,7 @@ def recall_of(rec: dict) -> dict | None:
 
 def plan_steps_of(rec: dict) -> dict | None:
     """Steps of a ReWOO plan (those kept: a plan over `max_plan_steps` is cut there); None for other kinds."""
-    if rec["kind"] != "rewoo":
-        return None
-    return {"steps": float(hops_of(rec))}
+    return {"steps": float(hops_of(rec))} if rec["kind"] == "rewoo" else None
 
 
 def too_many_steps(rec: dict) -> bool:
@@ -272,7 +270,7 @@ def tokens_by(records: list[dict], hops: Any) -> dict[str, dict]:
             "llm_calls_mean": _mean(r["llm_calls"] for r in recs),
             "em": _mean(s["em"] for s in _present(rescore, recs)),
         }
-        for h, recs in _groups(records, lambda r: None if hops(r) is None else int(hops(r))).items()
+        for h, recs in _groups(records, hops).items()
     }
 
 
@@ -312,37 +310,34 @@ def prompt_goal(per_method: dict[str, dict], methods: list[str], reference: str)
 def robustness(
     main: dict[str, list[dict]], sweep: dict[str, list[dict]], samples: int = 1000, seed: int = 0
 ) -> dict:
-    """One row per swept method and tool failure rate, its main run being one more rate, in order of rate.
-
-    A method's rows are restricted to the questions all of them answered: a sweep on the first n questions
-    (or one cut short) must not be set against a main run over more, easier or harder, questions."""
+    """One row per swept method and tool failure rate, its main run being one more rate, in order of rate; a
+    method's rows cover only the questions all of them answered, lest a sweep on the first n questions (or
+    one cut short) be set against a main run over more, easier or harder, questions."""
     bases = list(dict.fromkeys(recs[0]["robustness_of"] for recs in sweep.values()))
     rows = []
     for base in bases:
-        runs = {m: recs for m, recs in sweep.items() if recs[0]["robustness_of"] == base}
-        if base in main:
-            runs = {base: main[base], **runs}
+        runs = ({base: main[base]} if base in main else {}) | {
+            m: recs for m, recs in sweep.items() if recs[0]["robustness_of"] == base}
         common = set.intersection(*({_key(r) for r in recs} for recs in runs.values()))
         mine = []
         for name, recs in runs.items():
-            kept = [r for r in recs if _key(r) in common]
-            if not kept:
-                continue
-            metrics = method_metrics(kept, samples, seed)
-            mine.append({"method": base, "run": name, "tool_failure_rate": float(kept[0].get("tool_failure_rate", 0.0)),
-                         **{k: metrics[k] for k in ROBUSTNESS_FIELDS}})
+            if kept := [r for r in recs if _key(r) in common]:
+                metrics = method_metrics(kept, samples, seed)
+                rate = float(kept[0].get("tool_failure_rate", 0.0))
+                mine.append({"method": base, "run": name, "tool_failure_rate": rate,
+                             **{k: metrics[k] for k in ROBUSTNESS_FIELDS}})
         rows += sorted(mine, key=lambda row: row["tool_failure_rate"])
     return {"methods": bases, "rows": rows}
 
 
-def _rounded(value: Any, digits: int = 6) -> Any:
+def _rounded(value: Any) -> Any:
     """Round floats for readability; NaN/inf become None so results.json stays valid JSON."""
     if isinstance(value, float):
-        return round(value, digits) if math.isfinite(value) else None
+        return round(value, 6) if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {k: _rounded(v, digits) for k, v in value.items()}
+        return {k: _rounded(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_rounded(v, digits) for v in value]
+        return [_rounded(v) for v in value]
     return value
 
 
