@@ -2,33 +2,21 @@
 
     distill eval --config configs/eval_hotpot_trivia_7b.yaml [--set tool_failure_rate=1.0]
 
-Every method answers the same questions with the same Solver model and the same per-question tools, so
-the only thing that changes between ReWOO rows is the Planner (the teacher few-shot, the distilled student
-zero-shot, the untuned base model zero-shot) and between ReWOO and the baselines the way the Solver model
-is driven. Each method writes one trajectory record per question to `<output_dir>/records/<method>.jsonl`,
-appended and fsynced as it is made, so a rerun resumes where a crash or Ctrl-C left off. A question that
-fails is logged to `errors.jsonl` and retried by the rerun (distill.runner says when a whole run stops
-instead). Evaluation writes records only; the report stage (`distill report`, `distill.report`) recomputes
-every number from those files.
+Every method answers the same questions with the same Solver and per-question tools, so between ReWOO rows
+only the Planner changes (teacher few-shot, distilled student and untuned base zero-shot; `replan: true` rows
+re-plan on surprise), and between ReWOO and the baselines only how the Solver model is driven. Each method
+appends and fsyncs one record per question to `<output_dir>/records/<method>.jsonl`, so a rerun resumes where
+a crash or Ctrl-C left off; failures go to `errors.jsonl` and are retried. Evaluation writes records only:
+`distill report` recomputes every number from them.
 
-A planner row with `replan: true` (named e.g. `student+replan`) is ReWOO+replan: a step that finds nothing
-or fails asks that Planner once more (`replan_on`, `max_replans`). Its records have kind rewoo plus a
-`replans` list, and their `llm_calls` count the extra Planner calls.
+Questions: the first `n` distinct questions of each dataset in file order, not a sample, so every method and
+every later, larger run sees the same questions and raising `n` only adds (and resumes).
 
-Questions: the first `n` distinct questions of each dataset in file order (after dedup). Not a random
-sample, so every run, every method and every later, larger run sees the same questions, and raising `n`
-only adds questions (and resumes) rather than reshuffling them.
-
-Robustness (`tool_failure_rate`): each tool call fails with that probability, decided by a hash of
-(tool_failure_seed, example id, tool, input), so a rerun fails the same calls and two methods that make
-the same call on the same question see the same failure. A failed call becomes the evidence
-`No evidence found` through the Worker's normal error path, with the error recorded.
-
-The robustness sweep (`robustness: {rates: [0.3, 1.0], methods: [teacher, teacher+replan, react], n: 8}`)
-runs each listed method again at each rate as a method of its own, `teacher@fail0.3`, with its own records,
-cache and `tool_failure_rate`, and `robustness_of: teacher` in its records so the report keeps it out of
-the main tables and puts it in the robustness table beside the main run (the sweep's rate 0, or whatever
-`tool_failure_rate` says). `n`: only the first n questions of each dataset, for a cheaper sweep.
+`tool_failure_rate`: each tool call fails with that probability, decided by a hash of (seed, example id,
+tool, input), so a rerun, or another method making the same call, fails the same calls; the Worker turns a
+failure into `No evidence found`. The `robustness:` sweep reruns each listed method at each rate as a method
+of its own (`teacher@fail0.3`, own records and cache, optionally on the first `n` questions); its records
+carry `robustness_of` so the report sets them beside the main run instead of in the main tables.
 """
 
 from __future__ import annotations
@@ -37,7 +25,8 @@ import argparse
 import hashlib
 import re
 import time
-from dataclasses import dataclass, replace
+from collections import Counter
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
@@ -168,11 +157,6 @@ class Method:
     robustness_of: str | None = None  # a sweep row: the main method it reruns at another failure rate
 
 
-def sweep_name(method: str, rate: float) -> str:
-    """`teacher@fail0.3`: '@' is not allowed in configured names, so a derived name never clashes with one."""
-    return f"{method}@fail{rate:g}"
-
-
 def methods_of(cfg: EvalConfig) -> list[Method]:
     """Planners first, in config order (the first is the reference of the paired comparisons), then baselines,
     then the robustness sweep: each of its methods at each of its rates."""
@@ -182,8 +166,8 @@ def methods_of(cfg: EvalConfig) -> list[Method]:
     if cfg.robustness is None:
         return methods
     by_name = {m.name: m for m in methods}
-    sweep = [
-        replace(by_name[name], name=sweep_name(name, r), tool_failure_rate=r, robustness_of=name)
+    sweep = [  # `teacher@fail0.3`: configured names may not hold '@', so a derived one never clashes
+        replace(by_name[name], name=f"{name}@fail{r:g}", tool_failure_rate=r, robustness_of=name)
         for name in cfg.robustness.methods
         for r in cfg.robustness.rates
     ]
@@ -199,10 +183,6 @@ class InjectedToolFailure(RuntimeError):
 
 def tool_fails(rate: float, seed: int, example_id: str, tool: str, query: str) -> bool:
     """Whether this call fails: a stable hash of the call mapped to [0, 1) and compared with the rate."""
-    if rate <= 0.0:
-        return False
-    if rate >= 1.0:
-        return True
     digest = hashlib.sha256(f"{seed}\x1f{example_id}\x1f{tool}\x1f{query}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < rate
 
@@ -212,8 +192,6 @@ class FailingTool:
 
     def __init__(self, inner: Any, rate: float, seed: int, example_id: str):
         self.inner = inner
-        self.name = inner.name
-        self.description = getattr(inner, "description", "")
         self.rate, self.seed, self.example_id = rate, seed, example_id
         self.injected = 0
 
@@ -223,7 +201,7 @@ class FailingTool:
             raise InjectedToolFailure(f"injected failure (tool_failure_rate={self.rate:g})")
         return await self.inner.run(query)
 
-    def __getattr__(self, item: str) -> Any:  # e.g. the LLM tool's `calls`, which the agents charge
+    def __getattr__(self, item: str) -> Any:  # name, description, the LLM tool's `calls` (the agents charge them)
         return getattr(self.inner, item)
 
 
@@ -259,11 +237,9 @@ def load_eval_examples(cfg: EvalConfig) -> list:
         if ds.n is not None and len(got) < ds.n:
             raise DistillError(f"{ds.source} has only {len(got)} distinct questions, n={ds.n} requested")
         examples.extend(got)
-    seen: set[str] = set()
-    for ex in examples:
-        if ex.id in seen:
-            raise DistillError(f"example id {ex.id!r} occurs twice across the datasets; ids key the records")
-        seen.add(ex.id)
+    twice = [i for i, count in Counter(ex.id for ex in examples).items() if count > 1]
+    if twice:
+        raise DistillError(f"example id {twice[0]!r} occurs twice across the datasets; ids key the records")
     return examples
 
 
@@ -271,11 +247,11 @@ def examples_for(cfg: EvalConfig, method: Method, examples: list) -> list:
     """A sweep row's questions: the first `robustness.n` of each dataset (the main rows get them all)."""
     if method.robustness_of is None or cfg.robustness.n is None:
         return examples
-    taken: dict[str, int] = {}
+    taken: Counter[str] = Counter()
     kept = []
     for ex in examples:
-        if taken.get(ex.dataset, 0) < cfg.robustness.n:
-            taken[ex.dataset] = taken.get(ex.dataset, 0) + 1
+        taken[ex.dataset] += 1
+        if taken[ex.dataset] <= cfg.robustness.n:
             kept.append(ex)
     return kept
 
@@ -284,15 +260,16 @@ def examples_for(cfg: EvalConfig, method: Method, examples: list) -> list:
 
 
 def method_cache(cfg: EvalConfig, out: Path, method: Method):
-    """auto: one cache file per method, so no method is served another's tool or LLM-tool calls from the
-    cache (which would flatter its latency); reruns of a method still never repeat a call."""
+    """The method's call cache (or None) as a context that closes it. auto: one file per method, so no method
+    is served another's tool or LLM-tool calls from the cache (which would flatter its latency); reruns of a
+    method still never repeat a call."""
+    from contextlib import closing, nullcontext
+
     from distill.store import CallCache
 
     if cfg.cache is None:
-        return None
-    if cfg.cache == "auto":
-        return CallCache(out / "cache" / f"{method.name}.sqlite")
-    return CallCache(cfg.cache)
+        return nullcontext()
+    return closing(CallCache(out / "cache" / f"{method.name}.sqlite" if cfg.cache == "auto" else cfg.cache))
 
 
 def build_method(cfg: EvalConfig, method: Method, cache=None):
@@ -300,13 +277,11 @@ def build_method(cfg: EvalConfig, method: Method, cache=None):
     and HTTP clients belong to the loop they were first used in (in-process weights are shared anyway)."""
     from distill.rewoo.agent import build_agent
 
-    def failing(tools: dict, example) -> dict:
-        return with_tool_failures(tools, method.tool_failure_rate, cfg.tool_failure_seed, example.id)
-
     return build_agent(
         cfg, cache, kind=method.kind, planner=method.spec, planner_prompt=method.prompt, method=method.name,
-        seed=cfg.seed, wrap_tools=failing, react_max_steps=cfg.react_max_steps, react_max_tokens=cfg.react_max_tokens,
+        seed=cfg.seed, react_max_steps=cfg.react_max_steps, react_max_tokens=cfg.react_max_tokens,
         replan=method.replan,
+        wrap_tools=lambda tools, ex: with_tool_failures(tools, method.tool_failure_rate, cfg.tool_failure_seed, ex.id),
     )
 
 
@@ -384,18 +359,11 @@ def preflight(cfg: EvalConfig, methods: list[Method], out: Path) -> None:
 
 def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, errors):
     """Run (or resume) one method over every example; returns how it ended (distill.runner.RunResult)."""
-    from contextlib import ExitStack
-
     from distill.run import build_judge
     from distill.runner import run_resumable
     from distill.store import JsonlStore
 
-    with ExitStack() as stack:
-        store = JsonlStore(records_path(out, method), key=record_key)
-        stack.callback(store.close)
-        cache = method_cache(cfg, out, method)
-        if cache is not None:
-            stack.callback(cache.close)
+    with JsonlStore(records_path(out, method), key=record_key) as store, method_cache(cfg, out, method) as cache:
         agent = build_method(cfg, method, cache)
         judge_model = build_judge(cfg, cache)
         items = [((method.name, ex.id), ex) for ex in examples]
@@ -409,11 +377,7 @@ def build_manifest(cfg: EvalConfig, config_path: str | None, methods: list[Metho
     from distill.run import manifest_header
 
     return manifest_header("eval", cfg, config_path) | {
-        "methods": [
-            {"name": m.name, "kind": m.kind, "prompt": m.prompt, "replan": m.replan,
-             "tool_failure_rate": m.tool_failure_rate, "robustness_of": m.robustness_of}
-            for m in methods
-        ],
+        "methods": [{k: v for k, v in asdict(m).items() if k != "spec"} for m in methods],
         "reference": methods[0].name,
         "bootstrap_samples": cfg.bootstrap_samples,
         "seed": cfg.seed,
@@ -445,8 +409,7 @@ def evaluate(cfg: EvalConfig, config_path: str | None = None) -> dict:
 
 # ------------------------------------------------------------------------------------------ command line
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    add_config_args(parser)
+configure_parser = add_config_args
 
 
 def main(args: argparse.Namespace) -> int:

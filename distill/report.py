@@ -1,27 +1,20 @@
 """The evaluation report, recomputed from the per-example records and nothing else.
 
-This is the report stage (`distill report EVAL_DIR [--out DIR]`, and the pipeline's `report`): evaluation
-only writes records, so a report can be rebuilt, or written elsewhere, without any model.
-`recompute(eval_dir)` reads `<eval_dir>/records/*.jsonl`, rescoring every prediction with
-`distill.metrics.score`, and returns the dict written to `results.json`; `write_report` also renders
-`report.md` and the plots. Only bookkeeping comes from `manifest.json` (method order, which method is the
-reference, which questions the run covers, the bootstrap settings), so anyone can delete results.json and
-get the same numbers back from the records, and a test checks that they do.
+The report stage (`distill report EVAL_DIR [--out DIR]`, the pipeline's `report`): evaluation only writes
+records, so a report can be rebuilt, or written elsewhere, without any model, and deleting results.json loses
+nothing (a test checks it). Every prediction is rescored; `manifest.json` only supplies bookkeeping (method
+order, the reference, the questions covered, the bootstrap settings).
 
 The Planner is also measured apart from the Solver, whose answers a small model gets wrong whatever the
-plan: evidence recall (the share of a question's gold supporting pages the evidence holds, and whether it
-holds all of them), recomputed from each record's gold pages and evidence as EM/F1 are from its prediction;
-steps per plan and the share of plans cut at `max_plan_steps`. A method or dataset without gold pages
-(TriviaQA, Direct) has no recall, shown "–", never 0, because a missing measurement is not a miss.
+plan: evidence recall (the share of a question's gold pages the evidence holds, and whether it holds all),
+steps per plan, the share of plans cut at `max_plan_steps`. Without gold pages (TriviaQA, Direct) recall is
+"–", never 0: a missing measurement is not a miss.
 
-What "hops" means per method: the number of plan steps for a ReWOO planner, the number of tool actions for
-ReAct, and 0 for Direct. Gold hops come from the dataset (HotpotQA: 2; TriviaQA: unknown). Grouping tokens
-by hops is what shows ReAct's cost growing with each hop (every turn resends the history) while ReWOO's
-stays flat (the planner sees the question once).
+Hops: plan steps for ReWOO, tool actions for ReAct, 0 for Direct. Tokens by hops show ReAct's cost growing
+with each hop (every turn resends the history) while ReWOO's stays flat (the planner sees the question once).
 
-Robustness: the runs of eval's `robustness:` sweep (records with `robustness_of`) are not methods of the
-main tables; they form their own table, each swept method at each tool failure rate with its main run as
-one more rate, all over the same questions, and `accuracy_vs_calls.png`.
+Runs of eval's `robustness:` sweep (records with `robustness_of`) stay out of the main tables: they get their
+own table, each swept method at each failure rate beside its main run on the same questions, and a plot.
 """
 
 from __future__ import annotations
@@ -30,8 +23,9 @@ import argparse
 import json
 import math
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -49,6 +43,9 @@ PLOTS = {
     "latency": "latency.png",
     "recall_vs_prompt": "recall_vs_prompt.png",
 }
+ROBUSTNESS_PLOT = "accuracy_vs_calls.png"
+ROBUSTNESS_FIELDS = ("n", "em", "f1", "judge", "n_evidence", "evidence_recall", "llm_calls_mean",
+                     "tool_calls_mean", "tool_failures")
 
 
 # ------------------------------------------------------------------------------------------- reading
@@ -67,17 +64,7 @@ def load_records(output_dir: str | Path) -> dict[str, list[dict]]:
     records, duplicates = dedupe((rec for path in files for rec in read_jsonl(path)), record_key, str(folder))
     if duplicates:
         print(f"note: {folder} holds {duplicates} duplicate record(s); the first of each is used")
-    by_method: dict[str, list[dict]] = defaultdict(list)
-    for rec in records:
-        by_method[rec["method"]].append(rec)
-    return dict(by_method)
-
-
-def read_manifest(output_dir: str | Path) -> dict:
-    path = Path(output_dir) / "manifest.json"
-    if not path.exists():
-        return {}
-    return json.loads(path.read_text())
+    return _groups(records, lambda rec: rec["method"])
 
 
 def hops_of(rec: dict) -> int:
@@ -120,9 +107,7 @@ def recall_of(rec: dict) -> dict | None:
 
 def plan_steps_of(rec: dict) -> dict | None:
     """Steps of a ReWOO plan (those kept: a plan over `max_plan_steps` is cut there); None for other kinds."""
-    if rec["kind"] != "rewoo":
-        return None
-    return {"steps": float(len((rec.get("plan") or {}).get("steps") or []))}
+    return {"steps": float(hops_of(rec))} if rec["kind"] == "rewoo" else None
 
 
 def too_many_steps(rec: dict) -> bool:
@@ -146,23 +131,31 @@ def _ci(values: list[float], samples: int, seed: int) -> dict | None:
     return {"mean": mean, "lo": lo, "hi": hi}
 
 
+def _ci_mean(ci: dict | None) -> float | None:
+    return ci["mean"] if ci else None
+
+
+def _present(measure: Callable[[dict], dict | None], records: list[dict]) -> list[dict]:
+    """`measure` of the records that have it: the scored questions, those with gold pages, the plans."""
+    return [x for x in map(measure, records) if x is not None]
+
+
+def _groups(records: Iterable[dict], key: Callable[[dict], Any]) -> dict[Any, list[dict]]:
+    """Records by `key(rec)`, sorted by key (so the order does not depend on the files'); None left out."""
+    groups: dict[Any, list[dict]] = defaultdict(list)
+    for rec in records:
+        if (k := key(rec)) is not None:
+            groups[k].append(rec)
+    return dict(sorted(groups.items()))
+
+
 def _judge(records: list[dict]) -> dict | None:
-    verdicts = [(r.get("scores") or {}).get("judge", "absent") for r in records]
-    present = [v for v in verdicts if v != "absent"]
-    if not present:
+    """None when nothing was judged; a verdict of None is a judge reply that did not parse."""
+    verdicts = [r["scores"]["judge"] for r in records if "judge" in (r.get("scores") or {})]
+    if not verdicts:
         return None
-    parsed = [v for v in present if v is not None]
-    return {
-        "accuracy": _mean(float(v) for v in parsed),
-        "n_judged": len(parsed),
-        "unparsed": len(present) - len(parsed),
-    }
-
-
-def _latency(records: list[dict]) -> dict:
-    walls = [float(r.get("wall_s", 0.0)) for r in records]
-    p50, p95 = np.percentile(walls, [50, 95])
-    return {"p50": float(p50), "p95": float(p95), "mean": float(np.mean(walls))}
+    parsed = [float(v) for v in verdicts if v is not None]
+    return {"accuracy": _mean(parsed), "n_judged": len(parsed), "unparsed": len(verdicts) - len(parsed)}
 
 
 def _tool_failures(records: list[dict]) -> dict | None:
@@ -170,56 +163,33 @@ def _tool_failures(records: list[dict]) -> dict | None:
     if not evidence:
         return None
     failed = [e for e in evidence if e.get("status") != "ok"]
-    injected = [e for e in failed if str(e.get("error") or "").startswith("InjectedToolFailure")]
-    return {
-        "rate": len(failed) / len(evidence), "failed": len(failed), "injected": len(injected), "calls": len(evidence)
-    }
+    injected = sum(str(e.get("error") or "").startswith("InjectedToolFailure") for e in failed)
+    return {"rate": len(failed) / len(evidence), "failed": len(failed), "injected": injected, "calls": len(evidence)}
 
 
-def _by_dataset(records: list[dict], scores: list[dict | None], recalls: list[dict | None]) -> dict:
-    groups: dict[str, tuple[list[dict], list[dict]]] = defaultdict(lambda: ([], []))
-    for rec, sc, rc in zip(records, scores, recalls):
-        scored, recalled = groups[rec["dataset"]]
-        if sc is not None:
-            scored.append(sc)
-        if rc is not None:
-            recalled.append(rc)
-    return {
-        name: {
-            "n": len(s), "em": _mean(x["em"] for x in s), "f1": _mean(x["f1"] for x in s),
-            "n_evidence": len(r), "evidence_recall": _mean(x["recall"] for x in r),
-            "evidence_all": _mean(x["all"] for x in r),
-        }
-        for name, (s, r) in sorted(groups.items())
-        if s or r
-    }
-
-
-def _plan_steps(records: list[dict]) -> dict | None:
-    counts = [p["steps"] for p in map(plan_steps_of, records) if p is not None]
-    if not counts:
-        return None
-    return {"mean": float(np.mean(counts)), "p50": float(np.percentile(counts, 50)), "max": float(max(counts))}
+def _by_dataset(records: list[dict]) -> dict:
+    out = {}
+    for name, recs in _groups(records, lambda r: r["dataset"]).items():
+        s, r = _present(rescore, recs), _present(recall_of, recs)
+        if s or r:
+            out[name] = {
+                "n": len(s), "em": _mean(x["em"] for x in s), "f1": _mean(x["f1"] for x in s),
+                "n_evidence": len(r), "evidence_recall": _mean(x["recall"] for x in r),
+                "evidence_all": _mean(x["all"] for x in r),
+            }
+    return out
 
 
 def method_metrics(records: list[dict], samples: int = 1000, seed: int = 0) -> dict:
     """Every per-method number of the report, from that method's records."""
-    if not records:
-        raise DistillError("method_metrics needs at least one record")
     kind = records[0]["kind"]
-    scores = [rescore(r) for r in records]
-    scored = [s for s in scores if s is not None]
-    recalls = [recall_of(r) for r in records]
-    recalled = [x for x in recalls if x is not None]
+    scored, recalled = _present(rescore, records), _present(recall_of, records)
     em = [float(s["em"]) for s in scored]
-    f1 = [float(s["f1"]) for s in scored]
     costs = [float(r.get("cost_usd", 0.0)) for r in records]
-    correct = sum(em)
-    tokens = {k: _mean(r["tokens"][k] for r in records) for k in ("planner", "solver", "tools", "total")}
-    planner_prompt = None
-    if kind == "rewoo":
-        planner_prompt = _mean(r["planner"]["usage"]["prompt_tokens"] for r in records)
-    react = [r.get("react") or {} for r in records] if kind == "react" else []
+    steps = [p["steps"] for p in _present(plan_steps_of, records)]
+    walls = [float(r.get("wall_s", 0.0)) for r in records]
+    p50, p95 = np.percentile(walls, [50, 95])
+    rewoo, react = kind == "rewoo", [r.get("react") or {} for r in records if kind == "react"]
     return {
         "kind": kind,
         "planner_prompt": records[0].get("planner_prompt"),
@@ -228,26 +198,27 @@ def method_metrics(records: list[dict], samples: int = 1000, seed: int = 0) -> d
         "n": len(records),
         "n_scored": len(scored),
         "em": _ci(em, samples, seed),
-        "f1": _ci(f1, samples, seed),
+        "f1": _ci([float(s["f1"]) for s in scored], samples, seed),
         "judge": _judge(records),
         "n_evidence": len(recalled),
         "evidence_recall": _ci([x["recall"] for x in recalled], samples, seed),
         "evidence_all": _ci([x["all"] for x in recalled], samples, seed),
-        "plan_valid_rate": _mean(float(bool(r["plan"]["valid"])) for r in records) if kind == "rewoo" else None,
-        "plan_steps": _plan_steps(records),
-        "too_many_steps_rate": _mean(float(too_many_steps(r)) for r in records) if kind == "rewoo" else None,
+        "plan_valid_rate": _mean(float(bool(r["plan"]["valid"])) for r in records) if rewoo else None,
+        "plan_steps": {"mean": _mean(steps), "p50": float(np.percentile(steps, 50)), "max": max(steps)}
+        if steps else None,
+        "too_many_steps_rate": _mean(float(too_many_steps(r)) for r in records) if rewoo else None,
         "steps_mean": _mean(steps_of(r) for r in records),
         "hops_mean": _mean(hops_of(r) for r in records),
         "tool_calls_mean": _mean(len(r.get("evidence") or []) for r in records),
         "llm_calls_mean": _mean(r["llm_calls"] for r in records),
-        "tokens_mean": tokens,
-        "planner_prompt_tokens_mean": planner_prompt,
+        "tokens_mean": {k: _mean(r["tokens"][k] for r in records) for k in ("planner", "solver", "tools", "total")},
+        "planner_prompt_tokens_mean": _mean(r["planner"]["usage"]["prompt_tokens"] for r in records) if rewoo else None,
         "cost_per_question_usd": _mean(costs),
-        "cost_per_correct_usd": sum(costs) / correct if correct else None,
-        "latency_s": _latency(records),
+        "cost_per_correct_usd": sum(costs) / sum(em) if sum(em) else None,
+        "latency_s": {"p50": float(p50), "p95": float(p95), "mean": _mean(walls)},
         "tool_failures": _tool_failures(records),
         "react_finished_rate": _mean(float(bool(x.get("finished"))) for x in react) if react else None,
-        "by_dataset": _by_dataset(records, scores, recalls),
+        "by_dataset": _by_dataset(records),
     }
 
 
@@ -282,61 +253,42 @@ def paired_vs_reference(
     the all-gold-pages rate (`evidence`) over those both have gold pages for; steps per plan (`plan_steps`)
     when both are ReWOO planners. None when they share no question with any of these."""
     out: dict[str, Any] = _paired_on(records, reference, rescore, ("em", "f1"), samples, seed) or {}
-    evidence = _paired_on(records, reference, recall_of, ("recall", "all"), samples, seed)
-    if evidence:
-        out["evidence"] = evidence
-    steps = _paired_on(records, reference, plan_steps_of, ("steps",), samples, seed)
-    if steps:
-        out["plan_steps"] = steps
+    for key, measure, metrics in (("evidence", recall_of, ("recall", "all")),
+                                  ("plan_steps", plan_steps_of, ("steps",))):
+        if found := _paired_on(records, reference, measure, metrics, samples, seed):
+            out[key] = found
     return out or None
 
 
 def tokens_by(records: list[dict], hops: Any) -> dict[str, dict]:
     """Mean tokens per question (and n, EM) grouped by `hops(rec)`; None groups are left out.
     Keys are strings in numeric order, so the dict survives a JSON round trip unchanged."""
-    groups: dict[int, list[dict]] = defaultdict(list)
-    for rec in records:
-        h = hops(rec)
-        if h is not None:
-            groups[int(h)].append(rec)
-    out = {}
-    for h in sorted(groups):
-        recs = groups[h]
-        scores = [s for s in (rescore(r) for r in recs) if s is not None]
-        out[str(h)] = {
+    return {
+        str(h): {
             "n": len(recs),
             "tokens_mean": _mean(r["tokens"]["total"] for r in recs),
             "llm_calls_mean": _mean(r["llm_calls"] for r in recs),
-            "em": _mean(s["em"] for s in scores),
+            "em": _mean(s["em"] for s in _present(rescore, recs)),
         }
-    return out
-
-
-def _ci_mean(ci: dict | None) -> float | None:
-    return ci["mean"] if ci else None
-
-
-def goal_teacher(per_method: dict[str, dict], methods: list[str], reference: str) -> str | None:
-    """The row the prompt goal is measured against: the first few-shot ReWOO planner, else the reference."""
-    fewshot = [m for m in methods if per_method[m]["kind"] == "rewoo" and per_method[m]["planner_prompt"] == "fewshot"]
-    teacher = fewshot[0] if fewshot else reference
-    return teacher if per_method[teacher]["kind"] == "rewoo" else None
+        for h, recs in _groups(records, hops).items()
+    }
 
 
 def prompt_goal(per_method: dict[str, dict], methods: list[str], reference: str) -> dict | None:
     """Every zero-shot (student-style) ReWOO planner against the teacher's evidence recall and planner prompt
-    tokens: the compact prompt earns its place only if it keeps the recall at a fraction of the prompt. None
-    without a ReWOO teacher row or another ReWOO row to set against it. `goal_met` is None where a number is
-    missing (no gold pages, no prompt tokens), never False: a missing measurement is not a miss."""
-    teacher = goal_teacher(per_method, methods, reference)
-    if teacher is None:
+    tokens: the compact prompt earns its place only if it keeps the recall at a fraction of the prompt. The
+    teacher is the first few-shot ReWOO planner, else the reference; None without a ReWOO teacher or another
+    ReWOO row. `goal_met` is None where a number is missing (no gold pages, no prompt tokens), never False."""
+    rewoo = [m for m in methods if per_method[m]["kind"] == "rewoo"]
+    teacher = next((m for m in rewoo if per_method[m]["planner_prompt"] == "fewshot"), reference)
+    if teacher not in rewoo:
         return None
     t_recall = _ci_mean(per_method[teacher]["evidence_recall"])
     t_tokens = per_method[teacher]["planner_prompt_tokens_mean"]
     rows = {}
-    for m in methods:
+    for m in rewoo:
         pm = per_method[m]
-        if m == teacher or pm["kind"] != "rewoo" or pm["planner_prompt"] == "fewshot":
+        if m == teacher or pm["planner_prompt"] == "fewshot":
             continue
         recall, tokens = _ci_mean(pm["evidence_recall"]), pm["planner_prompt_tokens_mean"]
         fraction = tokens / t_tokens if tokens is not None and t_tokens else None
@@ -355,32 +307,38 @@ def prompt_goal(per_method: dict[str, dict], methods: list[str], reference: str)
             "max_prompt_fraction": PROMPT_GOAL_FRACTION, "rows": rows}
 
 
-def _rounded(value: Any, digits: int = 6) -> Any:
+def robustness(
+    main: dict[str, list[dict]], sweep: dict[str, list[dict]], samples: int = 1000, seed: int = 0
+) -> dict:
+    """One row per swept method and tool failure rate, its main run being one more rate, in order of rate; a
+    method's rows cover only the questions all of them answered, lest a sweep on the first n questions (or
+    one cut short) be set against a main run over more, easier or harder, questions."""
+    bases = list(dict.fromkeys(recs[0]["robustness_of"] for recs in sweep.values()))
+    rows = []
+    for base in bases:
+        runs = ({base: main[base]} if base in main else {}) | {
+            m: recs for m, recs in sweep.items() if recs[0]["robustness_of"] == base}
+        common = set.intersection(*({_key(r) for r in recs} for recs in runs.values()))
+        mine = []
+        for name, recs in runs.items():
+            if kept := [r for r in recs if _key(r) in common]:
+                metrics = method_metrics(kept, samples, seed)
+                rate = float(kept[0].get("tool_failure_rate", 0.0))
+                mine.append({"method": base, "run": name, "tool_failure_rate": rate,
+                             **{k: metrics[k] for k in ROBUSTNESS_FIELDS}})
+        rows += sorted(mine, key=lambda row: row["tool_failure_rate"])
+    return {"methods": bases, "rows": rows}
+
+
+def _rounded(value: Any) -> Any:
     """Round floats for readability; NaN/inf become None so results.json stays valid JSON."""
     if isinstance(value, float):
-        return round(value, digits) if math.isfinite(value) else None
+        return round(value, 6) if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {k: _rounded(v, digits) for k, v in value.items()}
+        return {k: _rounded(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_rounded(v, digits) for v in value]
+        return [_rounded(v) for v in value]
     return value
-
-
-def _select(by_method: dict[str, list[dict]], manifest: dict) -> tuple[list[str], dict[str, list[dict]]]:
-    """Methods in manifest order (others after, alphabetically), restricted to the manifest's questions."""
-    order = [m["name"] for m in manifest.get("methods", []) if m["name"] in by_method]
-    order += sorted(m for m in by_method if m not in order)
-    wanted = {tuple(k) for k in manifest.get("examples", [])}
-    selected = {}
-    for name in order:
-        recs = by_method[name]
-        if wanted:
-            recs = [r for r in recs if _key(r) in wanted]
-        if recs:
-            selected[name] = recs
-    if not selected:
-        raise DistillError("no records match the questions listed in manifest.json")
-    return [m for m in order if m in selected], selected
 
 
 def compute(
@@ -423,209 +381,105 @@ def compute(
     return _rounded(results)
 
 
-# ---------------------------------------------------------------------------------------- robustness
-
-ROBUSTNESS_PLOT = "accuracy_vs_calls.png"
-ROBUSTNESS_FIELDS = ("n", "em", "f1", "judge", "n_evidence", "evidence_recall", "llm_calls_mean",
-                     "tool_calls_mean", "tool_failures")
-
-
-def robustness(
-    main: dict[str, list[dict]], sweep: dict[str, list[dict]], samples: int = 1000, seed: int = 0
-) -> dict:
-    """One row per swept method and tool failure rate, its main run being one more rate, in order of rate.
-
-    A method's rows are restricted to the questions all of them answered: a sweep on the first n questions
-    (or one cut short) must not be set against a main run over more, easier or harder, questions."""
-    bases = list(dict.fromkeys(recs[0]["robustness_of"] for recs in sweep.values()))
-    rows = []
-    for base in bases:
-        runs = {m: recs for m, recs in sweep.items() if recs[0]["robustness_of"] == base}
-        if base in main:
-            runs = {base: main[base], **runs}
-        common = set.intersection(*({_key(r) for r in recs} for recs in runs.values()))
-        mine = []
-        for name, recs in runs.items():
-            kept = [r for r in recs if _key(r) in common]
-            if not kept:
-                continue
-            metrics = method_metrics(kept, samples, seed)
-            mine.append({"method": base, "run": name, "tool_failure_rate": float(kept[0].get("tool_failure_rate", 0.0)),
-                         **{k: metrics[k] for k in ROBUSTNESS_FIELDS}})
-        rows += sorted(mine, key=lambda row: row["tool_failure_rate"])
-    return {"methods": bases, "rows": rows}
-
-
-def _plot_robustness(plt, results: dict, path: Path) -> None:
-    """Accuracy against model calls, one line per method through its failure rates (each point labelled)."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for base in results["robustness"]["methods"]:
-        points = [(r["llm_calls_mean"], r["f1"]["mean"], r["tool_failure_rate"])
-                  for r in results["robustness"]["rows"] if r["method"] == base and r["f1"] is not None]
-        if not points:
-            continue
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=base)
-        for x, y, rate in points:
-            ax.annotate(f"{rate:g}", (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
-    ax.set_xlabel("model calls per question (mean)")
-    ax.set_ylabel("accuracy: F1 (mean)")
-    ax.set_title("Accuracy against model calls under tool failures\n(point labels: tool failure rate)")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def _robustness_block(results: dict) -> list[str]:
-    rob = results.get("robustness")
-    if not rob:
-        return []
-    rows = [
-        [r["method"], f"{r['tool_failure_rate']:g}", str(r["n"]), _ci_text(r["em"]), _ci_text(r["f1"]),
-         _f((r["judge"] or {}).get("accuracy")), _ci_text(r["evidence_recall"]), _f(r["llm_calls_mean"], 2),
-         _f(r["tool_calls_mean"], 2), _f((r["tool_failures"] or {}).get("rate"), 2)]
-        for r in rob["rows"]
-    ]
-    return [
-        "## Robustness: tool failures",
-        "",
-        "Each method again with a share of its tool calls failing (`No evidence found`); rate 0 is the main "
-        "run. A method's rows cover the same questions (n). Model calls: Planner (re-plans included), Solver "
-        "and LLM-tool calls; tool calls: the steps or actions run; failed: the share of them that failed.",
-        "",
-        *_table(
-            ["method", "failure rate", "n", "EM [95% CI]", "F1 [95% CI]", "judge acc", "evidence recall [95% CI]",
-             "model calls/q", "tool calls/q", "failed"],
-            rows,
-        ),
-        "",
-        f"![F1 against model calls per question under tool failures]({results['plots']['accuracy_vs_calls']})",
-        "",
-    ]
-
-
-def _load(output_dir: str | Path) -> tuple[dict, list[str], dict[str, list[dict]]]:
-    manifest = read_manifest(output_dir)
+def _load(output_dir: str | Path) -> tuple[dict, dict[str, list[dict]]]:
+    """The results and the records they come from: methods in manifest order (others after, alphabetically),
+    restricted to the manifest's questions."""
+    path = Path(output_dir) / "manifest.json"
+    manifest = json.loads(path.read_text()) if path.exists() else {}
     by_method = load_records(output_dir)
     for name, records in by_method.items():
         missing = sorted({k for r in records for k in ("kind", "dataset", "id") if k not in r})
         if missing:  # e.g. generation's trajectories: no `kind`, so no way to tell how to count hops
             raise DistillError(f"records of {name} lack {', '.join(missing)}: not evaluation records")
-    methods, by_method = _select(by_method, manifest)
-    return manifest, methods, by_method
-
-
-def _compute_from(manifest: dict, methods: list[str], by_method: dict[str, list[dict]]) -> dict:
-    return compute(
-        by_method,
-        methods=methods,
-        reference=manifest.get("reference"),
-        samples=int(manifest.get("bootstrap_samples", 1000)),
-        seed=int(manifest.get("seed", 0)),
-    )
+    order = [m["name"] for m in manifest.get("methods", []) if m["name"] in by_method]
+    order += sorted(m for m in by_method if m not in order)
+    wanted = {tuple(k) for k in manifest.get("examples", [])}
+    selected = {m: [r for r in by_method[m] if not wanted or _key(r) in wanted] for m in order}
+    selected = {m: recs for m, recs in selected.items() if recs}
+    if not selected:
+        raise DistillError("no records match the questions listed in manifest.json")
+    results = compute(selected, methods=list(selected), reference=manifest.get("reference"),
+                      samples=int(manifest.get("bootstrap_samples", 1000)), seed=int(manifest.get("seed", 0)))
+    return results, selected
 
 
 def recompute(output_dir: str | Path) -> dict:
     """results.json, rebuilt from `<output_dir>/records/*.jsonl` (and the manifest's bookkeeping)."""
-    return _compute_from(*_load(output_dir))
+    return _load(output_dir)[0]
 
 
 # --------------------------------------------------------------------------------------------- plots
 
 
-def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str | Path) -> dict[str, str]:
-    """Write the PNGs beside report.md; returns {plot: file name}."""
+@contextmanager
+def _figure(plt, path: Path, size: tuple[float, float] = (6.4, 4.4), panels: int = 1, grid: str = "both"):
+    """A row of axes; on leaving, each gets a light grid and, where something is labelled, a legend, and the
+    figure is saved to `path`."""
+    fig, axes = plt.subplots(1, panels, figsize=size, squeeze=False)
+    yield fig, list(axes[0])
+    for ax in axes[0]:
+        ax.grid(axis=grid, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _plot_ci_points(plt, points: list[tuple[str, float, dict | None]], path: Path, **labels: str) -> None:
+    """One labelled point per method at (x, mean) with its bootstrap CI; methods without the metric are left out."""
+    with _figure(plt, path) as (_, (ax,)):
+        for m, x, ci in points:
+            if ci is None:
+                continue
+            err = [[ci["mean"] - ci["lo"]], [ci["hi"] - ci["mean"]]]
+            ax.errorbar([x], [ci["mean"]], yerr=err, fmt="o", capsize=4, label=m)
+            ax.annotate(m, (x, ci["mean"]), textcoords="offset points", xytext=(6, 6), fontsize=8)
+        ax.set(**labels)
+
+
+def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str | Path) -> None:
+    """Write the PNGs beside report.md."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    out = Path(output_dir)
-    methods = results["methods"]
-    _plot_accuracy(plt, results, methods, out / PLOTS["accuracy_vs_tokens"])
-    _plot_hops(plt, results, methods, out / PLOTS["tokens_by_hops"])
-    _plot_latency(plt, by_method, methods, out / PLOTS["latency"])
-    _plot_recall(plt, results, methods, out / PLOTS["recall_vs_prompt"])
-    if results.get("robustness"):
-        _plot_robustness(plt, results, out / results["plots"]["accuracy_vs_calls"])
-    return dict(PLOTS)
-
-
-def _plot_recall(plt, results: dict, methods: list[str], path: Path) -> None:
-    """The Planner's own trade-off: what its evidence holds against what its prompt costs (ReWOO planners)."""
-    points = [(m, pm["planner_prompt_tokens_mean"], pm["evidence_recall"])
-              for m in methods for pm in [results["per_method"][m]]]
-    _plot_ci_points(plt, [p for p in points if p[1] is not None], path, xlabel="planner prompt tokens (mean)",
-                    ylabel="evidence recall (95% bootstrap CI)", title="Evidence recall against planner prompt size")
-
-
-def _plot_accuracy(plt, results: dict, methods: list[str], path: Path) -> None:
-    points = [(m, pm["tokens_mean"]["total"] or 0.0, pm["f1"]) for m in methods for pm in [results["per_method"][m]]]
-    _plot_ci_points(plt, points, path, xlabel="tokens per question (mean)", ylabel="F1 (95% bootstrap CI)",
-                    title="Accuracy against cost")
-
-
-def _plot_ci_points(plt, points: list[tuple[str, float, dict | None]], path: Path, *, xlabel: str, ylabel: str,
-                    title: str) -> None:
-    """One labelled point per method at (x, mean) with its bootstrap CI; methods without the metric are left out."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for m, x, ci in points:
-        if ci is None:
-            continue
-        err = [[ci["mean"] - ci["lo"]], [ci["hi"] - ci["mean"]]]
-        ax.errorbar([x], [ci["mean"]], yerr=err, fmt="o", capsize=4, label=m)
-        ax.annotate(m, (x, ci["mean"]), textcoords="offset points", xytext=(6, 6), fontsize=8)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def _plot_hops(plt, results: dict, methods: list[str], path: Path) -> None:
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    panels = (
-        ("tokens_by_hops", "hops taken (plan steps; ReAct tool actions)"),
-        ("tokens_by_gold_hops", "gold hops (from the dataset)"),
-    )
-    for ax, (key, label) in zip(axes, panels):
-        for m in methods:
-            groups = results[key][m]
-            if not groups:
-                continue
-            xs = [int(h) for h in groups]
-            ax.plot(xs, [groups[h]["tokens_mean"] for h in groups], marker="o", label=m)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel(label)
-        ax.set_ylabel("tokens per question (mean)")
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.suptitle("Tokens per question by number of hops")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def _plot_latency(plt, by_method: dict[str, list[dict]], methods: list[str], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(methods) + 2), 4.2))
-    data = [[float(r.get("wall_s", 0.0)) for r in by_method[m]] for m in methods]
-    ax.boxplot(data, showmeans=True)
-    ax.set_xticks(range(1, len(methods) + 1), methods, rotation=20)
-    ax.set_ylabel("seconds per question (wall)")
-    ax.set_title("Latency")
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    out, methods, pm = Path(output_dir), results["methods"], results["per_method"]
+    _plot_ci_points(plt, [(m, pm[m]["tokens_mean"]["total"] or 0.0, pm[m]["f1"]) for m in methods],
+                    out / PLOTS["accuracy_vs_tokens"], xlabel="tokens per question (mean)",
+                    ylabel="F1 (95% bootstrap CI)", title="Accuracy against cost")
+    # The Planner's own trade-off: what its evidence holds against what its prompt costs (ReWOO planners).
+    _plot_ci_points(plt, [(m, pm[m]["planner_prompt_tokens_mean"], pm[m]["evidence_recall"]) for m in methods
+                          if pm[m]["planner_prompt_tokens_mean"] is not None],
+                    out / PLOTS["recall_vs_prompt"], xlabel="planner prompt tokens (mean)",
+                    ylabel="evidence recall (95% bootstrap CI)", title="Evidence recall against planner prompt size")
+    with _figure(plt, out / PLOTS["tokens_by_hops"], (11, 4.2), panels=2) as (fig, axes):
+        panels = (("tokens_by_hops", "hops taken (plan steps; ReAct tool actions)"),
+                  ("tokens_by_gold_hops", "gold hops (from the dataset)"))
+        for ax, (key, label) in zip(axes, panels):
+            for m in methods:
+                if groups := results[key][m]:
+                    ax.plot([int(h) for h in groups], [g["tokens_mean"] for g in groups.values()], marker="o", label=m)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set(xlabel=label, ylabel="tokens per question (mean)")
+        fig.suptitle("Tokens per question by number of hops")
+    with _figure(plt, out / PLOTS["latency"], (max(5.0, 1.3 * len(methods) + 2), 4.2), grid="y") as (_, (ax,)):
+        ax.boxplot([[float(r.get("wall_s", 0.0)) for r in by_method[m]] for m in methods], showmeans=True)
+        ax.set_xticks(range(1, len(methods) + 1), methods, rotation=20)
+        ax.set(ylabel="seconds per question (wall)", title="Latency")
+    if rob := results.get("robustness"):  # accuracy against model calls, a line per method through its rates
+        with _figure(plt, out / ROBUSTNESS_PLOT) as (_, (ax,)):
+            for base in rob["methods"]:
+                points = [(r["llm_calls_mean"], r["f1"]["mean"], r["tool_failure_rate"])
+                          for r in rob["rows"] if r["method"] == base and r["f1"] is not None]
+                if points:
+                    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=base)
+                for x, y, rate in points:
+                    ax.annotate(f"{rate:g}", (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+            ax.set(xlabel="model calls per question (mean)", ylabel="accuracy: F1 (mean)",
+                   title="Accuracy against model calls under tool failures\n(point labels: tool failure rate)")
 
 
 # ------------------------------------------------------------------------------------------ markdown
@@ -640,132 +494,58 @@ def _f(value: Any, digits: int = 3) -> str:
 
 
 def _ci_text(ci: dict | None, digits: int = 3) -> str:
+    """`mean [lo, hi]`; a paired difference (`diff` in place of `mean`) is signed."""
     if ci is None:
         return "–"
-    return f"{ci['mean']:.{digits}f} [{ci['lo']:.{digits}f}, {ci['hi']:.{digits}f}]"
+    fmt = f"{'+' if 'diff' in ci else ''}.{digits}f"
+    return f"{ci['diff'] if 'diff' in ci else ci['mean']:{fmt}} [{ci['lo']:{fmt}}, {ci['hi']:{fmt}}]"
 
 
 def _money(value: float | None) -> str:
     return "–" if value is None else f"${value:.5f}"
 
 
+def _goal_text(met: bool | None) -> str:
+    return "–" if met is None else ("yes" if met else "no")
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
-
-
-def _accuracy_rows(results: dict) -> list[list[str]]:
-    rows = []
-    for m in results["methods"]:
-        pm = results["per_method"][m]
-        judge = pm["judge"]
-        rows.append([
-            m, pm["kind"], pm["planner_prompt"] or "–", str(pm["n"]), _ci_text(pm["em"]), _ci_text(pm["f1"]),
-            _ci_text(pm["evidence_recall"]), _f(judge["accuracy"]) if judge else "–", _f(pm["plan_valid_rate"]),
-        ])
-    return rows
-
-
-def _cost_rows(results: dict) -> list[list[str]]:
-    rows = []
-    for m in results["methods"]:
-        pm = results["per_method"][m]
-        tok = pm["tokens_mean"]
-        rows.append([
-            m, _f(pm["steps_mean"], 2), _f(pm["tool_calls_mean"], 2), _f(pm["llm_calls_mean"], 2),
-            _f(tok["planner"], 0), _f(tok["solver"], 0), _f(tok["tools"], 0), _f(tok["total"], 0),
-            _money(pm["cost_per_question_usd"]), _money(pm["cost_per_correct_usd"]),
-            _f(pm["latency_s"]["p50"], 2), _f(pm["latency_s"]["p95"], 2),
-            _f((pm["tool_failures"] or {}).get("rate"), 2),
-        ])
-    return rows
-
-
-def _diff_text(d: dict | None, digits: int = 3) -> str:
-    if d is None:
-        return "–"
-    return f"{d['diff']:+.{digits}f} [{d['lo']:+.{digits}f}, {d['hi']:+.{digits}f}]"
-
-
-def _paired_rows(results: dict) -> list[list[str]]:
-    rows = []
-    for m, p in results["paired"].items():
-        if "em" not in p:
-            rows.append([m, "0", "–", "–", "–", "–"])
-            continue
-        em, f1 = p["em"], p["f1"]
-        rows.append([m, str(p["n"]), _diff_text(em), _f(em["p_value"]), _diff_text(f1), _f(f1["p_value"])])
-    return rows
-
-
-def _planner_rows(results: dict) -> list[list[str]]:
-    rows = []
-    for m in results["methods"]:
-        pm = results["per_method"][m]
-        steps = pm["plan_steps"] or {}
-        rows.append([
-            m, pm["kind"], pm["planner_prompt"] or "–", str(pm["n_evidence"]), _ci_text(pm["evidence_recall"]),
-            _ci_text(pm["evidence_all"]), _f(pm["plan_valid_rate"]), _f(steps.get("mean"), 2),
-            _f(steps.get("p50"), 1), _f(steps.get("max"), 0), _f(pm["too_many_steps_rate"]),
-            _f(pm["planner_prompt_tokens_mean"], 0),
-        ])
-    return rows
-
-
-def _paired_planner_rows(results: dict) -> list[list[str]]:
-    rows = []
-    for m, p in results["paired"].items():
-        ev, steps = p.get("evidence"), p.get("plan_steps")
-        rows.append([
-            m, str(ev["n"]) if ev else "0",
-            _diff_text(ev and ev["recall"]), _f(ev and ev["recall"]["p_value"]),
-            _diff_text(ev and ev["all"]), _f(ev and ev["all"]["p_value"]),
-            _diff_text(steps and steps["steps"], 2),
-        ])
-    return rows
+    return lines + ["| " + " | ".join(row) + " |" for row in rows] + [""]
 
 
 def _hops_table(results: dict, key: str) -> list[str]:
     columns = sorted({int(h) for groups in results[key].values() for h in groups})
     if not columns:
-        return ["(no question has this information)"]
-    rows = []
-    for m in results["methods"]:
-        groups = results[key][m]
-        rows.append([m] + [
-            f"{groups[str(h)]['tokens_mean']:.0f} (n={groups[str(h)]['n']})" if str(h) in groups else "–"
-            for h in columns
-        ])
+        return ["(no question has this information)", ""]
+    rows = [
+        [m] + [f"{groups[str(h)]['tokens_mean']:.0f} (n={groups[str(h)]['n']})" if str(h) in groups else "–"
+               for h in columns]
+        for m, groups in results[key].items()
+    ]
     return _table(["method"] + [f"{h} hop" + ("" if h == 1 else "s") for h in columns], rows)
-
-
-def _goal_text(met: bool | None) -> str:
-    return "–" if met is None else ("yes" if met else "no")
 
 
 def _prompt_goal_lines(goal: dict | None) -> list[str]:
     """The compact-vs-full comparison: each student-style planner's recall and prompt size against the teacher's."""
     if not goal:
         return []
-    share = f"{goal['max_prompt_fraction']:g}"
     return [
         "## Compact vs full student: the prompt goal",
         "",
         f"Goal: at least the evidence recall of **{goal['teacher']}** ({_f(goal['teacher_evidence_recall'])}) with at "
-        f"most {share} of its planner prompt tokens ({_f(goal['teacher_planner_prompt_tokens'], 0)}). Every ReWOO "
-        "planner with a zero-shot prompt (`full` or `compact`) is set against it; \"–\" where a number is missing.",
+        f"most {goal['max_prompt_fraction']:g} of its planner prompt tokens "
+        f"({_f(goal['teacher_planner_prompt_tokens'], 0)}). Every ReWOO planner with a zero-shot prompt (`full` or "
+        "`compact`) is set against it; \"–\" where a number is missing.",
         "",
         *_table(
             ["planner", "prompt", "planner prompt tok", "× teacher's", "evidence recall", "Δ vs teacher",
              "plan valid", "EM", "F1", "goal met"],
-            [
-                [m, r["prompt"] or "–", _f(r["planner_prompt_tokens"], 0), _f(r["prompt_fraction"], 2),
-                 _f(r["evidence_recall"]), "–" if r["recall_diff"] is None else f"{r['recall_diff']:+.3f}",
-                 _f(r["plan_valid_rate"]), _f(r["em"]), _f(r["f1"]), _goal_text(r["goal_met"])]
-                for m, r in goal["rows"].items()
-            ],
+            [[m, r["prompt"] or "–", _f(r["planner_prompt_tokens"], 0), _f(r["prompt_fraction"], 2),
+              _f(r["evidence_recall"]), "–" if r["recall_diff"] is None else f"{r['recall_diff']:+.3f}",
+              _f(r["plan_valid_rate"]), _f(r["em"]), _f(r["f1"]), _goal_text(r["goal_met"])]
+             for m, r in goal["rows"].items()],
         ),
-        "",
     ]
 
 
@@ -782,15 +562,40 @@ def prompt_goal_summary(results: dict) -> list[str]:
     ]
 
 
+def _robustness_lines(results: dict) -> list[str]:
+    rob = results.get("robustness")
+    if not rob:
+        return []
+    return [
+        "## Robustness: tool failures",
+        "",
+        "Each method again with a share of its tool calls failing (`No evidence found`); rate 0 is the main "
+        "run. A method's rows cover the same questions (n). Model calls: Planner (re-plans included), Solver "
+        "and LLM-tool calls; tool calls: the steps or actions run; failed: the share of them that failed.",
+        "",
+        *_table(
+            ["method", "failure rate", "n", "EM [95% CI]", "F1 [95% CI]", "judge acc", "evidence recall [95% CI]",
+             "model calls/q", "tool calls/q", "failed"],
+            [[r["method"], f"{r['tool_failure_rate']:g}", str(r["n"]), _ci_text(r["em"]), _ci_text(r["f1"]),
+              _f((r["judge"] or {}).get("accuracy")), _ci_text(r["evidence_recall"]), _f(r["llm_calls_mean"], 2),
+              _f(r["tool_calls_mean"], 2), _f((r["tool_failures"] or {}).get("rate"), 2)]
+             for r in rob["rows"]],
+        ),
+        f"![F1 against model calls per question under tool failures]({results['plots']['accuracy_vs_calls']})",
+        "",
+    ]
+
+
 def render_markdown(results: dict) -> str:
     """report.md: the tables of results.json and the plots, linked."""
-    rate = results["tool_failure_rate"]
+    per_method, paired, reference = results["per_method"], results["paired"], results["reference"]
     lines = [
         "# Evaluation report",
         "",
         f"{results['questions']} questions ({', '.join(results['datasets'])}); methods: "
-        f"{', '.join(results['methods'])}; reference for the paired tests: **{results['reference']}**; "
-        f"tool failure rate: {rate}; {results['bootstrap_samples']} bootstrap samples (seed {results['seed']}).",
+        f"{', '.join(results['methods'])}; reference for the paired tests: **{reference}**; "
+        f"tool failure rate: {results['tool_failure_rate']}; {results['bootstrap_samples']} bootstrap samples "
+        f"(seed {results['seed']}).",
         "Every number here is recomputed from `records/<method>.jsonl` (`distill.report.recompute`).",
         "",
         "## Accuracy",
@@ -798,9 +603,10 @@ def render_markdown(results: dict) -> str:
         *_table(
             ["method", "kind", "planner prompt", "n", "EM [95% CI]", "F1 [95% CI]", "evidence recall [95% CI]",
              "judge acc", "plan valid"],
-            _accuracy_rows(results),
+            [[m, pm["kind"], pm["planner_prompt"] or "–", str(pm["n"]), _ci_text(pm["em"]), _ci_text(pm["f1"]),
+              _ci_text(pm["evidence_recall"]), _f((pm["judge"] or {}).get("accuracy")), _f(pm["plan_valid_rate"])]
+             for m, pm in per_method.items()],
         ),
-        "",
         "## The Planner apart from the Solver",
         "",
         "Evidence recall: the mean share of a question's gold supporting pages that the evidence holds; all gold "
@@ -811,75 +617,73 @@ def render_markdown(results: dict) -> str:
         *_table(
             ["method", "kind", "planner prompt", "n gold", "evidence recall [95% CI]", "all gold pages [95% CI]",
              "plan valid", "steps/plan", "p50", "max", "too many steps", "planner prompt tok"],
-            _planner_rows(results),
+            [[m, pm["kind"], pm["planner_prompt"] or "–", str(pm["n_evidence"]), _ci_text(pm["evidence_recall"]),
+              _ci_text(pm["evidence_all"]), _f(pm["plan_valid_rate"]), _f(steps.get("mean"), 2),
+              _f(steps.get("p50"), 1), _f(steps.get("max"), 0), _f(pm["too_many_steps_rate"]),
+              _f(pm["planner_prompt_tokens_mean"], 0)]
+             for m, pm in per_method.items() for steps in [pm["plan_steps"] or {}]],
         ),
-        "",
-        f"Paired against {results['reference']} (method − reference, same questions):",
+        f"Paired against {reference} (method − reference, same questions):",
         "",
         *_table(
             ["method", "n gold", "Δrecall [95% CI]", "p", "Δall gold pages [95% CI]", "p", "Δsteps/plan [95% CI]"],
-            _paired_planner_rows(results),
+            [[m, str(ev["n"]) if ev else "0", _ci_text(ev and ev["recall"]), _f(ev and ev["recall"]["p_value"]),
+              _ci_text(ev and ev["all"]), _f(ev and ev["all"]["p_value"]), _ci_text(p.get("plan_steps") and
+              p["plan_steps"]["steps"], 2)]
+             for m, p in paired.items() for ev in [p.get("evidence")]],
         ),
-        "",
         "## Cost and efficiency (means per question)",
         "",
         *_table(
             ["method", "steps", "tool calls", "LLM calls", "planner tok", "solver tok", "tool tok", "total tok",
              "$ / question", "$ / correct (EM)", "latency p50 s", "latency p95 s", "tool failures"],
-            _cost_rows(results),
+            [[m, _f(pm["steps_mean"], 2), _f(pm["tool_calls_mean"], 2), _f(pm["llm_calls_mean"], 2),
+              *(_f(pm["tokens_mean"][k], 0) for k in ("planner", "solver", "tools", "total")),
+              _money(pm["cost_per_question_usd"]), _money(pm["cost_per_correct_usd"]),
+              _f(pm["latency_s"]["p50"], 2), _f(pm["latency_s"]["p95"], 2),
+              _f((pm["tool_failures"] or {}).get("rate"), 2)]
+             for m, pm in per_method.items()],
         ),
+        f"## Paired difference against {reference} (method − reference, same questions)",
         "",
-        f"## Paired difference against {results['reference']} (method − reference, same questions)",
-        "",
-        *_table(["method", "n", "ΔEM [95% CI]", "p", "ΔF1 [95% CI]", "p"], _paired_rows(results)),
-        "",
+        *_table(
+            ["method", "n", "ΔEM [95% CI]", "p", "ΔF1 [95% CI]", "p"],
+            [[m, str(p["n"]), _ci_text(p["em"]), _f(p["em"]["p_value"]), _ci_text(p["f1"]), _f(p["f1"]["p_value"])]
+             if "em" in p else [m, "0", "–", "–", "–", "–"]
+             for m, p in paired.items()],
+        ),
         "## Tokens per question by hops taken",
         "",
         "Hops: plan steps for ReWOO, tool actions for ReAct, 0 for Direct. Cells: mean total tokens (questions).",
         "",
         *_hops_table(results, "tokens_by_hops"),
-        "",
         "## Tokens per question by gold hops",
         "",
         *_hops_table(results, "tokens_by_gold_hops"),
-        "",
         "## Planner prompt size (ReWOO)",
         "",
         *_table(
             ["method", "prompt", "planner model", "planner prompt tokens (mean)", "planner tokens (mean)"],
-            [
-                [m, pm["planner_prompt"] or "–", str(pm["planner_model"]), _f(pm["planner_prompt_tokens_mean"], 0),
-                 _f(pm["tokens_mean"]["planner"], 0)]
-                for m, pm in results["per_method"].items()
-                if pm["kind"] == "rewoo"
-            ],
+            [[m, pm["planner_prompt"] or "–", str(pm["planner_model"]), _f(pm["planner_prompt_tokens_mean"], 0),
+              _f(pm["tokens_mean"]["planner"], 0)]
+             for m, pm in per_method.items() if pm["kind"] == "rewoo"],
         ),
-        "",
         *_prompt_goal_lines(results.get("prompt_goal")),
         "## By dataset",
         "",
         *_table(
             ["method", "dataset", "n", "EM", "F1", "n gold", "evidence recall", "all gold pages"],
-            [
-                [m, ds, str(v["n"]), _f(v["em"]), _f(v["f1"]), str(v["n_evidence"]), _f(v["evidence_recall"]),
-                 _f(v["evidence_all"])]
-                for m, pm in results["per_method"].items()
-                for ds, v in pm["by_dataset"].items()
-            ],
+            [[m, ds, str(v["n"]), _f(v["em"]), _f(v["f1"]), str(v["n_evidence"]), _f(v["evidence_recall"]),
+              _f(v["evidence_all"])]
+             for m, pm in per_method.items() for ds, v in pm["by_dataset"].items()],
         ),
-        "",
-        *_robustness_block(results),
+        *_robustness_lines(results),
         "## Plots",
         "",
-        f"![F1 against tokens per question]({results['plots']['accuracy_vs_tokens']})",
-        "",
-        f"![Tokens per question by hops]({results['plots']['tokens_by_hops']})",
-        "",
-        f"![Latency per question]({results['plots']['latency']})",
-        "",
-        f"![Evidence recall against planner prompt tokens]({results['plots']['recall_vs_prompt']})",
-        "",
     ]
+    captions = {"accuracy_vs_tokens": "F1 against tokens per question", "tokens_by_hops": "Tokens per question by hops",
+                "latency": "Latency per question", "recall_vs_prompt": "Evidence recall against planner prompt tokens"}
+    lines += [f"![{caption}]({results['plots'][key]})\n" for key, caption in captions.items()]
     return "\n".join(lines)
 
 
@@ -889,8 +693,7 @@ def write_report(eval_dir: str | Path, out_dir: str | Path | None = None) -> dic
     from distill.store import write_json
 
     out = Path(out_dir if out_dir is not None else eval_dir)
-    manifest, methods, by_method = _load(eval_dir)
-    results = _compute_from(manifest, methods, by_method)
+    results, by_method = _load(eval_dir)
     out.mkdir(parents=True, exist_ok=True)
     make_plots(results, by_method, out)
     write_json(out / "results.json", results)
@@ -901,8 +704,7 @@ def write_report(eval_dir: str | Path, out_dir: str | Path | None = None) -> dic
 def summary_lines(results: dict) -> list[str]:
     """One line per method: the headline numbers, so a terminal run shows the outcome at a glance."""
     lines = []
-    for name in results["methods"]:
-        pm = results["per_method"][name]
+    for name, pm in results["per_method"].items():
         em = pm["em"]["mean"] if pm["em"] else float("nan")
         f1 = pm["f1"]["mean"] if pm["f1"] else float("nan")
         recall = _f(pm["evidence_recall"]["mean"]) if pm["evidence_recall"] else "–"
