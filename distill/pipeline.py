@@ -6,8 +6,8 @@ generate -> filter -> sft-data -> train -> eval (the students served by vLLM, ag
 Planners, ReAct and Direct) -> report. A stage whose `DONE.json` exists is skipped; an unfinished one resumes
 (generation and evaluation records are appended as they finish, training restarts from its last checkpoint).
 
-`students: {name: sft_data overrides}` trains several students on the same kept examples (e.g. one on the
-`full` prompt, one on the `compact` one): sft-data and train run once per student into `sft-data/<name>` and
+`students: {name: sft_data overrides [+ train: {train overrides}]}` trains several students on the same kept
+examples (e.g. one on the `full` prompt, one on the `compact` one): sft-data and train run once per student into `sft-data/<name>` and
 `train/<name>`, each with its own DONE.json, and evaluation serves every adapter from one vLLM server as the LoRA
 module `<name>`. Without `students` there is one, named as student_server names its LoRA module (`planner`).
 `--from STAGE` moves that stage's folder and the later ones aside (nothing is deleted) and reruns them; the
@@ -60,7 +60,8 @@ class PipelineConfig(Strict):
     teacher_server: dict[str, Any] | None = None  # ServeConfig keys: a vLLM server for the teacher, or none
     filter: dict[str, Any] = Field(default_factory=dict)  # FilterConfig keys
     sft_data: dict[str, Any] = Field(default_factory=dict)  # SftDataConfig keys (kept and out are set)
-    students: dict[str, dict[str, Any]] | None = None  # {name: SftDataConfig keys over sft_data}; see the top
+    # {name: SftDataConfig keys over sft_data, plus `train:` TrainConfig keys over train}; see the top
+    students: dict[str, dict[str, Any]] | None = None
     train: dict[str, Any]  # TrainConfig keys (dataset_dir and output_dir are set by the pipeline)
     student_server: dict[str, Any] = Field(default_factory=dict)  # ServeConfig keys (adapters are set)
     eval: dict[str, Any]  # EvalConfig keys (output_dir is set)
@@ -170,15 +171,21 @@ class Pipeline:
 
         paths = {"kept": str(self.run / "filter" / "kept.jsonl"), "out": str(self.run / "sft-data" / name)}
         where = "sft_data" if self.cfg.students is None else f"students.{name}"
-        return validate(SftDataConfig, self.cfg.sft_data | self.students()[name] | paths, f"{where} (pipeline)")
+        own = {k: v for k, v in self.students()[name].items() if k != "train"}
+        return validate(SftDataConfig, self.cfg.sft_data | own | paths, f"{where} (pipeline)")
 
     def train_section(self, name: str) -> dict:
-        """A student's train section with its folders, checked by distill.train's own (TRL) parser."""
+        """A student's train section (its own `train:` keys over the shared ones) with its folders, checked by
+        distill.train's own (TRL) parser. A compact-prompt student's steps are ~3x cheaper and it must learn the
+        format the full prompt spells out, so it may take more of them in the same time."""
         from distill.train import TrainConfig
 
-        data = self.cfg.train | {"dataset_dir": str(self.run / "sft-data" / name),
-                                 "output_dir": str(self.run / "train" / name)}
-        validate(TrainConfig, data, "train (pipeline)")
+        own = self.students()[name].get("train") or {}
+        if not isinstance(own, Mapping):
+            raise DistillError(f"students.{name}.train: expected train config keys")
+        data = self.cfg.train | own | {"dataset_dir": str(self.run / "sft-data" / name),
+                                       "output_dir": str(self.run / "train" / name)}
+        validate(TrainConfig, data, "train (pipeline)" if not own else f"students.{name}.train (pipeline)")
         return data
 
     def server_config(self, name: str):

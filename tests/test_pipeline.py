@@ -189,7 +189,8 @@ def test_each_stage_gets_its_folders_and_settings_and_done_json_its_counts(tmp_p
 
 def two_students(tmp_path: Path) -> dict:
     cfg = wiring_config(tmp_path)
-    cfg["students"] = {"student": {"student_prompt": "full"}, "student_compact": {"student_prompt": "compact"}}
+    cfg["students"] = {"student": {"student_prompt": "full"},
+                       "student_compact": {"student_prompt": "compact", "train": {"max_steps": 3}}}
     served = cfg["eval"]["planners"]["student"]["spec"]
     cfg["eval"]["planners"] = {"student": {"prompt": "full", "spec": served | {"model": "student"}},
                                "student_compact": {"prompt": "compact", "spec": served | {"model": "student_compact"}}}
@@ -223,6 +224,9 @@ def test_two_students_train_on_the_same_kept_examples_and_share_one_server(tmp_p
     trains = [c for n, c in recorder.calls if n == "train"]
     assert [(t["dataset_dir"], t["output_dir"]) for t in trains] == [
         (str(run / "sft-data" / name), str(run / "train" / name)) for name in ("student", "student_compact")]
+    # a student's own train keys override the shared section for it alone
+    assert [t["max_steps"] for t in trains] == [two_students(tmp_path)["train"]["max_steps"], 3]
+    assert trains[0]["learning_rate"] == trains[1]["learning_rate"]
     servers = [c for n, c in recorder.calls if n == "server"]
     assert servers[1].adapter is None and servers[1].adapters == {
         "student": str(run / "train" / "student"), "student_compact": str(run / "train" / "student_compact")}
@@ -274,6 +278,7 @@ def fails_before_any_stage(tmp_path: Path, cfg: dict, message: str, capsys) -> N
     (lambda c: c.update(students={}), "students: Value error, name at least one student"),
     (lambda c: c["students"]["student"].update(student_promt="full"), "students.student (pipeline): student_promt"),
     (lambda c: c["student_server"].update(served_model_name="student"), "must differ from lora_name"),
+    (lambda c: c["students"]["student_compact"]["train"].update(max_stepz=3), "max_stepz"),
 ])
 def test_a_student_served_otherwise_than_trained_fails_before_any_stage(tmp_path, monkeypatch, capsys, change,
                                                                          message):
