@@ -351,26 +351,21 @@ def preflight(cfg: EvalConfig, methods: list[Method], out: Path) -> None:
         path = records_path(out, method)
         if not path.exists():
             continue
-        with JsonlStore(path, key=record_key) as store:
-            if store.repaired:
-                print(f"note: {path} ended in a torn line from an earlier crash; it was cut and will be redone")
+        with JsonlStore(path, key=record_key) as store:  # it says so when it cuts a torn last line
             check_resumable(store.records(), cfg, method, path)
 
 
-def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, errors):
-    """Run (or resume) one method over every example; returns how it ended (distill.runner.RunResult)."""
-    from distill.run import build_judge
-    from distill.runner import run_resumable
-    from distill.store import JsonlStore
+def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, errors, runs: dict) -> None:
+    """Run (or resume) one method over every example; `runs[method]` gets how it ended, even when it stops."""
+    from distill.run import build_judge, run_records
 
-    with JsonlStore(records_path(out, method), key=record_key) as store, method_cache(cfg, out, method) as cache:
+    with method_cache(cfg, out, method) as cache:
         agent = build_method(cfg, method, cache)
         judge_model = build_judge(cfg, cache)
         items = [((method.name, ex.id), ex) for ex in examples]
-        return run_resumable(
-            items, make_work(cfg, method, agent, judge_model), store, record_key, errors=errors,
-            concurrency=cfg.concurrency, desc=method.name,
-        )
+        run_records(records_path(out, method), items, make_work(cfg, method, agent, judge_model), record_key, errors,
+                    concurrency=cfg.concurrency, desc=method.name,
+                    keep=lambda result: runs.update({method.name: result.summary()}))
 
 
 def build_manifest(cfg: EvalConfig, config_path: str | None, methods: list[Method], examples: list) -> dict:
@@ -388,7 +383,7 @@ def build_manifest(cfg: EvalConfig, config_path: str | None, methods: list[Metho
 def evaluate(cfg: EvalConfig, config_path: str | None = None) -> dict:
     """Run (or resume) every method, writing its records; returns the finished manifest (the report is the
     next stage's job, so it can be rebuilt without running any model)."""
-    from distill.run import raise_if_stopped, report_errors, run_lifecycle
+    from distill.run import run_lifecycle
     from distill.store import JsonlStore
 
     out = Path(cfg.output_dir)
@@ -399,10 +394,7 @@ def evaluate(cfg: EvalConfig, config_path: str | None = None) -> dict:
         t0 = time.perf_counter()
         runs = manifest.setdefault("runs", {})
         for method in methods:
-            result = run_method(cfg, method, examples_for(cfg, method, examples), out, errors)
-            runs[method.name] = result.summary()
-            raise_if_stopped(result)
-            report_errors(result, out / ERRORS)
+            run_method(cfg, method, examples_for(cfg, method, examples), out, errors, runs)
         manifest.update(wall_s_this_run=round(time.perf_counter() - t0, 2))
     return manifest
 
