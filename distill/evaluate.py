@@ -115,11 +115,11 @@ class EvalConfig(AgentConfig):
 
     @model_validator(mode="after")
     def _check(self) -> "EvalConfig":
-        unused = self.model_fields_set & {"planner", "planner_prompt"}
+        unused = self.model_fields_set & {"planner", "planner_prompt", "replan"}
         if unused:
             raise ValueError(
                 f"{', '.join(sorted(unused))} is not used by eval: list each planner under `planners:` "
-                "with name, spec and prompt"
+                "with name, spec and prompt (and `replan: true` for ReWOO+replan)"
             )
         names = [p.name for p in self.planners] + list(self.baselines)
         if not names:

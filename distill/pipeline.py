@@ -3,8 +3,10 @@
     distill pipeline --config configs/demo_smollm2_cpu.yaml [--from train] [--set key=value]
 
 generate -> filter -> sft-data -> train -> eval (the students served by vLLM, against base and teacher
-Planners, ReAct and Direct) -> report. A stage whose `DONE.json` exists is skipped; an unfinished one resumes
-(generation and evaluation records are appended as they finish, training restarts from its last checkpoint).
+Planners, ReAct and Direct) -> report. A stage whose `DONE.json` exists is skipped, unless an earlier stage did
+new work or a student was added since (then it runs again, and what it finished stays done); an unfinished one
+resumes (generation and evaluation records are appended as they finish, training restarts from its last
+checkpoint).
 
 `students: {name: sft_data overrides [+ train: {train overrides}]}` trains several students on the same kept
 examples (e.g. one on the `full` prompt, one on the `compact` one): sft-data and train run once per student into `sft-data/<name>` and
@@ -185,7 +187,10 @@ class Pipeline:
             raise DistillError(f"students.{name}.train: expected train config keys")
         data = self.cfg.train | own | {"dataset_dir": str(self.run / "sft-data" / name),
                                        "output_dir": str(self.run / "train" / name)}
-        validate(TrainConfig, data, "train (pipeline)" if not own else f"students.{name}.train (pipeline)")
+        try:
+            validate(TrainConfig, data, "train (pipeline)")
+        except DistillError as exc:  # TRL's parser names no section: say which student's keys were read
+            raise DistillError(f"students.{name}.train over train: {exc}" if own else str(exc)) from None
         return data
 
     def server_config(self, name: str):
@@ -204,6 +209,8 @@ class Pipeline:
 
     def check(self) -> None:
         """Validate every stage's section before the first one runs: a typo in `eval` should not wait an hour."""
+        from distill.serve import served_name
+
         url = "http://127.0.0.1:1/v1"
         self.generate_config(url)
         self.filter_config()
@@ -213,8 +220,8 @@ class Pipeline:
         ev = self.eval_config(url)
         if self.cfg.teacher_server is not None:
             self.server_config("teacher_server")
-        self.server_config("student_server")
-        check_students_served_as_trained(sft, ev, url)
+        served = {served_name(self.server_config("student_server")), *sft}
+        check_students_served_as_trained(sft, ev, url, served)
 
     # ------------------------------------------------------------------ stages
     def server(self, name: str):
@@ -237,6 +244,12 @@ class Pipeline:
         if report["kept"] == 0:
             raise DistillError("the filter kept no trajectory: more samples_per_question or more questions")
         return {"kept": report["kept"], "input_records": report["input_records"]}
+
+    def new_students(self, stage: str, marker: Path) -> list[str]:
+        """Students the config names that this per-student stage's marker does not list (added since it ran)."""
+        if stage not in ("sft-data", "train"):
+            return []
+        return sorted(set(self.students()) - set(json.loads(marker.read_text()).get("students", {})))
 
     def each_student(self, stage: str, step: Callable[[str], dict]) -> dict:
         """`step(name)` for every student, each with its own `<stage>/<name>/DONE.json`."""
@@ -282,17 +295,29 @@ class Pipeline:
         self.run.mkdir(parents=True, exist_ok=True)
         if start:
             self.rerun_from(start)
+        redo = False
         for stage in STAGES:
+            marker = self.run / stage / "DONE.json"
+            if marker.exists() and (redo or self.new_students(stage, marker)):
+                marker.unlink()  # an earlier stage did new work, or a student was added: finished parts stay done
+            redo = redo or not marker.exists()
             self.once(self.run / stage, stage, getattr(self, stage.replace("-", "_")), stage=stage)
         print(f"\nreport:  {self.run / 'report.md'}")
         print(f"results: {self.run / 'results.json'}")
 
 
-def check_students_served_as_trained(sft: Mapping[str, Any], ev: Any, url: str) -> None:
-    """An eval row that asks this pipeline's server for a student must give it the prompt it is trained on
-    (kind and tools): otherwise the student is measured on a prompt it never saw, and nothing else would say so."""
+def check_students_served_as_trained(sft: Mapping[str, Any], ev: Any, url: str, served: set[str]) -> None:
+    """Every model eval asks this pipeline's server for must be one it serves (the base or a student), and a row
+    serving a student must give it the prompt it is trained on (kind and tools): otherwise the run fails after
+    training, or the student is measured on a prompt it never saw and nothing else would say so."""
     from distill.tools.registry import tool_descriptions
 
+    specs = [(f"planner {row.name}", row.spec) for row in ev.planners]
+    specs += [(what, spec) for what, spec in (("solver", ev.solver), ("llm_tool", ev.llm_tool), ("judge", ev.judge))]
+    for what, spec in specs:
+        if spec is not None and spec.base_url == url and spec.model not in served:
+            raise DistillError(f"eval {what} asks the student server for model {spec.model!r}, which it does not "
+                               f"serve (it serves {', '.join(sorted(served))}: the base model and the students)")
     for row in ev.planners:
         cfg = sft.get(row.spec.model) if row.spec.base_url == url else None
         if cfg is None:
@@ -309,7 +334,7 @@ def check_students_served_as_trained(sft: Mapping[str, Any], ev: Any, url: str) 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_config_args(parser)
-    parser.add_argument("--from", dest="start", metavar="STAGE",
+    parser.add_argument("--from", dest="start", metavar="STAGE", type=lambda v: v.replace("_", "-"), choices=STAGES,
                         help="rerun from this stage (generate, filter, sft-data, train, eval, report)")
 
 

@@ -81,20 +81,21 @@ class ServeConfig(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "ServeConfig":
-        """`adapter` becomes the first of `adapters` here, so everything after sees one shape."""
+        """`adapter` becomes the one entry of `adapters` here, so everything after sees one shape."""
         if self.adapter:
-            if self.lora_name in self.adapters:
-                raise ValueError(f"adapters names {self.lora_name!r}, which is lora_name, the module of `adapter`")
-            self.adapters, self.adapter = {self.lora_name: self.adapter} | self.adapters, None
+            if self.adapters:  # a config file's `adapter` and a command line's `adapters` would serve both
+                raise ValueError("set adapter (one LoRA module, named lora_name) or adapters (several), not both; "
+                                 "to replace a config file's adapter, add --set adapter=null")
+            self.adapters, self.adapter = {self.lora_name: self.adapter}, None
         if self.adapters and self.merged_model:
             raise ValueError("set adapter/adapters (LoRA on base_model) or merged_model (merged weights), not both")
         bad = [name for name in self.adapters if not MODULE_NAME.fullmatch(name)]
         if bad:
             raise ValueError(f"adapters: {bad[0]!r} is not a LoRA module name (letters, digits, _ . -)")
-        if self.served_model_name in self.adapters:
+        if served_name(self) in self.adapters:
             raise ValueError(
-                f"served_model_name names the base model and must differ from lora_name and the adapters' names "
-                f"({self.served_model_name!r})"
+                f"the base model is served as {served_name(self)!r}, which is also a LoRA module's name: set "
+                "served_model_name to another name"
             )
         return self
 

@@ -62,6 +62,7 @@ def test_config_accepts_a_list_or_a_mapping_of_planners():
         ({"baselines": ["cot"]}, "baselines.0"),
         ({"baselines": []}, "nothing to evaluate"),
         ({"planner": PLANNER}, "planner is not used by eval"),
+        ({"replan": True}, "replan is not used by eval"),
         ({"tool_failure_rate": 1.5}, "tool_failure_rate"),
         ({"react_max_steps": 0}, "react_max_steps"),
         ({"robustness": {"rates": [0.3], "methods": ["teacher"]}}, "'teacher' is not a planner or baseline"),

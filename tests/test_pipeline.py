@@ -257,6 +257,33 @@ def test_two_students_train_on_the_same_kept_examples_and_share_one_server(tmp_p
     assert json.loads((run / "train" / "DONE.json").read_text())["students"]["student"]["global_step"] == 2
 
 
+def test_a_student_added_to_a_finished_run_is_built_and_evaluated_alone(tmp_path, monkeypatch, capsys):
+    """The per-student markers decide, not the stage's: the new student gets sft-data and training, the old one
+    is not redone, and eval and report run again (eval resumes, so only the new rows cost anything)."""
+    from distill.config import validate
+    from distill.pipeline import Pipeline, PipelineConfig
+
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    one = two_students(tmp_path)
+    one["students"].pop("student_compact")
+    one["eval"]["planners"].pop("student_compact")
+    Pipeline(validate(PipelineConfig, one), "p.yaml", Recorder().entries()).run_all()
+    assert not (run / "sft-data" / "student_compact").exists()
+
+    capsys.readouterr()
+    again = Recorder()
+    Pipeline(validate(PipelineConfig, two_students(tmp_path)), "p.yaml", again.entries()).run_all()
+    assert [n for n, _ in again.calls] == ["train", "server", "eval"]
+    assert again.calls[0][1]["output_dir"] == str(run / "train" / "student_compact")
+    assert set(again.calls[1][1].adapters) == {"student", "student_compact"}
+    out = capsys.readouterr().out
+    assert "generate: done, skipped" in out and "filter: done, skipped" in out
+    assert "sft-data student: done, skipped" in out and "train student: done, skipped" in out
+    assert (run / "sft-data" / "student_compact" / "DONE.json").exists()
+    assert set(json.loads((run / "train" / "DONE.json").read_text())["students"]) == {"student", "student_compact"}
+
+
 def fails_before_any_stage(tmp_path: Path, cfg: dict, message: str, capsys) -> None:
     """One line, exit 2, and no run folder: the pre-run check caught it."""
     from distill import cli
@@ -277,8 +304,13 @@ def fails_before_any_stage(tmp_path: Path, cfg: dict, message: str, capsys) -> N
     (lambda c: c.update(students={"a b": {}}), "students: Value error, 'a b' is not a student name"),
     (lambda c: c.update(students={}), "students: Value error, name at least one student"),
     (lambda c: c["students"]["student"].update(student_promt="full"), "students.student (pipeline): student_promt"),
-    (lambda c: c["student_server"].update(served_model_name="student"), "must differ from lora_name"),
-    (lambda c: c["students"]["student_compact"]["train"].update(max_stepz=3), "max_stepz"),
+    (lambda c: c["student_server"].update(served_model_name="student"), "also a LoRA module's name"),
+    (lambda c: c["students"]["student_compact"]["train"].update(max_stepz=3),
+     "students.student_compact.train over train: train config: unknown key(s) max_stepz"),
+    (lambda c: c["eval"]["planners"]["student"]["spec"].update(model="planner"),
+     "eval planner student asks the student server for model 'planner', which it does not serve"),
+    (lambda c: c.update(students={"student": {"student_prompt": "full"}}),
+     "eval planner student_compact asks the student server for model 'student_compact'"),
 ])
 def test_a_student_served_otherwise_than_trained_fails_before_any_stage(tmp_path, monkeypatch, capsys, change,
                                                                          message):

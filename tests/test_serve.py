@@ -115,10 +115,6 @@ def test_several_adapters_are_lora_modules_of_one_server_at_the_largest_rank(tmp
     assert argv[i + 3].startswith("--")  # nothing else is read as a module
     assert flag(argv, "--max-lora-rank") == "16" and flag(argv, "--max-loras") == "2"
     assert argv.count("--enable-lora") == 1 and model_name(cfg) == "student"
-    # beside the single `adapter`, which keeps its own module name and comes first
-    both = ServeConfig(base_model=str(base), adapter=str(adapter), adapters={"student_compact": str(compact)})
-    argv, _ = build_command(both, "cpu")
-    assert argv[argv.index("--lora-modules") + 1].startswith("planner=") and flag(argv, "--max-loras") == "2"
     assert flag(build_command(ServeConfig(base_model=str(base), adapter=str(adapter)), "cpu")[0], "--max-loras") == "1"
 
 
@@ -155,8 +151,10 @@ def test_adapters_with_different_chat_templates_are_refused_unless_one_is_set(tm
 
 
 @pytest.mark.parametrize(("fields", "message"), [
-    ({"adapter": "x", "adapters": {"planner": "y"}}, "which is lora_name"),
-    ({"adapters": {"student": "y"}, "served_model_name": "student"}, "must differ from lora_name"),
+    ({"adapter": "x", "adapters": {"planner": "y"}}, "not both; to replace a config file's adapter"),
+    ({"adapter": "x", "adapters": {"other": "y"}}, "not both; to replace a config file's adapter"),
+    ({"adapters": {"student": "y"}, "served_model_name": "student"}, "also a LoRA module's name"),
+    ({"adapters": {"base-m": "y"}, "base_model": "base-m"}, "also a LoRA module's name"),  # the default served name
     ({"adapters": {"a=b": "y"}}, "not a LoRA module name"),
     ({"adapters": {"../up": "y"}}, "not a LoRA module name"),
     ({"adapters": {"a": "y"}, "merged_model": "m"}, "not both"),
@@ -323,7 +321,7 @@ def test_merged_mode_checks_the_folder(tmp_path: Path, base: Path, adapter: Path
 
 
 def test_base_and_lora_module_need_different_names(adapter: Path) -> None:
-    with pytest.raises(ValueError, match="must differ from lora_name"):
+    with pytest.raises(ValueError, match="also a LoRA module's name"):
         ServeConfig(adapter=str(adapter), served_model_name="planner")
 
 
