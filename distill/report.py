@@ -274,11 +274,14 @@ def tokens_by(records: list[dict], hops: Any) -> dict[str, dict]:
     }
 
 
-def prompt_goal(per_method: dict[str, dict], methods: list[str], reference: str) -> dict | None:
+def prompt_goal(per_method: dict[str, dict], methods: list[str], reference: str, by_method: dict[str, list[dict]],
+                samples: int = 1000, seed: int = 0) -> dict | None:
     """Every zero-shot (student-style) ReWOO planner against the teacher's evidence recall and planner prompt
     tokens: the compact prompt earns its place only if it keeps the recall at a fraction of the prompt. The
     teacher is the first few-shot ReWOO planner, else the reference; None without a ReWOO teacher or another
-    ReWOO row. `goal_met` is None where a number is missing (no gold pages, no prompt tokens), never False."""
+    ReWOO row. The recall difference is paired, over the questions both have gold pages for (an unfinished row
+    is not set against more questions than it answered), with its bootstrap CI; `goal_met` judges its point
+    estimate, and is None where a number is missing (no gold pages, no prompt tokens), never False."""
     rewoo = [m for m in methods if per_method[m]["kind"] == "rewoo"]
     teacher = next((m for m in rewoo if per_method[m]["planner_prompt"] == "fewshot"), reference)
     if teacher not in rewoo:
@@ -290,15 +293,17 @@ def prompt_goal(per_method: dict[str, dict], methods: list[str], reference: str)
         pm = per_method[m]
         if m == teacher or pm["planner_prompt"] == "fewshot":
             continue
-        recall, tokens = _ci_mean(pm["evidence_recall"]), pm["planner_prompt_tokens_mean"]
+        tokens = pm["planner_prompt_tokens_mean"]
         fraction = tokens / t_tokens if tokens is not None and t_tokens else None
-        diff = recall - t_recall if recall is not None and t_recall is not None else None
+        pair = _paired_on(by_method[m], by_method[teacher], recall_of, ("recall",), samples, seed)
+        diff = pair["recall"] if pair else None
         met = None
         if diff is not None and fraction is not None:
-            met = bool(round(diff, 9) >= 0 and fraction <= PROMPT_GOAL_FRACTION)
+            met = bool(round(diff["diff"], 9) >= 0 and fraction <= PROMPT_GOAL_FRACTION)
         rows[m] = {
             "prompt": pm["planner_prompt"], "planner_prompt_tokens": tokens, "prompt_fraction": fraction,
-            "evidence_recall": recall, "recall_diff": diff, "plan_valid_rate": pm["plan_valid_rate"],
+            "evidence_recall": _ci_mean(pm["evidence_recall"]), "n_paired": pair["n"] if pair else 0,
+            "recall_diff": diff and diff["diff"], "recall_diff_ci": diff, "plan_valid_rate": pm["plan_valid_rate"],
             "em": _ci_mean(pm["em"]), "f1": _ci_mean(pm["f1"]), "goal_met": met,
         }
     if not rows:
@@ -370,7 +375,7 @@ def compute(
         "tool_failure_rate": rates[0] if len(rates) == 1 else rates,
         "per_method": per_method,
         "paired": paired,
-        "prompt_goal": prompt_goal(per_method, methods, reference),
+        "prompt_goal": prompt_goal(per_method, methods, reference, by_method, samples, seed),
         "tokens_by_hops": {m: tokens_by(by_method[m], hops_of) for m in methods},
         "tokens_by_gold_hops": {m: tokens_by(by_method[m], lambda r: r.get("gold_hops")) for m in methods},
         "plots": dict(PLOTS),
@@ -400,6 +405,10 @@ def _load(output_dir: str | Path) -> tuple[dict, dict[str, list[dict]]]:
         raise DistillError("no records match the questions listed in manifest.json")
     results = compute(selected, methods=list(selected), reference=manifest.get("reference"),
                       samples=int(manifest.get("bootstrap_samples", 1000)), seed=int(manifest.get("seed", 0)))
+    # A report of a run that stopped must say so: its methods may cover fewer questions than the others.
+    unfinished = [m["name"] for m in manifest.get("methods", []) if m["name"] not in selected]
+    if manifest.get("status", "complete") != "complete" or unfinished:
+        results["incomplete"] = {"status": manifest.get("status"), "methods_without_records": unfinished}
     return results, selected
 
 
@@ -536,13 +545,15 @@ def _prompt_goal_lines(goal: dict | None) -> list[str]:
         f"Goal: at least the evidence recall of **{goal['teacher']}** ({_f(goal['teacher_evidence_recall'])}) with at "
         f"most {goal['max_prompt_fraction']:g} of its planner prompt tokens "
         f"({_f(goal['teacher_planner_prompt_tokens'], 0)}). Every ReWOO planner with a zero-shot prompt (`full` or "
-        "`compact`) is set against it; \"–\" where a number is missing.",
+        "`compact`) is set against it. Δ recall is paired (the questions both have gold pages for, n) with its "
+        "95% bootstrap CI; \"goal met\" judges its point estimate, so read it with the CI. \"–\" where a number "
+        "is missing.",
         "",
         *_table(
-            ["planner", "prompt", "planner prompt tok", "× teacher's", "evidence recall", "Δ vs teacher",
-             "plan valid", "EM", "F1", "goal met"],
+            ["planner", "prompt", "planner prompt tok", "× teacher's", "evidence recall", "n",
+             "Δ recall vs teacher [95% CI]", "plan valid", "EM", "F1", "goal met"],
             [[m, r["prompt"] or "–", _f(r["planner_prompt_tokens"], 0), _f(r["prompt_fraction"], 2),
-              _f(r["evidence_recall"]), "–" if r["recall_diff"] is None else f"{r['recall_diff']:+.3f}",
+              _f(r["evidence_recall"]), str(r["n_paired"]), _ci_text(r["recall_diff_ci"]),
               _f(r["plan_valid_rate"]), _f(r["em"]), _f(r["f1"]), _goal_text(r["goal_met"])]
              for m, r in goal["rows"].items()],
         ),
@@ -556,8 +567,9 @@ def prompt_goal_summary(results: dict) -> list[str]:
         return []
     return [
         f"prompt goal vs {goal['teacher']}: {m:<16} recall {_f(r['evidence_recall'])} vs "
-        f"{_f(goal['teacher_evidence_recall'])}, prompt tokens x{_f(r['prompt_fraction'], 2)} of the teacher's "
-        f"(goal: >= and <= {goal['max_prompt_fraction']:g}): {_goal_text(r['goal_met'])}"
+        f"{_f(goal['teacher_evidence_recall'])} (paired Δ {_ci_text(r['recall_diff_ci'])}), prompt tokens "
+        f"x{_f(r['prompt_fraction'], 2)} of the teacher's (goal: >= and <= {goal['max_prompt_fraction']:g}): "
+        f"{_goal_text(r['goal_met'])}"
         for m, r in goal["rows"].items()
     ]
 
@@ -566,12 +578,17 @@ def _robustness_lines(results: dict) -> list[str]:
     rob = results.get("robustness")
     if not rob:
         return []
+    main_rate = results["tool_failure_rate"]
+    main_rate = f"{main_rate:g}" if isinstance(main_rate, (int, float)) else "mixed"
     return [
         "## Robustness: tool failures",
         "",
-        "Each method again with a share of its tool calls failing (`No evidence found`); rate 0 is the main "
-        "run. A method's rows cover the same questions (n). Model calls: Planner (re-plans included), Solver "
-        "and LLM-tool calls; tool calls: the steps or actions run; failed: the share of them that failed.",
+        "Each method again with a share of its tool calls failing (`No evidence found`); the main run is the row "
+        f"at its own rate ({main_rate}). "
+        "A method's rows cover the same questions (n). Model calls: Planner (re-plans included), Solver and "
+        "LLM-tool calls; tool calls: the steps or actions run; failed: the share of them that failed, whether "
+        "injected or not (a search that finds nothing fails too). A method with no tool calls was not tested by "
+        "the failures.",
         "",
         *_table(
             ["method", "failure rate", "n", "EM [95% CI]", "F1 [95% CI]", "judge acc", "evidence recall [95% CI]",
@@ -586,6 +603,15 @@ def _robustness_lines(results: dict) -> list[str]:
     ]
 
 
+def _incomplete_lines(incomplete: dict | None) -> list[str]:
+    if not incomplete:
+        return []
+    missing = incomplete["methods_without_records"]
+    return ["", f"**This evaluation is not complete (run status: {incomplete['status'] or 'unknown'}"
+                + (f"; no records yet for {', '.join(missing)}" if missing else "")
+                + "): a method's n may be below the question count. Rerun `distill eval` to finish it.**"]
+
+
 def render_markdown(results: dict) -> str:
     """report.md: the tables of results.json and the plots, linked."""
     per_method, paired, reference = results["per_method"], results["paired"], results["reference"]
@@ -597,6 +623,7 @@ def render_markdown(results: dict) -> str:
         f"tool failure rate: {results['tool_failure_rate']}; {results['bootstrap_samples']} bootstrap samples "
         f"(seed {results['seed']}).",
         "Every number here is recomputed from `records/<method>.jsonl` (`distill.report.recompute`).",
+        *_incomplete_lines(results.get("incomplete")),
         "",
         "## Accuracy",
         "",
@@ -726,7 +753,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     results = write_report(args.eval_dir, args.out)
     out = Path(args.out or args.eval_dir)
-    print("\n".join(summary_lines(results)))
+    print("\n".join(summary_lines(results) + prompt_goal_summary(results)))
     print(f"report: {out / 'report.md'}")
     print(f"results: {out / 'results.json'}")
     return 0

@@ -302,8 +302,10 @@ def test_prompt_goal_sets_each_zero_shot_planner_against_the_few_shot_teacher():
     assert list(goal["rows"]) == ["student", "student_compact", "base_compact", "trivia"]
     rows = goal["rows"]
     assert rows["student"] == {"prompt": "full", "planner_prompt_tokens": 300, "prompt_fraction": 0.6,
-                               "evidence_recall": 1.0, "recall_diff": 0.5, "plan_valid_rate": 1.0, "em": 1.0,
+                               "evidence_recall": 1.0, "n_paired": 4, "recall_diff": 0.5,
+                               "recall_diff_ci": rows["student"]["recall_diff_ci"], "plan_valid_rate": 1.0, "em": 1.0,
                                "f1": 1.0, "goal_met": False}
+    assert rows["student"]["recall_diff_ci"]["lo"] == rows["student"]["recall_diff_ci"]["hi"] == 0.5  # no spread
     assert (rows["student_compact"]["prompt_fraction"], rows["student_compact"]["recall_diff"]) == (0.2, 0.0)
     assert rows["student_compact"]["goal_met"] is True  # equal recall at exactly a fifth meets it
     assert rows["base_compact"]["prompt_fraction"] == 0.18 and rows["base_compact"]["recall_diff"] == -0.5
@@ -313,13 +315,27 @@ def test_prompt_goal_sets_each_zero_shot_planner_against_the_few_shot_teacher():
     text = render_markdown(results)
     assert "## Compact vs full student: the prompt goal" in text
     assert "evidence recall of **teacher** (0.500) with at most 0.2 of its planner prompt tokens (500)" in text
-    assert "| student | full | 300 | 0.60 | 1.000 | +0.500 | 1.000 | 1.000 | 1.000 | no |" in text
-    assert "| student_compact | compact | 100 | 0.20 | 0.500 | +0.000 | 1.000 | 1.000 | 1.000 | yes |" in text
-    assert "| base_compact | compact | 90 | 0.18 | 0.000 | -0.500 | 1.000 | 1.000 | 1.000 | no |" in text
-    assert "| trivia | compact | 80 | 0.16 | – | – | 1.000 | 1.000 | 1.000 | – |" in text
+    assert ("| student | full | 300 | 0.60 | 1.000 | 4 | +0.500 [+0.500, +0.500] | 1.000 | 1.000 | 1.000 | no |"
+            in text)
+    assert ("| student_compact | compact | 100 | 0.20 | 0.500 | 4 | +0.000 [+0.000, +0.000] | 1.000 | 1.000 | 1.000 "
+            "| yes |" in text)
+    assert ("| base_compact | compact | 90 | 0.18 | 0.000 | 4 | -0.500 [-0.500, -0.500] | 1.000 | 1.000 | 1.000 "
+            "| no |" in text)
+    assert "| trivia | compact | 80 | 0.16 | – | 0 | – | 1.000 | 1.000 | 1.000 | – |" in text
     lines = prompt_goal_summary(results)
     assert len(lines) == 4 and lines[1].endswith(": yes") and "recall 0.500 vs 0.500" in lines[1]
     assert "x0.20" in lines[1] and lines[0].endswith(": no") and lines[3].endswith(": –")
+
+
+def test_prompt_goal_pairs_an_unfinished_row_on_the_questions_it_answered():
+    """A student that answered 2 of 4 questions is set against the teacher on those 2, not on all 4."""
+    by_method = {"teacher": planner_rows("teacher", "fewshot", 500, ("Alpha",)),  # recall 0.5 everywhere
+                 "student": planner_rows("student", "compact", 50, ("Alpha", "Beta"), n=2)}
+    by_method["teacher"][0]["evidence"] = by_method["teacher"][1]["evidence"] = []  # recall 0 on q0 and q1
+    row = compute(by_method, methods=["teacher", "student"], reference="teacher", samples=50)["prompt_goal"]["rows"][
+        "student"]
+    assert row["n_paired"] == 2 and row["recall_diff"] == 1.0  # 1 - 0 on q0, q1 (unpaired: 1 - 0.25 = 0.75)
+    assert row["goal_met"] is True
 
 
 def test_prompt_goal_falls_back_to_the_reference_and_is_absent_without_a_student():
@@ -403,7 +419,8 @@ def test_distill_report_writes_elsewhere_from_the_records_alone(tmp_path, capsys
     assert cli.main(["report", str(run), "--out", str(out)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-2:] == [f"report: {out / 'report.md'}", f"results: {out / 'results.json'}"]
-    assert [line.split()[0] for line in lines[:-2]] == ["teacher", "student", "react", "direct"]
+    assert [line.split()[0] for line in lines[:4]] == ["teacher", "student", "react", "direct"]
+    assert [line.split(":")[0] for line in lines[4:-2]] == ["prompt goal vs teacher"] * len(lines[4:-2])
     results = json.loads((out / "results.json").read_text())
     assert results == recompute(run) and results["bootstrap_samples"] == 200
     assert all((out / name).stat().st_size > 1000 for name in results["plots"].values())
@@ -494,3 +511,16 @@ def test_no_sweep_no_robustness_section():
     results = compute(sample_run(), samples=50)
     assert "robustness" not in results and "accuracy_vs_calls" not in results["plots"]
     assert "Robustness" not in render_markdown(results)
+
+
+def test_a_report_of_a_stopped_evaluation_says_so(tmp_path):
+    runs = sample_run()
+    runs.pop("direct")
+    manifest = {"methods": [{"name": n} for n in ("teacher", "student", "react", "direct")], "reference": "teacher",
+                "status": "interrupted", "examples": [["hotpotqa", r["id"]] for r in runs["teacher"]]}
+    results = write_report(write_run(tmp_path, runs, manifest))
+    assert results["incomplete"] == {"status": "interrupted", "methods_without_records": ["direct"]}
+    text = (tmp_path / "run" / "report.md").read_text()
+    assert "**This evaluation is not complete (run status: interrupted; no records yet for direct)" in text
+    manifest["status"] = "complete"
+    assert "incomplete" not in write_report(write_run(tmp_path / "done", sample_run(), manifest))
