@@ -263,13 +263,9 @@ def method_cache(cfg: EvalConfig, out: Path, method: Method):
     """The method's call cache (or None) as a context that closes it. auto: one file per method, so no method
     is served another's tool or LLM-tool calls from the cache (which would flatter its latency); reruns of a
     method still never repeat a call."""
-    from contextlib import closing, nullcontext
-
     from distill.store import CallCache
 
-    if cfg.cache is None:
-        return nullcontext()
-    return closing(CallCache(out / "cache" / f"{method.name}.sqlite" if cfg.cache == "auto" else cfg.cache))
+    return CallCache.open(cfg.cache, out / "cache" / f"{method.name}.sqlite")
 
 
 def build_method(cfg: EvalConfig, method: Method, cache=None):

@@ -74,8 +74,7 @@ def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
     examples = load_questions(cfg)
     items = [((ex.id, s), (ex, s)) for ex in examples for s in range(cfg.samples_per_question)]
     manifest = manifest_header("generate", cfg, config_path) | {"planned_records": len(items)}
-    with run_lifecycle(out, manifest):
-        cache = None if cfg.cache is None else CallCache(out / "calls.sqlite" if cfg.cache == "auto" else cfg.cache)
+    with run_lifecycle(out, manifest), CallCache.open(cfg.cache, out / "calls.sqlite") as cache:
         agent = build_agent(cfg, cache, method="rewoo-teacher", seed=cfg.seed)
         judge_model = build_judge(cfg, cache)
 

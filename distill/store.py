@@ -228,6 +228,14 @@ class CallCache:
     counts the retries that were needed.
     """
 
+    @classmethod
+    def open(cls, setting: str | None, auto: Path) -> contextlib.AbstractContextManager[CallCache | None]:
+        """A stage's `cache` setting as a context that closes the cache: None means no cache, "auto" the
+        stage's own file `auto`, anything else a file of the user's choosing (shared between runs)."""
+        if setting is None:
+            return contextlib.nullcontext()
+        return contextlib.closing(cls(auto if setting == "auto" else setting))
+
     def __init__(self, path: str | Path, *, busy_timeout_s: float = 30.0, retries: int = 3, backoff_s: float = 0.5):
         self.path = Path(path)
         self.busy_timeout_s, self.retries, self.backoff_s = busy_timeout_s, retries, backoff_s
