@@ -25,7 +25,10 @@ KEYS = {"generate": ("id", "sample"), "eval": ("method", "id")}
 
 
 def record_files(command: str, out: Path) -> list[Path]:
-    return [out / "trajectories.jsonl"] if command == "generate" else sorted((out / "records").glob("*.jsonl"))
+    """The record files on disk now: none yet when a kill lands before the first record is written."""
+    if command == "generate":
+        return [p for p in [out / "trajectories.jsonl"] if p.exists()]
+    return sorted((out / "records").glob("*.jsonl"))
 
 
 def read_complete(command: str, out: Path) -> tuple[list[tuple], int]:
