@@ -138,7 +138,10 @@ def test_each_server_fault_is_one_line_naming_server_and_fault(fake: str, fault:
 @pytest.mark.parametrize("fault", [f for f in FAULTS if f not in NOT_RETRIED])
 def test_a_passing_fault_is_retried_and_counted(fake: str, fault: str) -> None:
     FakeAPI.script = [fault, fault, None]
-    model = OpenAIChat("m", [fake], max_retries=2, timeout_s=0.5, max_retry_after_s=0.05, backoff_s=0.01)
+    # Only the stalled reply must outlast the timeout: on a loaded machine 0.5 s could turn a prompt reply into a
+    # timeout whose request the server answers later, shifting the script (seen once under `make test` + load).
+    timeout = 0.5 if fault == "slow" else 10.0
+    model = OpenAIChat("m", [fake], max_retries=2, timeout_s=timeout, max_retry_after_s=0.05, backoff_s=0.01)
     out = asyncio.run(model.chat([{"role": "user", "content": "Capital of France?"}]))
     assert out.text == "Paris" and out.usage.prompt_tokens == 11
     assert model.retries == 2 and FakeAPI.calls == 3
