@@ -18,6 +18,8 @@ import importlib.util
 import json
 import logging
 import os
+import shlex
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -67,9 +69,8 @@ DEFAULTS: dict[str, Any] = {
 
 @dataclass
 class TrainConfig:
-    """`DistillArguments`, `SFTConfig` and `ModelConfig` with the flat dict they came from (which alone decides
-    equality); `model_validate` and `model_dump` let `distill.config.load_config` and the pipeline treat it like
-    the other stages' configs."""
+    """The three argument classes with the flat dict they came from (which alone decides equality);
+    `model_validate` lets `distill.config.load_config` and the pipeline treat it like the other stages' configs."""
 
     data: dict
     distill: DistillArguments = field(compare=False)
@@ -80,13 +81,9 @@ class TrainConfig:
     def model_validate(cls, data: dict) -> TrainConfig:
         return parse_train_config(data)
 
-    def model_dump(self) -> dict:
-        return dict(self.data)
-
     def accumulation(self, processes: int) -> int:
-        return gradient_accumulation_steps(
-            self.distill.global_batch_size, self.sft.per_device_train_batch_size, processes
-        )
+        per_device = self.sft.per_device_train_batch_size
+        return gradient_accumulation_steps(self.distill.global_batch_size, per_device, processes)
 
 
 def _fail(message: str):
@@ -107,6 +104,8 @@ def import_trl() -> None:
 
 def parse_train_config(data: dict, argv: list[str] | None = None, processes: int | None = None) -> TrainConfig:
     """TRL's `TrlParser` over our flat dict (YAML + `--set`) and TRL-style flags; every problem is one line."""
+    import torch
+
     import_trl()
     from trl import ModelConfig, SFTConfig, TrlParser
 
@@ -125,7 +124,8 @@ def parse_train_config(data: dict, argv: list[str] | None = None, processes: int
         given["warmup_steps"] = float(ratio)
     parser = TrlParser((DistillArguments, SFTConfig, ModelConfig), prog="distill.train")
     parser.error = _fail  # argparse would print the whole usage of ~200 TRL options, then exit
-    dynamic = {"use_cpu": not _has_accelerator(), "disable_tqdm": not sys.stderr.isatty()}
+    accelerator = torch.cuda.is_available() or torch.backends.mps.is_available() or torch.xpu.is_available()
+    dynamic = {"use_cpu": not accelerator, "disable_tqdm": not sys.stderr.isatty()}
     unknown = parser.set_defaults_with_config(**(DEFAULTS | dynamic | given))
     if unknown:
         _fail(f"unknown key(s) {', '.join(u[2:] for u in unknown[::2])} (keys are SFTConfig, ModelConfig and "
@@ -171,13 +171,6 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _has_accelerator() -> bool:
-    import torch
-
-    xpu = hasattr(torch, "xpu") and torch.xpu.is_available()
-    return torch.cuda.is_available() or torch.backends.mps.is_available() or xpu
-
-
 def gradient_accumulation_steps(global_batch_size: int, per_device: int, processes: int) -> int:
     per_step = per_device * processes
     if global_batch_size % per_step:
@@ -209,9 +202,6 @@ def launch_command(config_path: str | Path, cfg: TrainConfig, gpus: int) -> list
 def launch(data: dict, gpus: int | None = None) -> dict:
     """The pipeline's train stage: its section as a config file, trained in child process(es). The child prints
     its own one-line error, so a failure here only names the stage."""
-    import shlex
-    import subprocess
-
     cfg = parse_train_config(data, processes=1)
     out = Path(cfg.sft.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -283,13 +273,12 @@ def load_splits(dataset_dir: str):
     if not (Path(dataset_dir) / "dataset_dict.json").exists():
         raise DistillError(f"{dataset_dir}: not a dataset folder (run `distill sft-data KEPT.jsonl --out {dataset_dir}`)")
     data = load_from_disk(dataset_dir)
-    if "train" not in data or len(data["train"]) == 0:
+    if not data.get("train"):
         raise DistillError(f"{dataset_dir}: the train split is empty")
     for column in ("prompt", "completion"):
         if column not in data["train"].column_names:
             raise DistillError(f"{dataset_dir}: no {column!r} column; expected the prompt/completion form")
-    val = data["validation"] if "validation" in data and len(data["validation"]) else None
-    return data["train"], val
+    return data["train"], data.get("validation") or None
 
 
 def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: bool = False):
@@ -352,7 +341,7 @@ def write_outputs(trainer, cfg: TrainConfig, started: float) -> dict:
     }
     header = "".join(f"# {k}: {v}\n" for k, v in derived.items())
     (out / "train_config.yaml").write_text(
-        "# the config of this run (loadable again)\n" + header + yaml.safe_dump(cfg.model_dump(), sort_keys=False)
+        "# the config of this run (loadable again)\n" + header + yaml.safe_dump(cfg.data, sort_keys=False)
     )
     history = {
         "train": [{k: e[k] for k in ("step", "epoch", "loss", "learning_rate", "grad_norm") if k in e}
