@@ -3,7 +3,7 @@
     scripts/gpu_check_train.sh                      # H200-class GPU: 7B shape, bf16, 200 steps
     scripts/gpu_check_train.sh --config configs/qwen2.5-7b_lora_80gb.yaml   # that config's batch and switches
     scripts/gpu_check_train.sh --batch-size 32 --no-gradient-checkpointing --liger --packing
-    scripts/gpu_check_train.sh --sweep              # batch x checkpointing x kernels x packing, one table
+    scripts/gpu_check_train.sh --sweep              # batch x checkpointing x kernels x packing, one table, ~10 min
     scripts/gpu_check_train.sh --tiny --steps 6     # CPU: a 2-layer model, to test the script itself
 
 Training goes through `distill.train`'s own config parser and packing gate, then TRL's SFTTrainer, on synthetic
@@ -19,6 +19,7 @@ import argparse
 import itertools
 import json
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -79,9 +80,8 @@ def matmul_params(model, trainable: bool) -> int:
     """Weights that take part in matmuls (nn.Linear), frozen base or trainable LoRA."""
     import torch
 
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    params = [p for m in linears for p in m.parameters(recurse=False) if p.dim() == 2]
-    return sum(p.numel() for p in params if p.requires_grad == trainable)
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return sum(w.numel() for w in weights if w.requires_grad == trainable)
 
 
 def make_timer(cuda: bool):
@@ -233,8 +233,6 @@ def format_table(rows: list[dict]) -> str:
 
 
 def run_sweep(args: argparse.Namespace) -> dict:
-    import subprocess
-
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for i, point in enumerate(sweep_grid(args)):
@@ -271,12 +269,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--examples", type=int, default=None, help="distinct synthetic examples: 512 (tiny: 32)")
     parser.add_argument("--max-length", type=int, default=None, help="1024")
     parser.add_argument("--attn-implementation", default=None, help="sdpa (default) or flash_attention_2")
-    parser.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
-                        help="default on")
-    parser.add_argument("--liger", action=argparse.BooleanOptionalAction, default=None,
-                        help="TRL's use_liger_kernel (fused RMSNorm, RoPE, SwiGLU); default off")
-    parser.add_argument("--packing", action=argparse.BooleanOptionalAction, default=None,
-                        help="padding-free packed batches (needs flash-attn); default off")
+    for flag, why in (("--gradient-checkpointing", "default on"),
+                      ("--liger", "TRL's use_liger_kernel (fused RMSNorm, RoPE, SwiGLU); default off"),
+                      ("--packing", "padding-free packed batches (needs flash-attn); default off")):
+        parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=why)
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS, help="dense bf16 peak of the GPU")
     parser.add_argument("--output-dir", default=None, help="trainer scratch folder (nothing is saved)")
     parser.add_argument("--json", default=None, help="also write the result here")

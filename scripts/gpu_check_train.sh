@@ -1,11 +1,6 @@
 #!/usr/bin/env bash
-# LoRA SFT throughput on one GPU: Qwen2.5-7B-shaped random model, the real TRL/PEFT path, synthetic plans.
-#   scripts/gpu_check_train.sh                    # 200 steps (10 warm-up), per-device batch 8, bf16, grad ckpt
-#   scripts/gpu_check_train.sh --config configs/qwen2.5-7b_lora_80gb.yaml    # that config's settings
-#   scripts/gpu_check_train.sh --batch-size 32 --no-gradient-checkpointing --liger --packing
-#   scripts/gpu_check_train.sh --sweep            # batch x checkpointing x kernels x packing: one table, ~10 min
-#   scripts/gpu_check_train.sh --tiny             # CPU, 2-layer model: checks the script only
-# Prints tokens/s, s/step, peak memory and MFU as JSON (the sweep: a markdown table); also writes the JSON to
+# LoRA SFT throughput on one GPU (usage: scripts/gpu_check_train.py's docstring, e.g. --sweep or --tiny): prints
+# tokens/s, s/step, peak memory and MFU as JSON (the sweep: a markdown table); also writes the JSON to
 # $OUT/gpu_check_train.json when $OUT is set (else runs/gpu_check/gpu_check_train.json). A GPU machine without a
 # package index: see docs/TRAINING.md ("GPU machine set-up"). Measured H200 figures: docs/TRAINING.md.
 set -euo pipefail
