@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base-url", default="http://127.0.0.1:8010/v1")
     p.add_argument("--model", default="teacher")
@@ -25,11 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--levels", default="1,4,16")
     p.add_argument("--questions", default=str(ROOT / "data" / "demo" / "train.jsonl"))
     p.add_argument("--corpus", default=str(ROOT / "data" / "demo" / "corpus.jsonl"))
-    return p
-
-
-def main() -> int:
-    args = build_parser().parse_args()
+    args = p.parse_args()
     from distill.config import validate
     from distill.generate import GenerateConfig, generate
 

@@ -20,7 +20,19 @@ from distill.rewoo.prompts import PROMPT_KINDS
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def build_parser() -> argparse.ArgumentParser:
+async def _run_all(chat, prompts, max_tokens: int) -> tuple[float, int, int]:
+    t0 = time.perf_counter()
+    outs = await asyncio.gather(*(chat.chat(m, temperature=0.0, max_tokens=max_tokens) for m in prompts))
+    wall = time.perf_counter() - t0
+    return wall, sum(o.usage.completion_tokens for o in outs), sum(o.usage.prompt_tokens for o in outs)
+
+
+def measure(chat, prompts, max_tokens: int) -> tuple[float, int, int]:
+    asyncio.run(_run_all(chat, prompts[:1], 4))  # warm-up: first forward pass allocations
+    return asyncio.run(_run_all(chat, prompts, max_tokens))
+
+
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--prompts", type=int, default=16, help="planner prompts, all in flight at once")
     p.add_argument("--max-tokens", type=int, default=128)
@@ -29,18 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--backends", default="transformers,vllm")
     p.add_argument("--dtype", default=None, help="vLLM --dtype (default: distill serve's choice for this machine)")
-    return p
-
-
-async def _run_all(chat, prompts, max_tokens: int) -> tuple[float, int, int]:
-    t0 = time.perf_counter()
-    outs = await asyncio.gather(*(chat.chat(m, temperature=0.0, max_tokens=max_tokens) for m in prompts))
-    wall = time.perf_counter() - t0
-    return wall, sum(o.usage.completion_tokens for o in outs), sum(o.usage.prompt_tokens for o in outs)
-
-
-def main() -> int:
-    args = build_parser().parse_args()
+    args = p.parse_args()
     from distill.data import load_examples
     from distill.rewoo.prompts import planner_messages
     from distill.tools.registry import tool_descriptions
@@ -53,9 +54,7 @@ def main() -> int:
         if backend == "transformers":
             from distill.llm.transformers_backend import TransformersChat
 
-            chat = TransformersChat(args.model)
-            asyncio.run(_run_all(chat, prompts[:1], 4))  # warm-up: first forward pass allocations
-            rows[backend] = asyncio.run(_run_all(chat, prompts, args.max_tokens))
+            rows[backend] = measure(TransformersChat(args.model), prompts, args.max_tokens)
         elif backend == "vllm":
             from distill.llm.openai_backend import OpenAIChat
             from distill.serve import ServeConfig, VLLMServer
@@ -64,8 +63,7 @@ def main() -> int:
                               dtype=args.dtype)
             with VLLMServer(cfg, log_path="/tmp/distill_bench_vllm.log") as server:
                 chat = OpenAIChat("bench", [server.base_url], None, max_concurrency=len(prompts), timeout_s=3600)
-                asyncio.run(_run_all(chat, prompts[:1], 4))
-                rows[backend] = asyncio.run(_run_all(chat, prompts, args.max_tokens))
+                rows[backend] = measure(chat, prompts, args.max_tokens)
         else:
             raise SystemExit(f"error: unknown backend {backend!r} (transformers, vllm)")
     print(f"{len(prompts)} {args.prompt} planner prompts in flight at once, greedy, max_tokens {args.max_tokens}")

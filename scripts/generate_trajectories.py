@@ -1,8 +1,7 @@
 #!/usr/bin/env python
 """python scripts/generate_trajectories.py --config configs/generate_teacher.yaml [--set key=value]
 
-Records teacher ReWOO trajectories (resumable: rerun the same command to finish an interrupted run).
-Same as `distill generate`.
+`distill generate`: records teacher ReWOO trajectories (rerun the same command to finish an interrupted run).
 """
 
 import sys

@@ -1,9 +1,5 @@
-"""`accelerate launch scripts/train.py --config configs/<model>_lora_<device>.yaml [--set key=value ...]`
-
-A thin wrapper for launchers that want a script path rather than `-m distill.train` (the same code).
-"""
-
-from __future__ import annotations
+"""`accelerate launch scripts/train.py --config configs/<model>_lora_<device>.yaml [--set key=value ...]`: the same
+code as `-m distill.train`, for launchers that want a script path."""
 
 import sys
 from pathlib import Path
