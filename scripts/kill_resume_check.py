@@ -22,13 +22,12 @@ from pathlib import Path
 
 # what keys a record, and where the records live, per command
 KEYS = {"generate": ("id", "sample"), "eval": ("method", "id")}
+RECORDS = {"generate": "trajectories.jsonl", "eval": "records/*.jsonl"}
 
 
 def record_files(command: str, out: Path) -> list[Path]:
     """The record files on disk now: none yet when a kill lands before the first record is written."""
-    if command == "generate":
-        return [p for p in [out / "trajectories.jsonl"] if p.exists()]
-    return sorted((out / "records").glob("*.jsonl"))
+    return sorted(out.glob(RECORDS[command]))
 
 
 def read_complete(command: str, out: Path) -> tuple[list[tuple], int]:
@@ -59,7 +58,7 @@ def kill_and_resume(command: str, config: str, out: Path, kills: int, seed: int,
     seen: set[tuple] = set()
     points, torn_seen = [], 0
     for k in range(kills):
-        before = len(read_complete(command, out)[0]) if out.exists() else 0
+        before = len(read_complete(command, out)[0])
         planned = planned_records(command, out) if (out / "manifest.json").exists() else None
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         t0 = time.monotonic()
@@ -91,16 +90,10 @@ def kill_and_resume(command: str, config: str, out: Path, kills: int, seed: int,
     keys, torn = read_complete(command, out)
     counts = collections.Counter(keys)
     result = {
-        "kills": points,
-        "final_exit": done.returncode,
-        "final_stderr": done.stderr[-2000:],
-        "planned": planned_records(command, out),
-        "records": len(keys),
-        "distinct": len(counts),
-        "duplicates": sum(v - 1 for v in counts.values()),
-        "lost": len(seen - set(counts)),
-        "torn_at_end": torn,
-        "torn_tails_repaired": torn_seen,
+        "kills": points, "final_exit": done.returncode, "final_stderr": done.stderr[-2000:],
+        "planned": planned_records(command, out), "records": len(keys), "distinct": len(counts),
+        "duplicates": sum(v - 1 for v in counts.values()), "lost": len(seen - set(counts)),
+        "torn_at_end": torn, "torn_tails_repaired": torn_seen,
         "status": json.loads((out / "manifest.json").read_text())["status"],
     }
     log(f"final run: exit {done.returncode}, status {result['status']}; planned {result['planned']}, "
