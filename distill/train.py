@@ -339,10 +339,8 @@ def write_outputs(trainer, cfg: TrainConfig, started: float) -> dict:
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "effective_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size,
     }
-    header = "".join(f"# {k}: {v}\n" for k, v in derived.items())
-    (out / "train_config.yaml").write_text(
-        "# the config of this run (loadable again)\n" + header + yaml.safe_dump(cfg.data, sort_keys=False)
-    )
+    header = "# the config of this run (loadable again)\n" + "".join(f"# {k}: {v}\n" for k, v in derived.items())
+    (out / "train_config.yaml").write_text(header + yaml.safe_dump(cfg.data, sort_keys=False))
     history = {
         "train": [{k: e[k] for k in ("step", "epoch", "loss", "learning_rate", "grad_norm") if k in e}
                   for e in logs if "loss" in e],

@@ -85,6 +85,7 @@ def matmul_params(model, trainable: bool) -> int:
 
 
 def make_timer(cuda: bool):
+    import torch
     from transformers import TrainerCallback
 
     class Timer(TrainerCallback):
@@ -94,8 +95,6 @@ def make_timer(cuda: bool):
 
         def _mark(self, tokens: int) -> None:
             if cuda:
-                import torch
-
                 torch.cuda.synchronize()
             self.marks.append((time.perf_counter(), tokens))
 
