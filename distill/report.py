@@ -31,6 +31,8 @@ import numpy as np
 
 from distill.baselines import FINISH
 from distill.errors import DistillError
+from distill.metrics import bootstrap_ci, evidence_recall, paired_bootstrap, score
+from distill.store import dedupe, read_jsonl, write_json
 
 RESULTS_VERSION = 1
 # The compact student's goal (issue 14): at least the few-shot teacher's evidence recall at a fifth or less of its
@@ -54,8 +56,7 @@ ROBUSTNESS_FIELDS = ("n", "em", "f1", "judge", "n_evidence", "evidence_recall", 
 def load_records(output_dir: str | Path) -> dict[str, list[dict]]:
     """Records grouped by their `method` field, in file order, the first per key kept (as the run's own store
     keeps it), so a question answered twice is counted once; the file name is not trusted."""
-    from distill.evaluate import record_key
-    from distill.store import dedupe, read_jsonl
+    from distill.evaluate import record_key  # here: evaluate imports this module
 
     folder = Path(output_dir) / RECORDS_DIR
     files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
@@ -86,18 +87,12 @@ def steps_of(rec: dict) -> int:
 
 def rescore(rec: dict) -> dict | None:
     """EM/F1 recomputed from the stored prediction; None for a question without gold answers."""
-    from distill.metrics import score
-
-    if not rec.get("answers"):
-        return None
-    return dict(score(rec["dataset"], rec.get("prediction"), rec["answers"]))
+    return score(rec["dataset"], rec.get("prediction"), rec["answers"]) if rec.get("answers") else None
 
 
 def recall_of(rec: dict) -> dict | None:
     """{recall, all} recomputed from the record's gold pages and evidence, so a stale stored value never
     leaks into the report; None without gold pages (TriviaQA, or a method that records none)."""
-    from distill.metrics import evidence_recall
-
     gold = (rec.get("evidence_recall") or {}).get("gold")
     if not gold:
         return None
@@ -123,8 +118,6 @@ def _mean(values: Iterable[float]) -> float | None:
 
 
 def _ci(values: list[float], samples: int, seed: int) -> dict | None:
-    from distill.metrics import bootstrap_ci
-
     if not values:
         return None
     mean, lo, hi = bootstrap_ci(values, n=samples, seed=seed)
@@ -231,8 +224,6 @@ def _paired_on(
 ) -> dict | None:
     """method - reference in each of `measure(rec)`'s `metrics`, over the questions both have it for (sorted,
     so the pairing is fixed); None when they share none."""
-    from distill.metrics import paired_bootstrap
-
     mine = {_key(r): measure(r) for r in records}
     ref = {_key(r): measure(r) for r in reference}
     common = sorted(k for k in mine.keys() & ref.keys() if mine[k] is not None and ref[k] is not None)
@@ -274,15 +265,13 @@ def tokens_by(records: list[dict], hops: Any) -> dict[str, dict]:
     }
 
 
-def prompt_goal(per_method: dict[str, dict], methods: list[str], reference: str, by_method: dict[str, list[dict]],
-                samples: int = 1000, seed: int = 0) -> dict | None:
-    """Every zero-shot (student-style) ReWOO planner against the teacher's evidence recall and planner prompt
-    tokens: the compact prompt earns its place only if it keeps the recall at a fraction of the prompt. The
-    teacher is the first few-shot ReWOO planner, else the reference; None without a ReWOO teacher or another
-    ReWOO row. The recall difference is paired, over the questions both have gold pages for (an unfinished row
-    is not set against more questions than it answered), with its bootstrap CI; `goal_met` judges its point
-    estimate, and is None where a number is missing (no gold pages, no prompt tokens), never False."""
-    rewoo = [m for m in methods if per_method[m]["kind"] == "rewoo"]
+def prompt_goal(per_method: dict[str, dict], reference: str, by_method: dict[str, list[dict]], samples: int = 1000,
+                seed: int = 0) -> dict | None:
+    """Every zero-shot (student-style) ReWOO planner against the teacher (the first few-shot ReWOO planner, else the
+    reference): the compact prompt earns its place only if it keeps the teacher's evidence recall at a fraction of
+    its prompt tokens. The recall difference is paired, so an unfinished row is not set against more questions than
+    it answered; `goal_met` judges its point estimate, and is None where a number is missing, never False."""
+    rewoo = [m for m, pm in per_method.items() if pm["kind"] == "rewoo"]
     teacher = next((m for m in rewoo if per_method[m]["planner_prompt"] == "fewshot"), reference)
     if teacher not in rewoo:
         return None
@@ -297,9 +286,8 @@ def prompt_goal(per_method: dict[str, dict], methods: list[str], reference: str,
         fraction = tokens / t_tokens if tokens is not None and t_tokens else None
         pair = _paired_on(by_method[m], by_method[teacher], recall_of, ("recall",), samples, seed)
         diff = pair["recall"] if pair else None
-        met = None
-        if diff is not None and fraction is not None:
-            met = bool(round(diff["diff"], 9) >= 0 and fraction <= PROMPT_GOAL_FRACTION)
+        measured = diff is not None and fraction is not None
+        met = (round(diff["diff"], 9) >= 0 and fraction <= PROMPT_GOAL_FRACTION) if measured else None
         rows[m] = {
             "prompt": pm["planner_prompt"], "planner_prompt_tokens": tokens, "prompt_fraction": fraction,
             "evidence_recall": _ci_mean(pm["evidence_recall"]), "n_paired": pair["n"] if pair else 0,
@@ -375,7 +363,7 @@ def compute(
         "tool_failure_rate": rates[0] if len(rates) == 1 else rates,
         "per_method": per_method,
         "paired": paired,
-        "prompt_goal": prompt_goal(per_method, methods, reference, by_method, samples, seed),
+        "prompt_goal": prompt_goal(per_method, reference, by_method, samples, seed),
         "tokens_by_hops": {m: tokens_by(by_method[m], hops_of) for m in methods},
         "tokens_by_gold_hops": {m: tokens_by(by_method[m], lambda r: r.get("gold_hops")) for m in methods},
         "plots": dict(PLOTS),
@@ -421,23 +409,25 @@ def recompute(output_dir: str | Path) -> dict:
 
 
 @contextmanager
-def _figure(plt, path: Path, size: tuple[float, float] = (6.4, 4.4), panels: int = 1, grid: str = "both"):
+def _figure(path: Path, size: tuple[float, float] = (6.4, 4.4), panels: int = 1, grid: str = "both"):
     """A row of axes; on leaving, each gets a light grid and, where something is labelled, a legend, and the
-    figure is saved to `path`."""
-    fig, axes = plt.subplots(1, panels, figsize=size, squeeze=False)
-    yield fig, list(axes[0])
-    for ax in axes[0]:
+    figure is saved to `path`. A bare Figure, not pyplot: no global backend to set, no figure to close."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size)
+    axes = list(fig.subplots(1, panels, squeeze=False)[0])
+    yield fig, axes
+    for ax in axes:
         ax.grid(axis=grid, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
-def _plot_ci_points(plt, points: list[tuple[str, float, dict | None]], path: Path, **labels: str) -> None:
+def _plot_ci_points(points: list[tuple[str, float, dict | None]], path: Path, **labels: str) -> None:
     """One labelled point per method at (x, mean) with its bootstrap CI; methods without the metric are left out."""
-    with _figure(plt, path) as (_, (ax,)):
+    with _figure(path) as (_, (ax,)):
         for m, x, ci in points:
             if ci is None:
                 continue
@@ -449,22 +439,18 @@ def _plot_ci_points(plt, points: list[tuple[str, float, dict | None]], path: Pat
 
 def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str | Path) -> None:
     """Write the PNGs beside report.md."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
     out, methods, pm = Path(output_dir), results["methods"], results["per_method"]
-    _plot_ci_points(plt, [(m, pm[m]["tokens_mean"]["total"] or 0.0, pm[m]["f1"]) for m in methods],
+    _plot_ci_points([(m, pm[m]["tokens_mean"]["total"] or 0.0, pm[m]["f1"]) for m in methods],
                     out / PLOTS["accuracy_vs_tokens"], xlabel="tokens per question (mean)",
                     ylabel="F1 (95% bootstrap CI)", title="Accuracy against cost")
     # The Planner's own trade-off: what its evidence holds against what its prompt costs (ReWOO planners).
-    _plot_ci_points(plt, [(m, pm[m]["planner_prompt_tokens_mean"], pm[m]["evidence_recall"]) for m in methods
-                          if pm[m]["planner_prompt_tokens_mean"] is not None],
+    _plot_ci_points([(m, pm[m]["planner_prompt_tokens_mean"], pm[m]["evidence_recall"]) for m in methods
+                     if pm[m]["planner_prompt_tokens_mean"] is not None],
                     out / PLOTS["recall_vs_prompt"], xlabel="planner prompt tokens (mean)",
                     ylabel="evidence recall (95% bootstrap CI)", title="Evidence recall against planner prompt size")
-    with _figure(plt, out / PLOTS["tokens_by_hops"], (11, 4.2), panels=2) as (fig, axes):
+    with _figure(out / PLOTS["tokens_by_hops"], (11, 4.2), panels=2) as (fig, axes):
         panels = (("tokens_by_hops", "hops taken (plan steps; ReAct tool actions)"),
                   ("tokens_by_gold_hops", "gold hops (from the dataset)"))
         for ax, (key, label) in zip(axes, panels):
@@ -474,12 +460,12 @@ def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str 
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set(xlabel=label, ylabel="tokens per question (mean)")
         fig.suptitle("Tokens per question by number of hops")
-    with _figure(plt, out / PLOTS["latency"], (max(5.0, 1.3 * len(methods) + 2), 4.2), grid="y") as (_, (ax,)):
+    with _figure(out / PLOTS["latency"], (max(5.0, 1.3 * len(methods) + 2), 4.2), grid="y") as (_, (ax,)):
         ax.boxplot([[float(r.get("wall_s", 0.0)) for r in by_method[m]] for m in methods], showmeans=True)
         ax.set_xticks(range(1, len(methods) + 1), methods, rotation=20)
         ax.set(ylabel="seconds per question (wall)", title="Latency")
     if rob := results.get("robustness"):  # accuracy against model calls, a line per method through its rates
-        with _figure(plt, out / ROBUSTNESS_PLOT) as (_, (ax,)):
+        with _figure(out / ROBUSTNESS_PLOT) as (_, (ax,)):
             for base in rob["methods"]:
                 points = [(r["llm_calls_mean"], r["f1"]["mean"], r["tool_failure_rate"])
                           for r in rob["rows"] if r["method"] == base and r["f1"] is not None]
@@ -717,8 +703,6 @@ def render_markdown(results: dict) -> str:
 def write_report(eval_dir: str | Path, out_dir: str | Path | None = None) -> dict:
     """Recompute results from `<eval_dir>`'s records; write results.json, report.md and the plots to `out_dir`
     (default: `eval_dir`). Returns the results."""
-    from distill.store import write_json
-
     out = Path(out_dir if out_dir is not None else eval_dir)
     results, by_method = _load(eval_dir)
     out.mkdir(parents=True, exist_ok=True)
