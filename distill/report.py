@@ -39,12 +39,10 @@ RESULTS_VERSION = 1
 # planner prompt tokens.
 PROMPT_GOAL_FRACTION = 0.2
 RECORDS_DIR = "records"
-PLOTS = {
-    "accuracy_vs_tokens": "accuracy_vs_tokens.png",
-    "tokens_by_hops": "tokens_by_hops.png",
-    "latency": "latency.png",
-    "recall_vs_prompt": "recall_vs_prompt.png",
-}
+PLOT_CAPTIONS = {"accuracy_vs_tokens": "F1 against tokens per question",
+                 "tokens_by_hops": "Tokens per question by hops", "latency": "Latency per question",
+                 "recall_vs_prompt": "Evidence recall against planner prompt tokens"}
+PLOTS = {key: f"{key}.png" for key in PLOT_CAPTIONS}
 ROBUSTNESS_PLOT = "accuracy_vs_calls.png"
 ROBUSTNESS_FIELDS = ("n", "em", "f1", "judge", "n_evidence", "evidence_recall", "llm_calls_mean",
                      "tool_calls_mean", "tool_failures")
@@ -219,9 +217,8 @@ def _key(rec: dict) -> tuple[str, str]:
     return (rec["dataset"], rec["id"])
 
 
-def _paired_on(
-    records: list[dict], reference: list[dict], measure: Any, metrics: tuple[str, ...], samples: int, seed: int
-) -> dict | None:
+def _paired_on(records: list[dict], reference: list[dict], measure: Callable[[dict], dict | None],
+               metrics: tuple[str, ...], samples: int, seed: int) -> dict | None:
     """method - reference in each of `measure(rec)`'s `metrics`, over the questions both have it for (sorted,
     so the pairing is fixed); None when they share none."""
     mine = {_key(r): measure(r) for r in records}
@@ -237,9 +234,7 @@ def _paired_on(
     return out
 
 
-def paired_vs_reference(
-    records: list[dict], reference: list[dict], samples: int = 1000, seed: int = 0
-) -> dict | None:
+def paired_vs_reference(records: list[dict], reference: list[dict], samples: int = 1000, seed: int = 0) -> dict | None:
     """method - reference: EM and F1 (`n`, `em`, `f1`) over the questions both answered; evidence recall and
     the all-gold-pages rate (`evidence`) over those both have gold pages for; steps per plan (`plan_steps`)
     when both are ReWOO planners. None when they share no question with any of these."""
@@ -251,7 +246,7 @@ def paired_vs_reference(
     return out or None
 
 
-def tokens_by(records: list[dict], hops: Any) -> dict[str, dict]:
+def tokens_by(records: list[dict], hops: Callable[[dict], Any]) -> dict[str, dict]:
     """Mean tokens per question (and n, EM) grouped by `hops(rec)`; None groups are left out.
     Keys are strings in numeric order, so the dict survives a JSON round trip unchanged."""
     return {
@@ -300,9 +295,7 @@ def prompt_goal(per_method: dict[str, dict], reference: str, by_method: dict[str
             "max_prompt_fraction": PROMPT_GOAL_FRACTION, "rows": rows}
 
 
-def robustness(
-    main: dict[str, list[dict]], sweep: dict[str, list[dict]], samples: int = 1000, seed: int = 0
-) -> dict:
+def robustness(main: dict[str, list[dict]], sweep: dict[str, list[dict]], samples: int = 1000, seed: int = 0) -> dict:
     """One row per swept method and tool failure rate, its main run being one more rate, in order of rate; a
     method's rows cover only the questions all of them answered, lest a sweep on the first n questions (or
     one cut short) be set against a main run over more, easier or harder, questions."""
@@ -334,10 +327,8 @@ def _rounded(value: Any) -> Any:
     return value
 
 
-def compute(
-    by_method: dict[str, list[dict]], *, methods: list[str] | None = None, reference: str | None = None,
-    samples: int = 1000, seed: int = 0,
-) -> dict:
+def compute(by_method: dict[str, list[dict]], *, methods: list[str] | None = None, reference: str | None = None,
+            samples: int = 1000, seed: int = 0) -> dict:
     """The results dict from records grouped by method (the pure core of `recompute`)."""
     sweep = {m: recs for m, recs in by_method.items() if recs and recs[0].get("robustness_of")}
     by_method = {m: recs for m, recs in by_method.items() if m not in sweep}
@@ -483,6 +474,8 @@ def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str 
 def _f(value: Any, digits: int = 3) -> str:
     if value is None:
         return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
@@ -500,24 +493,18 @@ def _money(value: float | None) -> str:
     return "–" if value is None else f"${value:.5f}"
 
 
-def _goal_text(met: bool | None) -> str:
-    return "–" if met is None else ("yes" if met else "no")
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def _table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
+    """Cells other than text go through `_f`, so a missing number reads "–"."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows] + [""]
+    return lines + ["| " + " | ".join(map(_f, row)) + " |" for row in rows] + [""]
 
 
 def _hops_table(results: dict, key: str) -> list[str]:
     columns = sorted({int(h) for groups in results[key].values() for h in groups})
     if not columns:
         return ["(no question has this information)", ""]
-    rows = [
-        [m] + [f"{groups[str(h)]['tokens_mean']:.0f} (n={groups[str(h)]['n']})" if str(h) in groups else "–"
-               for h in columns]
-        for m, groups in results[key].items()
-    ]
+    rows = [[m] + [f"{g['tokens_mean']:.0f} (n={g['n']})" if (g := groups.get(str(h))) else "–" for h in columns]
+            for m, groups in results[key].items()]
     return _table(["method"] + [f"{h} hop" + ("" if h == 1 else "s") for h in columns], rows)
 
 
@@ -539,9 +526,8 @@ def _prompt_goal_lines(goal: dict | None) -> list[str]:
             ["planner", "prompt", "planner prompt tok", "× teacher's", "evidence recall", "n",
              "Δ recall vs teacher [95% CI]", "plan valid", "EM", "F1", "goal met"],
             [[m, r["prompt"] or "–", _f(r["planner_prompt_tokens"], 0), _f(r["prompt_fraction"], 2),
-              _f(r["evidence_recall"]), str(r["n_paired"]), _ci_text(r["recall_diff_ci"]),
-              _f(r["plan_valid_rate"]), _f(r["em"]), _f(r["f1"]), _goal_text(r["goal_met"])]
-             for m, r in goal["rows"].items()],
+              r["evidence_recall"], r["n_paired"], _ci_text(r["recall_diff_ci"]), r["plan_valid_rate"], r["em"],
+              r["f1"], r["goal_met"]] for m, r in goal["rows"].items()],
         ),
     ]
 
@@ -555,7 +541,7 @@ def prompt_goal_summary(results: dict) -> list[str]:
         f"prompt goal vs {goal['teacher']}: {m:<16} recall {_f(r['evidence_recall'])} vs "
         f"{_f(goal['teacher_evidence_recall'])} (paired Δ {_ci_text(r['recall_diff_ci'])}), prompt tokens "
         f"x{_f(r['prompt_fraction'], 2)} of the teacher's (goal: >= and <= {goal['max_prompt_fraction']:g}): "
-        f"{_goal_text(r['goal_met'])}"
+        f"{_f(r['goal_met'])}"
         for m, r in goal["rows"].items()
     ]
 
@@ -579,10 +565,9 @@ def _robustness_lines(results: dict) -> list[str]:
         *_table(
             ["method", "failure rate", "n", "EM [95% CI]", "F1 [95% CI]", "judge acc", "evidence recall [95% CI]",
              "model calls/q", "tool calls/q", "failed"],
-            [[r["method"], f"{r['tool_failure_rate']:g}", str(r["n"]), _ci_text(r["em"]), _ci_text(r["f1"]),
-              _f((r["judge"] or {}).get("accuracy")), _ci_text(r["evidence_recall"]), _f(r["llm_calls_mean"], 2),
-              _f(r["tool_calls_mean"], 2), _f((r["tool_failures"] or {}).get("rate"), 2)]
-             for r in rob["rows"]],
+            [[r["method"], f"{r['tool_failure_rate']:g}", r["n"], _ci_text(r["em"]), _ci_text(r["f1"]),
+              (r["judge"] or {}).get("accuracy"), _ci_text(r["evidence_recall"]), _f(r["llm_calls_mean"], 2),
+              _f(r["tool_calls_mean"], 2), _f((r["tool_failures"] or {}).get("rate"), 2)] for r in rob["rows"]],
         ),
         f"![F1 against model calls per question under tool failures]({results['plots']['accuracy_vs_calls']})",
         "",
@@ -616,8 +601,8 @@ def render_markdown(results: dict) -> str:
         *_table(
             ["method", "kind", "planner prompt", "n", "EM [95% CI]", "F1 [95% CI]", "evidence recall [95% CI]",
              "judge acc", "plan valid"],
-            [[m, pm["kind"], pm["planner_prompt"] or "–", str(pm["n"]), _ci_text(pm["em"]), _ci_text(pm["f1"]),
-              _ci_text(pm["evidence_recall"]), _f((pm["judge"] or {}).get("accuracy")), _f(pm["plan_valid_rate"])]
+            [[m, pm["kind"], pm["planner_prompt"] or "–", pm["n"], _ci_text(pm["em"]), _ci_text(pm["f1"]),
+              _ci_text(pm["evidence_recall"]), (pm["judge"] or {}).get("accuracy"), pm["plan_valid_rate"]]
              for m, pm in per_method.items()],
         ),
         "## The Planner apart from the Solver",
@@ -630,20 +615,18 @@ def render_markdown(results: dict) -> str:
         *_table(
             ["method", "kind", "planner prompt", "n gold", "evidence recall [95% CI]", "all gold pages [95% CI]",
              "plan valid", "steps/plan", "p50", "max", "too many steps", "planner prompt tok"],
-            [[m, pm["kind"], pm["planner_prompt"] or "–", str(pm["n_evidence"]), _ci_text(pm["evidence_recall"]),
-              _ci_text(pm["evidence_all"]), _f(pm["plan_valid_rate"]), _f(steps.get("mean"), 2),
-              _f(steps.get("p50"), 1), _f(steps.get("max"), 0), _f(pm["too_many_steps_rate"]),
-              _f(pm["planner_prompt_tokens_mean"], 0)]
+            [[m, pm["kind"], pm["planner_prompt"] or "–", pm["n_evidence"], _ci_text(pm["evidence_recall"]),
+              _ci_text(pm["evidence_all"]), pm["plan_valid_rate"], _f(steps.get("mean"), 2), _f(steps.get("p50"), 1),
+              _f(steps.get("max"), 0), pm["too_many_steps_rate"], _f(pm["planner_prompt_tokens_mean"], 0)]
              for m, pm in per_method.items() for steps in [pm["plan_steps"] or {}]],
         ),
         f"Paired against {reference} (method − reference, same questions):",
         "",
         *_table(
             ["method", "n gold", "Δrecall [95% CI]", "p", "Δall gold pages [95% CI]", "p", "Δsteps/plan [95% CI]"],
-            [[m, str(ev["n"]) if ev else "0", _ci_text(ev and ev["recall"]), _f(ev and ev["recall"]["p_value"]),
-              _ci_text(ev and ev["all"]), _f(ev and ev["all"]["p_value"]), _ci_text(p.get("plan_steps") and
-              p["plan_steps"]["steps"], 2)]
-             for m, p in paired.items() for ev in [p.get("evidence")]],
+            [[m, ev["n"] if ev else 0, _ci_text(ev and ev["recall"]), ev and ev["recall"]["p_value"],
+              _ci_text(ev and ev["all"]), ev and ev["all"]["p_value"], _ci_text(steps and steps["steps"], 2)]
+             for m, p in paired.items() for ev, steps in [(p.get("evidence"), p.get("plan_steps"))]],
         ),
         "## Cost and efficiency (means per question)",
         "",
@@ -661,9 +644,8 @@ def render_markdown(results: dict) -> str:
         "",
         *_table(
             ["method", "n", "ΔEM [95% CI]", "p", "ΔF1 [95% CI]", "p"],
-            [[m, str(p["n"]), _ci_text(p["em"]), _f(p["em"]["p_value"]), _ci_text(p["f1"]), _f(p["f1"]["p_value"])]
-             if "em" in p else [m, "0", "–", "–", "–", "–"]
-             for m, p in paired.items()],
+            [[m, p["n"], _ci_text(p["em"]), p["em"]["p_value"], _ci_text(p["f1"]), p["f1"]["p_value"]]
+             if "em" in p else [m, 0, None, None, None, None] for m, p in paired.items()],
         ),
         "## Tokens per question by hops taken",
         "",
@@ -678,25 +660,21 @@ def render_markdown(results: dict) -> str:
         *_table(
             ["method", "prompt", "planner model", "planner prompt tokens (mean)", "planner tokens (mean)"],
             [[m, pm["planner_prompt"] or "–", str(pm["planner_model"]), _f(pm["planner_prompt_tokens_mean"], 0),
-              _f(pm["tokens_mean"]["planner"], 0)]
-             for m, pm in per_method.items() if pm["kind"] == "rewoo"],
+              _f(pm["tokens_mean"]["planner"], 0)] for m, pm in per_method.items() if pm["kind"] == "rewoo"],
         ),
         *_prompt_goal_lines(results.get("prompt_goal")),
         "## By dataset",
         "",
         *_table(
             ["method", "dataset", "n", "EM", "F1", "n gold", "evidence recall", "all gold pages"],
-            [[m, ds, str(v["n"]), _f(v["em"]), _f(v["f1"]), str(v["n_evidence"]), _f(v["evidence_recall"]),
-              _f(v["evidence_all"])]
+            [[m, ds, v["n"], v["em"], v["f1"], v["n_evidence"], v["evidence_recall"], v["evidence_all"]]
              for m, pm in per_method.items() for ds, v in pm["by_dataset"].items()],
         ),
         *_robustness_lines(results),
         "## Plots",
         "",
     ]
-    captions = {"accuracy_vs_tokens": "F1 against tokens per question", "tokens_by_hops": "Tokens per question by hops",
-                "latency": "Latency per question", "recall_vs_prompt": "Evidence recall against planner prompt tokens"}
-    lines += [f"![{caption}]({results['plots'][key]})\n" for key, caption in captions.items()]
+    lines += [f"![{caption}]({results['plots'][key]})\n" for key, caption in PLOT_CAPTIONS.items()]
     return "\n".join(lines)
 
 
@@ -718,7 +696,7 @@ def summary_lines(results: dict) -> list[str]:
     for name, pm in results["per_method"].items():
         em = pm["em"]["mean"] if pm["em"] else float("nan")
         f1 = pm["f1"]["mean"] if pm["f1"] else float("nan")
-        recall = _f(pm["evidence_recall"]["mean"]) if pm["evidence_recall"] else "–"
+        recall = _f(_ci_mean(pm["evidence_recall"]))
         lines.append(
             f"{name:<16} {pm['kind']:<7} n={pm['n']:<5} EM {em:.3f}  F1 {f1:.3f}  recall {recall:<5}  "
             f"tokens/q {pm['tokens_mean']['total']:.0f}  LLM calls/q {pm['llm_calls_mean']:.2f}  "
