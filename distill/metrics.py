@@ -45,12 +45,10 @@ def trivia_normalize(text: str) -> str:
 
 
 def _token_prf(pred_tokens: list[str], gold_tokens: list[str]) -> tuple[float, float, float]:
-    common = Counter(pred_tokens) & Counter(gold_tokens)
-    same = sum(common.values())
+    same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
     if same == 0:
         return 0.0, 0.0, 0.0
-    precision = same / len(pred_tokens)
-    recall = same / len(gold_tokens)
+    precision, recall = same / len(pred_tokens), same / len(gold_tokens)
     return 2 * precision * recall / (precision + recall), precision, recall
 
 
@@ -91,9 +89,7 @@ def trivia_em_f1(prediction: str | None, answers: str | Sequence[str]) -> dict[s
 
 def score(dataset: str, prediction: str | None, answers: str | Sequence[str]) -> dict[str, Any]:
     """EM (0/1) and F1 by the dataset's official rules (HotpotQA's for any other); a None prediction scores as ""."""
-    if dataset == "triviaqa":
-        return trivia_em_f1(prediction, answers)
-    return hotpot_em_f1(prediction, answers)
+    return (trivia_em_f1 if dataset == "triviaqa" else hotpot_em_f1)(prediction, answers)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -227,9 +223,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _fields(record: dict[str, Any], where: str) -> tuple[str | None, list[str]]:
-    for field in ("prediction", "answers"):
-        if field not in record:
-            raise DistillError(f"{where}: missing field `{field}`")
+    if missing := [field for field in ("prediction", "answers") if field not in record]:
+        raise DistillError(f"{where}: missing field `{missing[0]}`")
     prediction, answers = record["prediction"], record["answers"]
     if prediction is not None and not isinstance(prediction, str):
         raise DistillError(f"{where}: `prediction` must be a string or null")

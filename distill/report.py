@@ -6,15 +6,12 @@ nothing (a test checks it). Every prediction is rescored; `manifest.json` only s
 order, the reference, the questions covered, the bootstrap settings).
 
 The Planner is also measured apart from the Solver, whose answers a small model gets wrong whatever the
-plan: evidence recall (the share of a question's gold pages the evidence holds, and whether it holds all),
-steps per plan, the share of plans cut at `max_plan_steps`. Without gold pages (TriviaQA, Direct) recall is
-"–", never 0: a missing measurement is not a miss.
+plan (evidence recall, steps per plan, plans cut at `max_plan_steps`). Without gold pages (TriviaQA, Direct)
+recall is "–", never 0: a missing measurement is not a miss. Tokens by hops show ReAct's cost growing with each
+hop (every turn resends the history) while ReWOO's stays flat (the planner sees the question once).
 
-Hops: plan steps for ReWOO, tool actions for ReAct, 0 for Direct. Tokens by hops show ReAct's cost growing
-with each hop (every turn resends the history) while ReWOO's stays flat (the planner sees the question once).
-
-Runs of eval's `robustness:` sweep (records with `robustness_of`) stay out of the main tables: they get their
-own table, each swept method at each failure rate beside its main run on the same questions, and a plot.
+Runs of eval's `robustness:` sweep (records with `robustness_of`) stay out of the main tables: each swept method
+gets its own rows, at each failure rate beside its main run on the same questions.
 """
 
 from __future__ import annotations
@@ -67,10 +64,9 @@ def load_records(output_dir: str | Path) -> dict[str, list[dict]]:
 
 
 def hops_of(rec: dict) -> int:
-    kind = rec["kind"]
-    if kind == "rewoo":
+    if rec["kind"] == "rewoo":
         return len((rec.get("plan") or {}).get("steps") or [])
-    if kind == "react":
+    if rec["kind"] == "react":
         steps = (rec.get("react") or {}).get("steps") or []
         return sum(1 for s in steps if s["action"]["tool"] not in (None, FINISH))
     return 0
@@ -249,15 +245,10 @@ def paired_vs_reference(records: list[dict], reference: list[dict], samples: int
 def tokens_by(records: list[dict], hops: Callable[[dict], Any]) -> dict[str, dict]:
     """Mean tokens per question (and n, EM) grouped by `hops(rec)`; None groups are left out.
     Keys are strings in numeric order, so the dict survives a JSON round trip unchanged."""
-    return {
-        str(h): {
-            "n": len(recs),
-            "tokens_mean": _mean(r["tokens"]["total"] for r in recs),
-            "llm_calls_mean": _mean(r["llm_calls"] for r in recs),
-            "em": _mean(s["em"] for s in _present(rescore, recs)),
-        }
-        for h, recs in _groups(records, hops).items()
-    }
+    return {str(h): {"n": len(recs), "tokens_mean": _mean(r["tokens"]["total"] for r in recs),
+                     "llm_calls_mean": _mean(r["llm_calls"] for r in recs),
+                     "em": _mean(s["em"] for s in _present(rescore, recs))}
+            for h, recs in _groups(records, hops).items()}
 
 
 def prompt_goal(per_method: dict[str, dict], reference: str, by_method: dict[str, list[dict]], samples: int = 1000,
@@ -337,11 +328,9 @@ def compute(by_method: dict[str, list[dict]], *, methods: list[str] | None = Non
     methods = [m for m in methods or sorted(by_method) if m in by_method]
     reference = reference if reference in by_method else methods[0]
     per_method = {m: method_metrics(by_method[m], samples, seed) for m in methods}
-    paired = {
-        m: {"reference": reference, **(paired_vs_reference(by_method[m], by_method[reference], samples, seed) or {})}
-        for m in methods
-        if m != reference
-    }
+    ref = by_method[reference]
+    paired = {m: {"reference": reference, **(paired_vs_reference(by_method[m], ref, samples, seed) or {})}
+              for m in methods if m != reference}
     rates = sorted({float(r.get("tool_failure_rate", 0.0)) for recs in by_method.values() for r in recs})
     results = {
         "format_version": RESULTS_VERSION,
