@@ -84,7 +84,8 @@ def trivia_em_f1(prediction: str | None, answers: str | Sequence[str]) -> dict[s
     pred = trivia_normalize(prediction or "")
     normalized = [trivia_normalize(g) for g in _gold_list(answers)]
     golds = [g for g in normalized if g] or normalized
-    return {"em": max(int(pred == g) for g in golds), "f1": max(_token_prf(pred.split(), g.split())[0] for g in golds)}
+    return {"em": max(int(pred == g) for g in golds),
+            "f1": max(_token_prf(pred.split(), g.split())[0] for g in golds)}
 
 
 def score(dataset: str, prediction: str | None, answers: str | Sequence[str]) -> dict[str, Any]:

@@ -10,8 +10,8 @@ plan (evidence recall, steps per plan, plans cut at `max_plan_steps`). Without g
 recall is "–", never 0: a missing measurement is not a miss. Tokens by hops show ReAct's cost growing with each
 hop (every turn resends the history) while ReWOO's stays flat (the planner sees the question once).
 
-Runs of eval's `robustness:` sweep (records with `robustness_of`) stay out of the main tables: each swept method
-gets its own rows, at each failure rate beside its main run on the same questions.
+Runs of eval's `robustness:` sweep (records with `robustness_of`) stay out of the main tables: they get their
+own table and plot, each swept method at each failure rate beside its main run on the same questions.
 """
 
 from __future__ import annotations
