@@ -14,11 +14,13 @@ import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Iterable
+from statistics import fmean
+from typing import Any
 
 import numpy as np
 
 from distill.errors import DistillError
+from distill.store import iter_jsonl, write_jsonl
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _HOTPOT_PUNCT = frozenset(string.punctuation)
@@ -43,12 +45,10 @@ def trivia_normalize(text: str) -> str:
 
 
 def _token_prf(pred_tokens: list[str], gold_tokens: list[str]) -> tuple[float, float, float]:
-    common = Counter(pred_tokens) & Counter(gold_tokens)
-    same = sum(common.values())
+    same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
     if same == 0:
         return 0.0, 0.0, 0.0
-    precision = same / len(pred_tokens)
-    recall = same / len(gold_tokens)
+    precision, recall = same / len(pred_tokens), same / len(gold_tokens)
     return 2 * precision * recall / (precision + recall), precision, recall
 
 
@@ -71,9 +71,8 @@ def hotpot_em_f1(prediction: str | None, answers: str | Sequence[str]) -> dict[s
     """HotpotQA EM/F1, each maximised over the gold answers (the official script has one gold per question)."""
     pred = prediction or ""
     golds = _gold_list(answers)
-    em = max(int(hotpot_normalize(pred) == hotpot_normalize(g)) for g in golds)
-    f1 = max(hotpot_f1_prf(pred, g)[0] for g in golds)
-    return {"em": em, "f1": f1}
+    return {"em": max(int(hotpot_normalize(pred) == hotpot_normalize(g)) for g in golds),
+            "f1": max(hotpot_f1_prf(pred, g)[0] for g in golds)}
 
 
 def trivia_em_f1(prediction: str | None, answers: str | Sequence[str]) -> dict[str, Any]:
@@ -85,19 +84,13 @@ def trivia_em_f1(prediction: str | None, answers: str | Sequence[str]) -> dict[s
     pred = trivia_normalize(prediction or "")
     normalized = [trivia_normalize(g) for g in _gold_list(answers)]
     golds = [g for g in normalized if g] or normalized
-    em = max(int(pred == g) for g in golds)
-    f1 = max(_token_prf(pred.split(), g.split())[0] for g in golds)
-    return {"em": em, "f1": f1}
+    return {"em": max(int(pred == g) for g in golds),
+            "f1": max(_token_prf(pred.split(), g.split())[0] for g in golds)}
 
 
 def score(dataset: str, prediction: str | None, answers: str | Sequence[str]) -> dict[str, Any]:
-    """EM (0/1 int) and F1 under the dataset's official rules; datasets without their own rules use HotpotQA's.
-
-    A missing prediction (None, e.g. a failed run) scores as the empty string.
-    """
-    if dataset == "triviaqa":
-        return trivia_em_f1(prediction, answers)
-    return hotpot_em_f1(prediction, answers)
+    """EM (0/1) and F1 by the dataset's official rules (HotpotQA's for any other); a None prediction scores as ""."""
+    return (trivia_em_f1 if dataset == "triviaqa" else hotpot_em_f1)(prediction, answers)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -124,10 +117,7 @@ def retrieved_titles(evidence: Sequence[dict]) -> set[str]:
             continue
         for paragraph in (ev.get("output") or "").split("\n\n"):
             head = paragraph[:_TITLE_HEAD]
-            start = 0
-            while (pos := head.find(":", start)) != -1:
-                found.add(title_key(head[:pos]))
-                start = pos + 1
+            found.update(title_key(head[:colon.start()]) for colon in re.finditer(":", head))
     return found
 
 
@@ -167,26 +157,18 @@ Rubric:
 
 Reply with exactly one word: CORRECT or INCORRECT."""
 
-JUDGE_MAX_TOKENS = 8
-
 
 def parse_verdict(text: str) -> bool | None:
     """Strict: only a first word of CORRECT/INCORRECT (any case, surrounding punctuation ignored) counts.
-
-    Anything else is None rather than a guess, so unparseable judgements are visible in the report.
-    """
-    words = text.strip().split()
-    if not words:
-        return None
-    word = words[0].strip(string.punctuation).upper()
+    Anything else is None rather than a guess, so unparseable judgements are visible in the report."""
+    word = (text.split() or [""])[0].strip(string.punctuation).upper()
     return {"CORRECT": True, "INCORRECT": False}.get(word)
 
 
 async def judge(model: Any, question: str, answers: Sequence[str], prediction: str | None) -> dict[str, Any]:
     """Ask a ChatModel whether the prediction is correct: {"verdict": True/False/None, "raw": reply text}."""
-    answer = prediction or "(no answer)"
-    content = JUDGE_PROMPT.format(question=question, answers=" | ".join(answers), prediction=answer)
-    completion = await model.chat([{"role": "user", "content": content}], temperature=0, max_tokens=JUDGE_MAX_TOKENS)
+    prompt = JUDGE_PROMPT.format(question=question, answers=" | ".join(answers), prediction=prediction or "(no answer)")
+    completion = await model.chat([{"role": "user", "content": prompt}], temperature=0, max_tokens=8)  # one word
     return {"verdict": parse_verdict(completion.text), "raw": completion.text}
 
 
@@ -241,44 +223,29 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="write each input line plus `em` and `f1` here")
 
 
-def score_records(numbered: Iterable[tuple[int, dict[str, Any]]], dataset: str, origin: str) -> list[dict[str, Any]]:
-    """Score (line number, record) pairs from `store.iter_jsonl`; the first bad one stops the run with its line."""
-
-    records = []
-    for number, record in numbered:
-        prediction, answers = _fields(record, f"{origin}:{number}")
-        result = score(dataset, prediction, answers)
-        records.append({**record, "em": int(result["em"]), "f1": float(result["f1"])})
-    return records
-
-
 def _fields(record: dict[str, Any], where: str) -> tuple[str | None, list[str]]:
-    for field in ("prediction", "answers"):
-        if field not in record:
-            raise DistillError(f"{where}: missing field `{field}`")
+    if missing := [field for field in ("prediction", "answers") if field not in record]:
+        raise DistillError(f"{where}: missing field `{missing[0]}`")
     prediction, answers = record["prediction"], record["answers"]
     if prediction is not None and not isinstance(prediction, str):
         raise DistillError(f"{where}: `prediction` must be a string or null")
-    if isinstance(answers, str):
-        answers = [answers]
-    if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
+    golds = [answers] if isinstance(answers, str) else answers
+    if not isinstance(golds, list) or not golds or not all(isinstance(a, str) for a in golds):
         raise DistillError(f"{where}: `answers` must be a string or a non-empty list of strings")
-    return prediction, answers
+    return prediction, golds
 
 
 def main(args: argparse.Namespace) -> int:
-    from distill.store import iter_jsonl, write_jsonl
-
     path: Path = args.file
     if not path.is_file():
         raise DistillError(f"predictions file not found: {path}")
-    records = score_records(iter_jsonl(path), args.dataset, str(path))
+    # the first bad line stops the run, naming it
+    records = [{**record, **score(args.dataset, *_fields(record, f"{path}:{number}"))}
+               for number, record in iter_jsonl(path)]
     if not records:
         raise DistillError(f"{path}: no predictions to score")
     if args.out:
         write_jsonl(args.out, records)  # atomic and fsynced, so --out may be the input file itself
-    n = len(records)
-    em = sum(r["em"] for r in records) / n
-    f1 = sum(r["f1"] for r in records) / n
-    print(f"dataset={args.dataset} n={n} em={em:.4f} f1={f1:.4f}")
+    em, f1 = (fmean(r[k] for r in records) for k in ("em", "f1"))
+    print(f"dataset={args.dataset} n={len(records)} em={em:.4f} f1={f1:.4f}")
     return 0

@@ -6,15 +6,12 @@ nothing (a test checks it). Every prediction is rescored; `manifest.json` only s
 order, the reference, the questions covered, the bootstrap settings).
 
 The Planner is also measured apart from the Solver, whose answers a small model gets wrong whatever the
-plan: evidence recall (the share of a question's gold pages the evidence holds, and whether it holds all),
-steps per plan, the share of plans cut at `max_plan_steps`. Without gold pages (TriviaQA, Direct) recall is
-"–", never 0: a missing measurement is not a miss.
-
-Hops: plan steps for ReWOO, tool actions for ReAct, 0 for Direct. Tokens by hops show ReAct's cost growing
-with each hop (every turn resends the history) while ReWOO's stays flat (the planner sees the question once).
+plan (evidence recall, steps per plan, plans cut at `max_plan_steps`). Without gold pages (TriviaQA, Direct)
+recall is "–", never 0: a missing measurement is not a miss. Tokens by hops show ReAct's cost growing with each
+hop (every turn resends the history) while ReWOO's stays flat (the planner sees the question once).
 
 Runs of eval's `robustness:` sweep (records with `robustness_of`) stay out of the main tables: they get their
-own table, each swept method at each failure rate beside its main run on the same questions, and a plot.
+own table and plot, each swept method at each failure rate beside its main run on the same questions.
 """
 
 from __future__ import annotations
@@ -31,18 +28,18 @@ import numpy as np
 
 from distill.baselines import FINISH
 from distill.errors import DistillError
+from distill.metrics import bootstrap_ci, evidence_recall, paired_bootstrap, score
+from distill.store import dedupe, read_jsonl, write_json
 
 RESULTS_VERSION = 1
 # The compact student's goal (issue 14): at least the few-shot teacher's evidence recall at a fifth or less of its
 # planner prompt tokens.
 PROMPT_GOAL_FRACTION = 0.2
 RECORDS_DIR = "records"
-PLOTS = {
-    "accuracy_vs_tokens": "accuracy_vs_tokens.png",
-    "tokens_by_hops": "tokens_by_hops.png",
-    "latency": "latency.png",
-    "recall_vs_prompt": "recall_vs_prompt.png",
-}
+PLOT_CAPTIONS = {"accuracy_vs_tokens": "F1 against tokens per question",
+                 "tokens_by_hops": "Tokens per question by hops", "latency": "Latency per question",
+                 "recall_vs_prompt": "Evidence recall against planner prompt tokens"}
+PLOTS = {key: f"{key}.png" for key in PLOT_CAPTIONS}
 ROBUSTNESS_PLOT = "accuracy_vs_calls.png"
 ROBUSTNESS_FIELDS = ("n", "em", "f1", "judge", "n_evidence", "evidence_recall", "llm_calls_mean",
                      "tool_calls_mean", "tool_failures")
@@ -54,8 +51,7 @@ ROBUSTNESS_FIELDS = ("n", "em", "f1", "judge", "n_evidence", "evidence_recall", 
 def load_records(output_dir: str | Path) -> dict[str, list[dict]]:
     """Records grouped by their `method` field, in file order, the first per key kept (as the run's own store
     keeps it), so a question answered twice is counted once; the file name is not trusted."""
-    from distill.evaluate import record_key
-    from distill.store import dedupe, read_jsonl
+    from distill.evaluate import record_key  # here: evaluate imports this module
 
     folder = Path(output_dir) / RECORDS_DIR
     files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
@@ -68,10 +64,9 @@ def load_records(output_dir: str | Path) -> dict[str, list[dict]]:
 
 
 def hops_of(rec: dict) -> int:
-    kind = rec["kind"]
-    if kind == "rewoo":
+    if rec["kind"] == "rewoo":
         return len((rec.get("plan") or {}).get("steps") or [])
-    if kind == "react":
+    if rec["kind"] == "react":
         steps = (rec.get("react") or {}).get("steps") or []
         return sum(1 for s in steps if s["action"]["tool"] not in (None, FINISH))
     return 0
@@ -86,18 +81,12 @@ def steps_of(rec: dict) -> int:
 
 def rescore(rec: dict) -> dict | None:
     """EM/F1 recomputed from the stored prediction; None for a question without gold answers."""
-    from distill.metrics import score
-
-    if not rec.get("answers"):
-        return None
-    return dict(score(rec["dataset"], rec.get("prediction"), rec["answers"]))
+    return score(rec["dataset"], rec.get("prediction"), rec["answers"]) if rec.get("answers") else None
 
 
 def recall_of(rec: dict) -> dict | None:
     """{recall, all} recomputed from the record's gold pages and evidence, so a stale stored value never
     leaks into the report; None without gold pages (TriviaQA, or a method that records none)."""
-    from distill.metrics import evidence_recall
-
     gold = (rec.get("evidence_recall") or {}).get("gold")
     if not gold:
         return None
@@ -123,8 +112,6 @@ def _mean(values: Iterable[float]) -> float | None:
 
 
 def _ci(values: list[float], samples: int, seed: int) -> dict | None:
-    from distill.metrics import bootstrap_ci
-
     if not values:
         return None
     mean, lo, hi = bootstrap_ci(values, n=samples, seed=seed)
@@ -226,13 +213,10 @@ def _key(rec: dict) -> tuple[str, str]:
     return (rec["dataset"], rec["id"])
 
 
-def _paired_on(
-    records: list[dict], reference: list[dict], measure: Any, metrics: tuple[str, ...], samples: int, seed: int
-) -> dict | None:
+def _paired_on(records: list[dict], reference: list[dict], measure: Callable[[dict], dict | None],
+               metrics: tuple[str, ...], samples: int, seed: int) -> dict | None:
     """method - reference in each of `measure(rec)`'s `metrics`, over the questions both have it for (sorted,
     so the pairing is fixed); None when they share none."""
-    from distill.metrics import paired_bootstrap
-
     mine = {_key(r): measure(r) for r in records}
     ref = {_key(r): measure(r) for r in reference}
     common = sorted(k for k in mine.keys() & ref.keys() if mine[k] is not None and ref[k] is not None)
@@ -246,9 +230,7 @@ def _paired_on(
     return out
 
 
-def paired_vs_reference(
-    records: list[dict], reference: list[dict], samples: int = 1000, seed: int = 0
-) -> dict | None:
+def paired_vs_reference(records: list[dict], reference: list[dict], samples: int = 1000, seed: int = 0) -> dict | None:
     """method - reference: EM and F1 (`n`, `em`, `f1`) over the questions both answered; evidence recall and
     the all-gold-pages rate (`evidence`) over those both have gold pages for; steps per plan (`plan_steps`)
     when both are ReWOO planners. None when they share no question with any of these."""
@@ -260,29 +242,22 @@ def paired_vs_reference(
     return out or None
 
 
-def tokens_by(records: list[dict], hops: Any) -> dict[str, dict]:
+def tokens_by(records: list[dict], hops: Callable[[dict], Any]) -> dict[str, dict]:
     """Mean tokens per question (and n, EM) grouped by `hops(rec)`; None groups are left out.
     Keys are strings in numeric order, so the dict survives a JSON round trip unchanged."""
-    return {
-        str(h): {
-            "n": len(recs),
-            "tokens_mean": _mean(r["tokens"]["total"] for r in recs),
-            "llm_calls_mean": _mean(r["llm_calls"] for r in recs),
-            "em": _mean(s["em"] for s in _present(rescore, recs)),
-        }
-        for h, recs in _groups(records, hops).items()
-    }
+    return {str(h): {"n": len(recs), "tokens_mean": _mean(r["tokens"]["total"] for r in recs),
+                     "llm_calls_mean": _mean(r["llm_calls"] for r in recs),
+                     "em": _mean(s["em"] for s in _present(rescore, recs))}
+            for h, recs in _groups(records, hops).items()}
 
 
-def prompt_goal(per_method: dict[str, dict], methods: list[str], reference: str, by_method: dict[str, list[dict]],
-                samples: int = 1000, seed: int = 0) -> dict | None:
-    """Every zero-shot (student-style) ReWOO planner against the teacher's evidence recall and planner prompt
-    tokens: the compact prompt earns its place only if it keeps the recall at a fraction of the prompt. The
-    teacher is the first few-shot ReWOO planner, else the reference; None without a ReWOO teacher or another
-    ReWOO row. The recall difference is paired, over the questions both have gold pages for (an unfinished row
-    is not set against more questions than it answered), with its bootstrap CI; `goal_met` judges its point
-    estimate, and is None where a number is missing (no gold pages, no prompt tokens), never False."""
-    rewoo = [m for m in methods if per_method[m]["kind"] == "rewoo"]
+def prompt_goal(per_method: dict[str, dict], reference: str, by_method: dict[str, list[dict]], samples: int = 1000,
+                seed: int = 0) -> dict | None:
+    """Every zero-shot (student-style) ReWOO planner against the teacher (the first few-shot ReWOO planner, else the
+    reference): the compact prompt earns its place only if it keeps the teacher's evidence recall at a fraction of
+    its prompt tokens. The recall difference is paired, so an unfinished row is not set against more questions than
+    it answered; `goal_met` judges its point estimate, and is None where a number is missing, never False."""
+    rewoo = [m for m, pm in per_method.items() if pm["kind"] == "rewoo"]
     teacher = next((m for m in rewoo if per_method[m]["planner_prompt"] == "fewshot"), reference)
     if teacher not in rewoo:
         return None
@@ -297,9 +272,8 @@ def prompt_goal(per_method: dict[str, dict], methods: list[str], reference: str,
         fraction = tokens / t_tokens if tokens is not None and t_tokens else None
         pair = _paired_on(by_method[m], by_method[teacher], recall_of, ("recall",), samples, seed)
         diff = pair["recall"] if pair else None
-        met = None
-        if diff is not None and fraction is not None:
-            met = bool(round(diff["diff"], 9) >= 0 and fraction <= PROMPT_GOAL_FRACTION)
+        measured = diff is not None and fraction is not None
+        met = (round(diff["diff"], 9) >= 0 and fraction <= PROMPT_GOAL_FRACTION) if measured else None
         rows[m] = {
             "prompt": pm["planner_prompt"], "planner_prompt_tokens": tokens, "prompt_fraction": fraction,
             "evidence_recall": _ci_mean(pm["evidence_recall"]), "n_paired": pair["n"] if pair else 0,
@@ -312,9 +286,7 @@ def prompt_goal(per_method: dict[str, dict], methods: list[str], reference: str,
             "max_prompt_fraction": PROMPT_GOAL_FRACTION, "rows": rows}
 
 
-def robustness(
-    main: dict[str, list[dict]], sweep: dict[str, list[dict]], samples: int = 1000, seed: int = 0
-) -> dict:
+def robustness(main: dict[str, list[dict]], sweep: dict[str, list[dict]], samples: int = 1000, seed: int = 0) -> dict:
     """One row per swept method and tool failure rate, its main run being one more rate, in order of rate; a
     method's rows cover only the questions all of them answered, lest a sweep on the first n questions (or
     one cut short) be set against a main run over more, easier or harder, questions."""
@@ -346,10 +318,8 @@ def _rounded(value: Any) -> Any:
     return value
 
 
-def compute(
-    by_method: dict[str, list[dict]], *, methods: list[str] | None = None, reference: str | None = None,
-    samples: int = 1000, seed: int = 0,
-) -> dict:
+def compute(by_method: dict[str, list[dict]], *, methods: list[str] | None = None, reference: str | None = None,
+            samples: int = 1000, seed: int = 0) -> dict:
     """The results dict from records grouped by method (the pure core of `recompute`)."""
     sweep = {m: recs for m, recs in by_method.items() if recs and recs[0].get("robustness_of")}
     by_method = {m: recs for m, recs in by_method.items() if m not in sweep}
@@ -358,11 +328,9 @@ def compute(
     methods = [m for m in methods or sorted(by_method) if m in by_method]
     reference = reference if reference in by_method else methods[0]
     per_method = {m: method_metrics(by_method[m], samples, seed) for m in methods}
-    paired = {
-        m: {"reference": reference, **(paired_vs_reference(by_method[m], by_method[reference], samples, seed) or {})}
-        for m in methods
-        if m != reference
-    }
+    ref = by_method[reference]
+    paired = {m: {"reference": reference, **(paired_vs_reference(by_method[m], ref, samples, seed) or {})}
+              for m in methods if m != reference}
     rates = sorted({float(r.get("tool_failure_rate", 0.0)) for recs in by_method.values() for r in recs})
     results = {
         "format_version": RESULTS_VERSION,
@@ -375,7 +343,7 @@ def compute(
         "tool_failure_rate": rates[0] if len(rates) == 1 else rates,
         "per_method": per_method,
         "paired": paired,
-        "prompt_goal": prompt_goal(per_method, methods, reference, by_method, samples, seed),
+        "prompt_goal": prompt_goal(per_method, reference, by_method, samples, seed),
         "tokens_by_hops": {m: tokens_by(by_method[m], hops_of) for m in methods},
         "tokens_by_gold_hops": {m: tokens_by(by_method[m], lambda r: r.get("gold_hops")) for m in methods},
         "plots": dict(PLOTS),
@@ -421,23 +389,25 @@ def recompute(output_dir: str | Path) -> dict:
 
 
 @contextmanager
-def _figure(plt, path: Path, size: tuple[float, float] = (6.4, 4.4), panels: int = 1, grid: str = "both"):
+def _figure(path: Path, size: tuple[float, float] = (6.4, 4.4), panels: int = 1, grid: str = "both"):
     """A row of axes; on leaving, each gets a light grid and, where something is labelled, a legend, and the
-    figure is saved to `path`."""
-    fig, axes = plt.subplots(1, panels, figsize=size, squeeze=False)
-    yield fig, list(axes[0])
-    for ax in axes[0]:
+    figure is saved to `path`. A bare Figure, not pyplot: no global backend to set, no figure to close."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size)
+    axes = list(fig.subplots(1, panels, squeeze=False)[0])
+    yield fig, axes
+    for ax in axes:
         ax.grid(axis=grid, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
-def _plot_ci_points(plt, points: list[tuple[str, float, dict | None]], path: Path, **labels: str) -> None:
+def _plot_ci_points(points: list[tuple[str, float, dict | None]], path: Path, **labels: str) -> None:
     """One labelled point per method at (x, mean) with its bootstrap CI; methods without the metric are left out."""
-    with _figure(plt, path) as (_, (ax,)):
+    with _figure(path) as (_, (ax,)):
         for m, x, ci in points:
             if ci is None:
                 continue
@@ -449,22 +419,18 @@ def _plot_ci_points(plt, points: list[tuple[str, float, dict | None]], path: Pat
 
 def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str | Path) -> None:
     """Write the PNGs beside report.md."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
     out, methods, pm = Path(output_dir), results["methods"], results["per_method"]
-    _plot_ci_points(plt, [(m, pm[m]["tokens_mean"]["total"] or 0.0, pm[m]["f1"]) for m in methods],
+    _plot_ci_points([(m, pm[m]["tokens_mean"]["total"] or 0.0, pm[m]["f1"]) for m in methods],
                     out / PLOTS["accuracy_vs_tokens"], xlabel="tokens per question (mean)",
                     ylabel="F1 (95% bootstrap CI)", title="Accuracy against cost")
     # The Planner's own trade-off: what its evidence holds against what its prompt costs (ReWOO planners).
-    _plot_ci_points(plt, [(m, pm[m]["planner_prompt_tokens_mean"], pm[m]["evidence_recall"]) for m in methods
-                          if pm[m]["planner_prompt_tokens_mean"] is not None],
+    _plot_ci_points([(m, pm[m]["planner_prompt_tokens_mean"], pm[m]["evidence_recall"]) for m in methods
+                     if pm[m]["planner_prompt_tokens_mean"] is not None],
                     out / PLOTS["recall_vs_prompt"], xlabel="planner prompt tokens (mean)",
                     ylabel="evidence recall (95% bootstrap CI)", title="Evidence recall against planner prompt size")
-    with _figure(plt, out / PLOTS["tokens_by_hops"], (11, 4.2), panels=2) as (fig, axes):
+    with _figure(out / PLOTS["tokens_by_hops"], (11, 4.2), panels=2) as (fig, axes):
         panels = (("tokens_by_hops", "hops taken (plan steps; ReAct tool actions)"),
                   ("tokens_by_gold_hops", "gold hops (from the dataset)"))
         for ax, (key, label) in zip(axes, panels):
@@ -474,12 +440,12 @@ def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str 
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set(xlabel=label, ylabel="tokens per question (mean)")
         fig.suptitle("Tokens per question by number of hops")
-    with _figure(plt, out / PLOTS["latency"], (max(5.0, 1.3 * len(methods) + 2), 4.2), grid="y") as (_, (ax,)):
+    with _figure(out / PLOTS["latency"], (max(5.0, 1.3 * len(methods) + 2), 4.2), grid="y") as (_, (ax,)):
         ax.boxplot([[float(r.get("wall_s", 0.0)) for r in by_method[m]] for m in methods], showmeans=True)
         ax.set_xticks(range(1, len(methods) + 1), methods, rotation=20)
         ax.set(ylabel="seconds per question (wall)", title="Latency")
     if rob := results.get("robustness"):  # accuracy against model calls, a line per method through its rates
-        with _figure(plt, out / ROBUSTNESS_PLOT) as (_, (ax,)):
+        with _figure(out / ROBUSTNESS_PLOT) as (_, (ax,)):
             for base in rob["methods"]:
                 points = [(r["llm_calls_mean"], r["f1"]["mean"], r["tool_failure_rate"])
                           for r in rob["rows"] if r["method"] == base and r["f1"] is not None]
@@ -497,6 +463,8 @@ def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str 
 def _f(value: Any, digits: int = 3) -> str:
     if value is None:
         return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
@@ -514,24 +482,18 @@ def _money(value: float | None) -> str:
     return "–" if value is None else f"${value:.5f}"
 
 
-def _goal_text(met: bool | None) -> str:
-    return "–" if met is None else ("yes" if met else "no")
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def _table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
+    """Cells other than text go through `_f`, so a missing number reads "–"."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows] + [""]
+    return lines + ["| " + " | ".join(map(_f, row)) + " |" for row in rows] + [""]
 
 
 def _hops_table(results: dict, key: str) -> list[str]:
     columns = sorted({int(h) for groups in results[key].values() for h in groups})
     if not columns:
         return ["(no question has this information)", ""]
-    rows = [
-        [m] + [f"{groups[str(h)]['tokens_mean']:.0f} (n={groups[str(h)]['n']})" if str(h) in groups else "–"
-               for h in columns]
-        for m, groups in results[key].items()
-    ]
+    rows = [[m] + [f"{g['tokens_mean']:.0f} (n={g['n']})" if (g := groups.get(str(h))) else "–" for h in columns]
+            for m, groups in results[key].items()]
     return _table(["method"] + [f"{h} hop" + ("" if h == 1 else "s") for h in columns], rows)
 
 
@@ -553,9 +515,8 @@ def _prompt_goal_lines(goal: dict | None) -> list[str]:
             ["planner", "prompt", "planner prompt tok", "× teacher's", "evidence recall", "n",
              "Δ recall vs teacher [95% CI]", "plan valid", "EM", "F1", "goal met"],
             [[m, r["prompt"] or "–", _f(r["planner_prompt_tokens"], 0), _f(r["prompt_fraction"], 2),
-              _f(r["evidence_recall"]), str(r["n_paired"]), _ci_text(r["recall_diff_ci"]),
-              _f(r["plan_valid_rate"]), _f(r["em"]), _f(r["f1"]), _goal_text(r["goal_met"])]
-             for m, r in goal["rows"].items()],
+              r["evidence_recall"], r["n_paired"], _ci_text(r["recall_diff_ci"]), r["plan_valid_rate"], r["em"],
+              r["f1"], r["goal_met"]] for m, r in goal["rows"].items()],
         ),
     ]
 
@@ -569,7 +530,7 @@ def prompt_goal_summary(results: dict) -> list[str]:
         f"prompt goal vs {goal['teacher']}: {m:<16} recall {_f(r['evidence_recall'])} vs "
         f"{_f(goal['teacher_evidence_recall'])} (paired Δ {_ci_text(r['recall_diff_ci'])}), prompt tokens "
         f"x{_f(r['prompt_fraction'], 2)} of the teacher's (goal: >= and <= {goal['max_prompt_fraction']:g}): "
-        f"{_goal_text(r['goal_met'])}"
+        f"{_f(r['goal_met'])}"
         for m, r in goal["rows"].items()
     ]
 
@@ -593,10 +554,9 @@ def _robustness_lines(results: dict) -> list[str]:
         *_table(
             ["method", "failure rate", "n", "EM [95% CI]", "F1 [95% CI]", "judge acc", "evidence recall [95% CI]",
              "model calls/q", "tool calls/q", "failed"],
-            [[r["method"], f"{r['tool_failure_rate']:g}", str(r["n"]), _ci_text(r["em"]), _ci_text(r["f1"]),
-              _f((r["judge"] or {}).get("accuracy")), _ci_text(r["evidence_recall"]), _f(r["llm_calls_mean"], 2),
-              _f(r["tool_calls_mean"], 2), _f((r["tool_failures"] or {}).get("rate"), 2)]
-             for r in rob["rows"]],
+            [[r["method"], f"{r['tool_failure_rate']:g}", r["n"], _ci_text(r["em"]), _ci_text(r["f1"]),
+              (r["judge"] or {}).get("accuracy"), _ci_text(r["evidence_recall"]), _f(r["llm_calls_mean"], 2),
+              _f(r["tool_calls_mean"], 2), _f((r["tool_failures"] or {}).get("rate"), 2)] for r in rob["rows"]],
         ),
         f"![F1 against model calls per question under tool failures]({results['plots']['accuracy_vs_calls']})",
         "",
@@ -630,8 +590,8 @@ def render_markdown(results: dict) -> str:
         *_table(
             ["method", "kind", "planner prompt", "n", "EM [95% CI]", "F1 [95% CI]", "evidence recall [95% CI]",
              "judge acc", "plan valid"],
-            [[m, pm["kind"], pm["planner_prompt"] or "–", str(pm["n"]), _ci_text(pm["em"]), _ci_text(pm["f1"]),
-              _ci_text(pm["evidence_recall"]), _f((pm["judge"] or {}).get("accuracy")), _f(pm["plan_valid_rate"])]
+            [[m, pm["kind"], pm["planner_prompt"] or "–", pm["n"], _ci_text(pm["em"]), _ci_text(pm["f1"]),
+              _ci_text(pm["evidence_recall"]), (pm["judge"] or {}).get("accuracy"), pm["plan_valid_rate"]]
              for m, pm in per_method.items()],
         ),
         "## The Planner apart from the Solver",
@@ -644,20 +604,18 @@ def render_markdown(results: dict) -> str:
         *_table(
             ["method", "kind", "planner prompt", "n gold", "evidence recall [95% CI]", "all gold pages [95% CI]",
              "plan valid", "steps/plan", "p50", "max", "too many steps", "planner prompt tok"],
-            [[m, pm["kind"], pm["planner_prompt"] or "–", str(pm["n_evidence"]), _ci_text(pm["evidence_recall"]),
-              _ci_text(pm["evidence_all"]), _f(pm["plan_valid_rate"]), _f(steps.get("mean"), 2),
-              _f(steps.get("p50"), 1), _f(steps.get("max"), 0), _f(pm["too_many_steps_rate"]),
-              _f(pm["planner_prompt_tokens_mean"], 0)]
+            [[m, pm["kind"], pm["planner_prompt"] or "–", pm["n_evidence"], _ci_text(pm["evidence_recall"]),
+              _ci_text(pm["evidence_all"]), pm["plan_valid_rate"], _f(steps.get("mean"), 2), _f(steps.get("p50"), 1),
+              _f(steps.get("max"), 0), pm["too_many_steps_rate"], _f(pm["planner_prompt_tokens_mean"], 0)]
              for m, pm in per_method.items() for steps in [pm["plan_steps"] or {}]],
         ),
         f"Paired against {reference} (method − reference, same questions):",
         "",
         *_table(
             ["method", "n gold", "Δrecall [95% CI]", "p", "Δall gold pages [95% CI]", "p", "Δsteps/plan [95% CI]"],
-            [[m, str(ev["n"]) if ev else "0", _ci_text(ev and ev["recall"]), _f(ev and ev["recall"]["p_value"]),
-              _ci_text(ev and ev["all"]), _f(ev and ev["all"]["p_value"]), _ci_text(p.get("plan_steps") and
-              p["plan_steps"]["steps"], 2)]
-             for m, p in paired.items() for ev in [p.get("evidence")]],
+            [[m, ev["n"] if ev else 0, _ci_text(ev and ev["recall"]), ev and ev["recall"]["p_value"],
+              _ci_text(ev and ev["all"]), ev and ev["all"]["p_value"], _ci_text(steps and steps["steps"], 2)]
+             for m, p in paired.items() for ev, steps in [(p.get("evidence"), p.get("plan_steps"))]],
         ),
         "## Cost and efficiency (means per question)",
         "",
@@ -675,9 +633,8 @@ def render_markdown(results: dict) -> str:
         "",
         *_table(
             ["method", "n", "ΔEM [95% CI]", "p", "ΔF1 [95% CI]", "p"],
-            [[m, str(p["n"]), _ci_text(p["em"]), _f(p["em"]["p_value"]), _ci_text(p["f1"]), _f(p["f1"]["p_value"])]
-             if "em" in p else [m, "0", "–", "–", "–", "–"]
-             for m, p in paired.items()],
+            [[m, p["n"], _ci_text(p["em"]), p["em"]["p_value"], _ci_text(p["f1"]), p["f1"]["p_value"]]
+             if "em" in p else [m, 0, None, None, None, None] for m, p in paired.items()],
         ),
         "## Tokens per question by hops taken",
         "",
@@ -692,33 +649,27 @@ def render_markdown(results: dict) -> str:
         *_table(
             ["method", "prompt", "planner model", "planner prompt tokens (mean)", "planner tokens (mean)"],
             [[m, pm["planner_prompt"] or "–", str(pm["planner_model"]), _f(pm["planner_prompt_tokens_mean"], 0),
-              _f(pm["tokens_mean"]["planner"], 0)]
-             for m, pm in per_method.items() if pm["kind"] == "rewoo"],
+              _f(pm["tokens_mean"]["planner"], 0)] for m, pm in per_method.items() if pm["kind"] == "rewoo"],
         ),
         *_prompt_goal_lines(results.get("prompt_goal")),
         "## By dataset",
         "",
         *_table(
             ["method", "dataset", "n", "EM", "F1", "n gold", "evidence recall", "all gold pages"],
-            [[m, ds, str(v["n"]), _f(v["em"]), _f(v["f1"]), str(v["n_evidence"]), _f(v["evidence_recall"]),
-              _f(v["evidence_all"])]
+            [[m, ds, v["n"], v["em"], v["f1"], v["n_evidence"], v["evidence_recall"], v["evidence_all"]]
              for m, pm in per_method.items() for ds, v in pm["by_dataset"].items()],
         ),
         *_robustness_lines(results),
         "## Plots",
         "",
     ]
-    captions = {"accuracy_vs_tokens": "F1 against tokens per question", "tokens_by_hops": "Tokens per question by hops",
-                "latency": "Latency per question", "recall_vs_prompt": "Evidence recall against planner prompt tokens"}
-    lines += [f"![{caption}]({results['plots'][key]})\n" for key, caption in captions.items()]
+    lines += [f"![{caption}]({results['plots'][key]})\n" for key, caption in PLOT_CAPTIONS.items()]
     return "\n".join(lines)
 
 
 def write_report(eval_dir: str | Path, out_dir: str | Path | None = None) -> dict:
     """Recompute results from `<eval_dir>`'s records; write results.json, report.md and the plots to `out_dir`
     (default: `eval_dir`). Returns the results."""
-    from distill.store import write_json
-
     out = Path(out_dir if out_dir is not None else eval_dir)
     results, by_method = _load(eval_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -734,7 +685,7 @@ def summary_lines(results: dict) -> list[str]:
     for name, pm in results["per_method"].items():
         em = pm["em"]["mean"] if pm["em"] else float("nan")
         f1 = pm["f1"]["mean"] if pm["f1"] else float("nan")
-        recall = _f(pm["evidence_recall"]["mean"]) if pm["evidence_recall"] else "–"
+        recall = _f(_ci_mean(pm["evidence_recall"]))
         lines.append(
             f"{name:<16} {pm['kind']:<7} n={pm['n']:<5} EM {em:.3f}  F1 {f1:.3f}  recall {recall:<5}  "
             f"tokens/q {pm['tokens_mean']['total']:.0f}  LLM calls/q {pm['llm_calls_mean']:.2f}  "
