@@ -91,8 +91,7 @@ class PipelineConfig(Strict):
 
         if value is not None and not value:
             raise ValueError("name at least one student, or leave `students` out for one")
-        bad = [name for name in value or {} if not MODULE_NAME.fullmatch(name)]
-        if bad:
+        if bad := [name for name in value or {} if not MODULE_NAME.fullmatch(name)]:
             raise ValueError(f"{bad[0]!r} is not a student name (letters, digits, _ . -)")
         return value
 
@@ -140,8 +139,6 @@ class Pipeline:
 
     def rerun_from(self, stage: str) -> None:
         """Move the stage's folder and every later one aside, so they rerun from scratch, losing nothing."""
-        if stage not in STAGES:
-            raise DistillError(f"--from {stage}: unknown stage (one of {', '.join(STAGES)})")
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         for d in (self.run / s for s in STAGES[STAGES.index(stage):]):
             if d.exists():
@@ -159,9 +156,8 @@ class Pipeline:
     def generate_config(self, url: str | None):
         from distill.generate import GenerateConfig
 
-        data = fill_server(self.cfg.generate, url)
-        data |= {"output_dir": str(self.run / "generate"), "cache": str(self.run / "calls.sqlite")}
-        return validate(GenerateConfig, data, "generate")
+        paths = {"output_dir": str(self.run / "generate"), "cache": str(self.run / "calls.sqlite")}
+        return validate(GenerateConfig, fill_server(self.cfg.generate, url) | paths, "generate")
 
     def filter_config(self):
         from distill.filter import FilterConfig

@@ -86,26 +86,26 @@ def run_lifecycle(out: Path, manifest: dict, check: Callable[[], None] | None = 
     """
     from distill.store import write_json
 
+    def mark(status: str, **more: Any) -> None:
+        manifest.update(status=status, **more)
+        write_json(out / MANIFEST, manifest)
+
     with folder_lock(out):
         if check is not None:
             check()
-        manifest.update(status="running")
-        write_json(out / MANIFEST, manifest)
+        mark("running")
         try:
             yield manifest
         except KeyboardInterrupt:
-            manifest.update(status="interrupted", finished_at=now())
-            write_json(out / MANIFEST, manifest)
+            mark("interrupted", finished_at=now())
             raise
         except Exception as exc:
             reason = one_line(exc)
-            manifest.update(status="failed", reason=reason, finished_at=now())
-            write_json(out / MANIFEST, manifest)
+            mark("failed", reason=reason, finished_at=now())
             if isinstance(exc, DistillError) or not is_environment_failure(exc):
                 raise
             raise DistillError(f"{reason} (finished records are kept; rerun to resume)") from exc
-        manifest.update(status="complete", finished_at=now())
-        write_json(out / MANIFEST, manifest)
+        mark("complete", finished_at=now())
 
 
 def build_judge(cfg, cache):
@@ -136,7 +136,9 @@ def run_records(path: Path, items: list, work: Callable, key: Callable[[dict], A
         result = run_resumable(items, work, store, key, errors=errors, concurrency=concurrency, desc=desc)
     keep(result)
     raise_if_stopped(result)
-    report_errors(result, errors.path)
+    if result.errors:
+        print(f"note: {result.errors} of {result.planned} failed and were logged to {errors.path}; "
+              "rerun the same command to retry them", file=sys.stderr)
     return result
 
 
@@ -145,17 +147,5 @@ def raise_if_stopped(result) -> None:
     if result.status == "interrupted":
         raise KeyboardInterrupt
     if result.status == "failed":
-        raise RunStopped(
-            f"run stopped: {result.reason} ({result.not_run} of {result.planned} not run; "
-            "finished records are kept; rerun to resume)"
-        )
-
-
-def report_errors(result, errors_path: Path) -> None:
-    """Say on stderr that some items ended as error records, where they are, and that a rerun retries them."""
-    if result.errors:
-        print(
-            f"note: {result.errors} of {result.planned} failed and were logged to {errors_path}; "
-            "rerun the same command to retry them",
-            file=sys.stderr,
-        )
+        raise RunStopped(f"run stopped: {result.reason} ({result.not_run} of {result.planned} not run; "
+                         "finished records are kept; rerun to resume)")

@@ -91,72 +91,6 @@ class RunResult:
         return self.stats.summary() | {"counts": self.counts()}
 
 
-async def _run(
-    todo: list[tuple[Hashable, Any]],
-    work: Callable[[Any], Awaitable[dict]],
-    store: JsonlStore,
-    concurrency: int,
-    on_record: Callable[[dict], None],
-    on_error: Callable[[Hashable, BaseException], None],
-    max_consecutive_errors: int,
-) -> tuple[str, str | None]:
-    """Returns (status, reason): complete, interrupted, or failed with the one-line reason."""
-    pending = iter(todo)  # shared by the workers: no await between two `next`s
-    loop = asyncio.get_running_loop()
-    ending: dict[str, str | None] = {}  # set once: status and reason of the stop
-    in_a_row = 0
-
-    def stop(status: str, reason: str | None = None) -> None:
-        if ending:
-            return
-        ending.update(status=status, reason=reason)
-        for w in workers:
-            if w is not asyncio.current_task():
-                w.cancel()
-
-    async def worker() -> None:
-        nonlocal in_a_row
-        for key, payload in pending:
-            if ending:
-                return
-            try:
-                record = await work(payload)
-            except Exception as exc:  # the question's own failure; a cancel (BaseException) passes through
-                try:
-                    on_error(key, exc)
-                except Exception as write_exc:
-                    stop("failed", f"writing an error record failed: {one_line(write_exc)}")
-                    return
-                in_a_row += 1
-                if isinstance(exc, ServerUnreachable):
-                    stop("failed", one_line(exc))
-                elif in_a_row >= max_consecutive_errors:
-                    stop("failed", f"{in_a_row} questions failed in a row, the last with: {one_line(exc)}")
-                continue
-            in_a_row = 0
-            try:  # no await below: a cancel cannot land between the write and its count
-                store.append(record)
-                on_record(record)
-            except Exception as exc:
-                stop("failed", f"writing a record to {store.path} failed: {one_line(exc)}")
-                return
-
-    workers = [asyncio.create_task(worker()) for _ in range(max(1, concurrency))]
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread / platform without it
-            loop.add_signal_handler(sig, stop, "interrupted")
-    try:
-        results = await asyncio.gather(*workers, return_exceptions=True)
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
-    bugs = [r for r in results if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)]
-    if bugs:  # the loop's own code failed: not a question's fault
-        raise bugs[0]
-    return ending.get("status", "complete"), ending.get("reason")
-
-
 def run_resumable(
     items: list[tuple[Hashable, Any]],
     work: Callable[[Any], Awaitable[dict]],
@@ -184,27 +118,79 @@ def run_resumable(
     bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=desc, unit="rec", dynamic_ncols=True)
     bar.set_postfix_str(stats.postfix())
     failed: set[Hashable] = set()
-
-    def on_record(rec: dict) -> None:
-        stats.add(rec)
-        bar.update(1)
-        bar.set_postfix_str(stats.postfix())
-
-    def on_error(k: Hashable, exc: BaseException) -> None:
-        if errors is not None:
-            errors.append({"key": list(k) if isinstance(k, tuple) else k, "error": one_line(exc),
-                           "type": type(exc).__name__, "at": now()})
-        failed.add(k)
-        stats.errors += 1
-        bar.update(1)
-        bar.set_postfix_str(stats.postfix())
-
+    ending: dict[str, str | None] = {}  # set once: status and reason of the stop
     # A dead server fails every question in flight at once, so at `concurrency` failures in a row the run has
     # seen no success from a whole wave; at least 3 so that a single worker does not stop on one odd question.
     limit = max_consecutive_errors or max(3, concurrency)
+
+    def advance() -> None:
+        bar.update(1)
+        bar.set_postfix_str(stats.postfix())
+
+    async def run() -> None:
+        pending = iter(todo)  # shared by the workers: no await between two `next`s
+        in_a_row = 0
+
+        def stop(status: str, reason: str | None = None) -> None:
+            if ending:
+                return
+            ending.update(status=status, reason=reason)
+            for w in workers:
+                if w is not asyncio.current_task():
+                    w.cancel()
+
+        async def worker() -> None:
+            nonlocal in_a_row
+            for k, payload in pending:
+                if ending:
+                    return
+                try:
+                    record = await work(payload)
+                except Exception as exc:  # the question's own failure; a cancel (BaseException) passes through
+                    try:
+                        if errors is not None:
+                            errors.append({"key": list(k) if isinstance(k, tuple) else k, "error": one_line(exc),
+                                           "type": type(exc).__name__, "at": now()})
+                    except Exception as write_exc:
+                        stop("failed", f"writing an error record failed: {one_line(write_exc)}")
+                        return
+                    failed.add(k)
+                    stats.errors += 1
+                    advance()
+                    in_a_row += 1
+                    if isinstance(exc, ServerUnreachable):
+                        stop("failed", one_line(exc))
+                    elif in_a_row >= limit:
+                        stop("failed", f"{in_a_row} questions failed in a row, the last with: {one_line(exc)}")
+                    continue
+                in_a_row = 0
+                try:  # no await below: a cancel cannot land between the write and its count
+                    store.append(record)
+                    stats.add(record)
+                    advance()
+                except Exception as exc:
+                    stop("failed", f"writing a record to {store.path} failed: {one_line(exc)}")
+                    return
+
+        loop = asyncio.get_running_loop()
+        workers = [asyncio.create_task(worker()) for _ in range(max(1, concurrency))]
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread / platform without it
+                loop.add_signal_handler(sig, stop, "interrupted")
+        try:
+            results = await asyncio.gather(*workers, return_exceptions=True)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.remove_signal_handler(sig)
+        bugs = [r for r in results if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)]
+        if bugs:  # the loop's own code failed: not a question's fault
+            raise bugs[0]
+
     try:
-        status, reason = asyncio.run(_run(todo, work, store, concurrency, on_record, on_error, limit))
+        asyncio.run(run())
     finally:
         bar.close()
     on_disk = store.keys(key) & wanted
-    return RunResult(stats, len(wanted), len(on_disk), len(failed - on_disk), status, reason)
+    status = ending.get("status", "complete")
+    return RunResult(stats, len(wanted), len(on_disk), len(failed - on_disk), status, ending.get("reason"))
