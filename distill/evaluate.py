@@ -4,10 +4,9 @@
 
 Every method answers the same questions with the same Solver and per-question tools, so between ReWOO rows
 only the Planner changes (teacher few-shot, distilled student and untuned base zero-shot; `replan: true` rows
-re-plan on surprise), and between ReWOO and the baselines only how the Solver model is driven. Each method
-appends and fsyncs one record per question to `<output_dir>/records/<method>.jsonl`, so a rerun resumes where
-a crash or Ctrl-C left off; failures go to `errors.jsonl` and are retried. Evaluation writes records only:
-`distill report` recomputes every number from them.
+re-plan on surprise), and between ReWOO and the baselines only how the Solver model is driven. Evaluation
+writes records only, to `<output_dir>/records/<method>.jsonl` (resumable, see distill.run): `distill report`
+recomputes every number from them.
 
 Questions: the first `n` distinct questions of each dataset in file order, not a sample, so every method and
 every later, larger run sees the same questions and raising `n` only adds (and resumes).
@@ -161,9 +160,6 @@ def methods_of(cfg: EvalConfig) -> list[Method]:
     return methods + sweep
 
 
-# ---------------------------------------------------------------------------------------- tool failures
-
-
 class InjectedToolFailure(RuntimeError):
     """Raised instead of calling a tool; the Worker records it and answers `No evidence found`."""
 
@@ -196,9 +192,6 @@ def with_tool_failures(tools: Mapping[str, Any], rate: float, seed: int, example
     if rate <= 0.0:
         return dict(tools)
     return {name: FailingTool(tool, rate, seed, example_id) for name, tool in tools.items()}
-
-
-# ------------------------------------------------------------------------------------------ questions
 
 
 def gold_hops(example) -> int | None:
@@ -241,9 +234,6 @@ def examples_for(cfg: EvalConfig, method: Method, examples: list) -> list:
     return kept
 
 
-# --------------------------------------------------------------------------------------------- agents
-
-
 def build_method(cfg: EvalConfig, method: Method, cache=None):
     """A fresh agent for one method. Built per method because each method runs under its own event loop,
     and HTTP clients belong to the loop they were first used in (in-process weights are shared anyway)."""
@@ -259,9 +249,6 @@ def build_method(cfg: EvalConfig, method: Method, cache=None):
 
 def record_key(rec: dict) -> tuple[str, str]:
     return (rec["method"], rec["id"])
-
-
-# ------------------------------------------------------------------------------------------------ run
 
 
 def check_resumable(records: list[dict], cfg: EvalConfig, method: Method, path: Path) -> None:
@@ -299,11 +286,9 @@ def preflight(cfg: EvalConfig, methods: list[Method], out: Path) -> None:
     from distill.store import JsonlStore
 
     for method in methods:
-        path = records_path(out, method)
-        if not path.exists():
-            continue
-        with JsonlStore(path, key=record_key) as store:  # it says so when it cuts a torn last line
-            check_resumable(store.records(), cfg, method, path)
+        if (path := records_path(out, method)).exists():
+            with JsonlStore(path, key=record_key) as store:  # it says so when it cuts a torn last line
+                check_resumable(store.records(), cfg, method, path)
 
 
 def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, errors, runs: dict) -> None:

@@ -309,7 +309,7 @@ def check_students_served_as_trained(sft: Mapping[str, Any], ev: Any, url: str, 
     from distill.tools.registry import tool_descriptions
 
     specs = [(f"planner {row.name}", row.spec) for row in ev.planners]
-    specs += [(what, spec) for what, spec in (("solver", ev.solver), ("llm_tool", ev.llm_tool), ("judge", ev.judge))]
+    specs += [("solver", ev.solver), ("llm_tool", ev.llm_tool), ("judge", ev.judge)]
     for what, spec in specs:
         if spec is not None and spec.base_url == url and spec.model not in served:
             raise DistillError(f"eval {what} asks the student server for model {spec.model!r}, which it does not "
