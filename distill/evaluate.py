@@ -165,7 +165,6 @@ class InjectedToolFailure(RuntimeError):
 
 
 def tool_fails(rate: float, seed: int, example_id: str, tool: str, query: str) -> bool:
-    """Whether this call fails: a stable hash of the call mapped to [0, 1) and compared with the rate."""
     digest = hashlib.sha256(f"{seed}\x1f{example_id}\x1f{tool}\x1f{query}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < rate
 

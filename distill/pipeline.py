@@ -9,11 +9,11 @@ resumes (generation and evaluation records are appended as they finish, training
 checkpoint).
 
 `students: {name: sft_data overrides [+ train: {train overrides}]}` trains several students on the same kept
-examples (e.g. one on the `full` prompt, one on the `compact` one): sft-data and train run once per student into `sft-data/<name>` and
-`train/<name>`, each with its own DONE.json, and evaluation serves every adapter from one vLLM server as the LoRA
-module `<name>`. Without `students` there is one, named as student_server names its LoRA module (`planner`).
-`--from STAGE` moves that stage's folder and the later ones aside (nothing is deleted) and reruns them; the
-call cache at the run folder's root makes a rerun of generation cost nothing.
+examples (e.g. one on the `full` prompt, one on the `compact` one): sft-data and train run once per student
+into `sft-data/<name>` and `train/<name>`, each with its own DONE.json, and evaluation serves every adapter from
+one vLLM server as the LoRA module `<name>`. Without `students` there is one, named as student_server names its
+LoRA module (`planner`). `--from STAGE` moves that stage's folder and the later ones aside (nothing is deleted)
+and reruns them; the call cache at the run folder's root makes a rerun of generation cost nothing.
 
 Model endpoints may say `base_url: "@server"`: the pipeline starts a vLLM server (the teacher's for
 generation, the students', base model plus LoRA adapters, for evaluation) and fills in its address.
@@ -22,8 +22,8 @@ generation, the students', base model plus LoRA adapters, for evaluation) and fi
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
+import pkgutil
 import time
 from contextlib import nullcontext
 from datetime import datetime
@@ -117,10 +117,7 @@ class Pipeline:
         self.entries = dict(entries or {})
 
     def entry(self, name: str) -> Callable:
-        if name not in self.entries:
-            module, attr = ENTRIES[name].split(":")
-            self.entries[name] = getattr(importlib.import_module(module), attr)
-        return self.entries[name]
+        return self.entries.get(name) or pkgutil.resolve_name(ENTRIES[name])
 
     def once(self, folder: Path, label: str, step: Callable[[], dict], **head) -> dict:
         """`step()` unless `folder/DONE.json` says it finished; the marker keeps what it returned and its time,
