@@ -13,7 +13,7 @@ class DistillError(Exception):
 
 class ServerUnreachable(DistillError):
     """A model server that still did not answer after its retries. A run stops on it at once rather than
-    turning every remaining question into an error record (see distill.runner)."""
+    turning every remaining question into an error record (see distill.run)."""
 
 
 def clip(text: str, limit: int) -> str:

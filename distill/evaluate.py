@@ -4,10 +4,9 @@
 
 Every method answers the same questions with the same Solver and per-question tools, so between ReWOO rows
 only the Planner changes (teacher few-shot, distilled student and untuned base zero-shot; `replan: true` rows
-re-plan on surprise), and between ReWOO and the baselines only how the Solver model is driven. Each method
-appends and fsyncs one record per question to `<output_dir>/records/<method>.jsonl`, so a rerun resumes where
-a crash or Ctrl-C left off; failures go to `errors.jsonl` and are retried. Evaluation writes records only:
-`distill report` recomputes every number from them.
+re-plan on surprise), and between ReWOO and the baselines only how the Solver model is driven. Evaluation
+writes records only, to `<output_dir>/records/<method>.jsonl` (resumable, see distill.run): `distill report`
+recomputes every number from them.
 
 Questions: the first `n` distinct questions of each dataset in file order, not a sample, so every method and
 every later, larger run sees the same questions and raising `n` only adds (and resumes).
@@ -28,18 +27,11 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Literal, Mapping
 
 from pydantic import Field, field_validator, model_validator
 
-from distill.config import (
-    AgentConfig,
-    ModelSpec,
-    PlannerPrompt,
-    Strict,
-    add_config_args,
-    load_config,
-)
+from distill.config import AgentConfig, ModelSpec, PlannerPrompt, Strict, add_config_args, load_config
 from distill.data import DatasetSource
 from distill.errors import DistillError
 from distill.report import RECORDS_DIR
@@ -71,8 +63,7 @@ class RobustnessSweep(Strict):
     def _check(self) -> "RobustnessSweep":
         if not self.rates or not self.methods:
             raise ValueError("robustness needs both `rates` and `methods`")
-        bad = [r for r in self.rates if not 0.0 < r <= 1.0]
-        if bad:
+        if bad := [r for r in self.rates if not 0.0 < r <= 1.0]:
             raise ValueError(f"robustness.rates: {bad[0]:g} is not in (0, 1] (rate 0 is the main run)")
         for what, values in (("rates", self.rates), ("methods", self.methods)):
             if len(set(values)) < len(values):
@@ -115,8 +106,7 @@ class EvalConfig(AgentConfig):
 
     @model_validator(mode="after")
     def _check(self) -> "EvalConfig":
-        unused = self.model_fields_set & {"planner", "planner_prompt", "replan"}
-        if unused:
+        if unused := self.model_fields_set & {"planner", "planner_prompt", "replan"}:
             raise ValueError(
                 f"{', '.join(sorted(unused))} is not used by eval: list each planner under `planners:` "
                 "with name, spec and prompt (and `replan: true` for ReWOO+replan)"
@@ -124,18 +114,14 @@ class EvalConfig(AgentConfig):
         names = [p.name for p in self.planners] + list(self.baselines)
         if not names:
             raise ValueError("nothing to evaluate: add `planners:` and/or `baselines:`")
-        bad = [n for n in names if not _METHOD_NAME.match(n)]
-        if bad:
+        if bad := [n for n in names if not _METHOD_NAME.match(n)]:
             raise ValueError(f"method name {bad[0]!r} must be letters, digits, '_', '.', '+', '-' (it names a file)")
-        clash = [n for n in (p.name for p in self.planners) if n in BASELINE_NAMES]
-        if clash:
+        if clash := [n for n in (p.name for p in self.planners) if n in BASELINE_NAMES]:
             raise ValueError(f"planner name {clash[0]!r} is reserved for the baseline of that name")
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
+        if dupes := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"method names must be unique; repeated: {', '.join(dupes)}")
         if self.robustness is not None:
-            unknown = [m for m in self.robustness.methods if m not in names]
-            if unknown:
+            if unknown := [m for m in self.robustness.methods if m not in names]:
                 raise ValueError(f"robustness.methods: {unknown[0]!r} is not a planner or baseline of this config")
             if "direct" in self.robustness.methods:
                 raise ValueError("robustness.methods: direct calls no tools, so tool failures cannot change it")
@@ -174,15 +160,11 @@ def methods_of(cfg: EvalConfig) -> list[Method]:
     return methods + sweep
 
 
-# ---------------------------------------------------------------------------------------- tool failures
-
-
 class InjectedToolFailure(RuntimeError):
     """Raised instead of calling a tool; the Worker records it and answers `No evidence found`."""
 
 
 def tool_fails(rate: float, seed: int, example_id: str, tool: str, query: str) -> bool:
-    """Whether this call fails: a stable hash of the call mapped to [0, 1) and compared with the rate."""
     digest = hashlib.sha256(f"{seed}\x1f{example_id}\x1f{tool}\x1f{query}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < rate
 
@@ -211,14 +193,10 @@ def with_tool_failures(tools: Mapping[str, Any], rate: float, seed: int, example
     return {name: FailingTool(tool, rate, seed, example_id) for name, tool in tools.items()}
 
 
-# ------------------------------------------------------------------------------------------ questions
-
-
 def gold_hops(example) -> int | None:
     """Hops the dataset says a question needs: the distinct supporting paragraphs when given (HotpotQA:
     2), else 2 for a HotpotQA bridge/comparison type, else unknown (TriviaQA)."""
-    facts = getattr(example, "supporting_facts", None)
-    if facts:
+    if facts := getattr(example, "supporting_facts", None):
         return len({title for title, _ in facts})
     if getattr(example, "type", None) in ("bridge", "comparison"):
         return 2
@@ -237,8 +215,7 @@ def load_eval_examples(cfg: EvalConfig) -> list:
         if ds.n is not None and len(got) < ds.n:
             raise DistillError(f"{ds.source} has only {len(got)} distinct questions, n={ds.n} requested")
         examples.extend(got)
-    twice = [i for i, count in Counter(ex.id for ex in examples).items() if count > 1]
-    if twice:
+    if twice := [i for i, count in Counter(ex.id for ex in examples).items() if count > 1]:
         raise DistillError(f"example id {twice[0]!r} occurs twice across the datasets; ids key the records")
     return examples
 
@@ -256,18 +233,6 @@ def examples_for(cfg: EvalConfig, method: Method, examples: list) -> list:
     return kept
 
 
-# --------------------------------------------------------------------------------------------- agents
-
-
-def method_cache(cfg: EvalConfig, out: Path, method: Method):
-    """The method's call cache (or None) as a context that closes it. auto: one file per method, so no method
-    is served another's tool or LLM-tool calls from the cache (which would flatter its latency); reruns of a
-    method still never repeat a call."""
-    from distill.store import CallCache
-
-    return CallCache.open(cfg.cache, out / "cache" / f"{method.name}.sqlite")
-
-
 def build_method(cfg: EvalConfig, method: Method, cache=None):
     """A fresh agent for one method. Built per method because each method runs under its own event loop,
     and HTTP clients belong to the loop they were first used in (in-process weights are shared anyway)."""
@@ -281,32 +246,8 @@ def build_method(cfg: EvalConfig, method: Method, cache=None):
     )
 
 
-def make_work(cfg: EvalConfig, method: Method, agent, judge_model) -> Callable:
-    """The per-question coroutine: run the agent, tag the record for the report, judge it if asked."""
-    from distill.run import add_judgement
-
-    async def work(example) -> dict:
-        rec = await agent.run(example)
-        rec.update(
-            kind=method.kind,
-            planner_prompt=method.prompt,
-            question_type=getattr(example, "type", None),
-            gold_hops=gold_hops(example),
-            tool_failure_rate=method.tool_failure_rate,
-        )
-        if method.robustness_of is not None:
-            rec["robustness_of"] = method.robustness_of
-        await add_judgement(judge_model, example, rec)
-        return rec
-
-    return work
-
-
 def record_key(rec: dict) -> tuple[str, str]:
     return (rec["method"], rec["id"])
-
-
-# ------------------------------------------------------------------------------------------------ run
 
 
 def check_resumable(records: list[dict], cfg: EvalConfig, method: Method, path: Path) -> None:
@@ -344,48 +285,52 @@ def preflight(cfg: EvalConfig, methods: list[Method], out: Path) -> None:
     from distill.store import JsonlStore
 
     for method in methods:
-        path = records_path(out, method)
-        if not path.exists():
-            continue
-        with JsonlStore(path, key=record_key) as store:  # it says so when it cuts a torn last line
-            check_resumable(store.records(), cfg, method, path)
+        if (path := records_path(out, method)).exists():
+            with JsonlStore(path, key=record_key) as store:  # it says so when it cuts a torn last line
+                check_resumable(store.records(), cfg, method, path)
 
 
 def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, errors, runs: dict) -> None:
     """Run (or resume) one method over every example; `runs[method]` gets how it ended, even when it stops."""
-    from distill.run import build_judge, run_records
+    from distill.run import add_judgement, build_judge, run_records
+    from distill.store import CallCache
 
-    with method_cache(cfg, out, method) as cache:
+    # cache auto: one file per method, so no method is served another's tool or LLM-tool calls from the cache
+    # (which would flatter its latency); reruns of a method still never repeat a call
+    with CallCache.open(cfg.cache, out / "cache" / f"{method.name}.sqlite") as cache:
         agent = build_method(cfg, method, cache)
         judge_model = build_judge(cfg, cache)
+
+        async def work(example) -> dict:
+            rec = await agent.run(example)
+            rec.update(kind=method.kind, planner_prompt=method.prompt, question_type=getattr(example, "type", None),
+                       gold_hops=gold_hops(example), tool_failure_rate=method.tool_failure_rate)
+            if method.robustness_of is not None:
+                rec["robustness_of"] = method.robustness_of
+            await add_judgement(judge_model, example, rec)
+            return rec
+
         items = [((method.name, ex.id), ex) for ex in examples]
-        run_records(records_path(out, method), items, make_work(cfg, method, agent, judge_model), record_key, errors,
-                    concurrency=cfg.concurrency, desc=method.name,
-                    keep=lambda result: runs.update({method.name: result.summary()}))
+        run_records(records_path(out, method), items, work, record_key, errors, concurrency=cfg.concurrency,
+                    desc=method.name, keep=lambda result: runs.update({method.name: result.summary()}))
 
 
-def build_manifest(cfg: EvalConfig, config_path: str | None, methods: list[Method], examples: list) -> dict:
-    from distill.run import manifest_header
+def evaluate(cfg: EvalConfig, config_path: str | None = None) -> dict:
+    """Run (or resume) every method, writing its records; returns the finished manifest (the report is the
+    next stage's job, so it can be rebuilt without running any model)."""
+    from distill.run import manifest_header, run_lifecycle
+    from distill.store import JsonlStore
 
-    return manifest_header("eval", cfg, config_path) | {
+    out = Path(cfg.output_dir)
+    examples = load_eval_examples(cfg)
+    methods = methods_of(cfg)
+    manifest = manifest_header("eval", cfg, config_path) | {
         "methods": [{k: v for k, v in asdict(m).items() if k != "spec"} for m in methods],
         "reference": methods[0].name,
         "bootstrap_samples": cfg.bootstrap_samples,
         "seed": cfg.seed,
         "examples": [[ex.dataset, ex.id] for ex in examples],
     }
-
-
-def evaluate(cfg: EvalConfig, config_path: str | None = None) -> dict:
-    """Run (or resume) every method, writing its records; returns the finished manifest (the report is the
-    next stage's job, so it can be rebuilt without running any model)."""
-    from distill.run import run_lifecycle
-    from distill.store import JsonlStore
-
-    out = Path(cfg.output_dir)
-    examples = load_eval_examples(cfg)
-    methods = methods_of(cfg)
-    manifest = build_manifest(cfg, config_path, methods, examples)
     with run_lifecycle(out, manifest, check=lambda: preflight(cfg, methods, out)), JsonlStore(out / ERRORS) as errors:
         t0 = time.perf_counter()
         runs = manifest.setdefault("runs", {})

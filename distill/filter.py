@@ -43,11 +43,9 @@ def is_correct(rec: dict, cfg: FilterConfig) -> bool:
     scores = rec.get("scores") or {}
     if cfg.use_judge:
         return scores.get("judge") is True
-    if scores.get("em", 0) >= 1:
-        return True
-    if cfg.accept_contained_answer and contains_answer(rec):
-        return True
-    return rec.get("dataset") in cfg.f1_datasets and scores.get("f1", 0.0) >= cfg.min_f1
+    return (scores.get("em", 0) >= 1
+            or (cfg.accept_contained_answer and contains_answer(rec))
+            or (rec.get("dataset") in cfg.f1_datasets and scores.get("f1", 0.0) >= cfg.min_f1))
 
 
 def contains_answer(rec: dict) -> bool:

@@ -6,7 +6,7 @@
 A teacher run costs real money and hours, so: one record per (example, sample) appended and fsynced as soon
 as it exists, a rerun of the same command finishes what is missing, and every model and tool call goes
 through a content-addressed cache, so even a deleted output is rebuilt without paying again. The lock, the
-manifest, error records and what stops a run are distill.run's and distill.runner's.
+manifest, error records and what stops a run are distill.run's.
 """
 
 from __future__ import annotations
@@ -48,9 +48,7 @@ def load_questions(cfg: GenerateConfig):
     for ds in cfg.datasets:
         examples = load_examples(ds.source, ds.name, ds.split)
         pools.append((examples, ds.n if ds.n is not None else len(examples)))
-    eval_questions: set[str] = set()
-    for ev in cfg.eval_sets:
-        eval_questions |= question_set(load_examples(ev.source, ev.name, ev.split))
+    eval_questions = question_set(ex for ev in cfg.eval_sets for ex in load_examples(ev.source, ev.name, ev.split))
     exclude = eval_questions if cfg.leak_policy == "exclude" else set()
     try:
         mix = sample_mix(pools, cfg.seed, exclude_questions=exclude)

@@ -9,11 +9,11 @@ resumes (generation and evaluation records are appended as they finish, training
 checkpoint).
 
 `students: {name: sft_data overrides [+ train: {train overrides}]}` trains several students on the same kept
-examples (e.g. one on the `full` prompt, one on the `compact` one): sft-data and train run once per student into `sft-data/<name>` and
-`train/<name>`, each with its own DONE.json, and evaluation serves every adapter from one vLLM server as the LoRA
-module `<name>`. Without `students` there is one, named as student_server names its LoRA module (`planner`).
-`--from STAGE` moves that stage's folder and the later ones aside (nothing is deleted) and reruns them; the
-call cache at the run folder's root makes a rerun of generation cost nothing.
+examples (e.g. one on the `full` prompt, one on the `compact` one): sft-data and train run once per student
+into `sft-data/<name>` and `train/<name>`, each with its own DONE.json, and evaluation serves every adapter from
+one vLLM server as the LoRA module `<name>`. Without `students` there is one, named as student_server names its
+LoRA module (`planner`). `--from STAGE` moves that stage's folder and the later ones aside (nothing is deleted)
+and reruns them; the call cache at the run folder's root makes a rerun of generation cost nothing.
 
 Model endpoints may say `base_url: "@server"`: the pipeline starts a vLLM server (the teacher's for
 generation, the students', base model plus LoRA adapters, for evaluation) and fills in its address.
@@ -22,8 +22,8 @@ generation, the students', base model plus LoRA adapters, for evaluation) and fi
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
+import pkgutil
 import time
 from contextlib import nullcontext
 from datetime import datetime
@@ -91,8 +91,7 @@ class PipelineConfig(Strict):
 
         if value is not None and not value:
             raise ValueError("name at least one student, or leave `students` out for one")
-        bad = [name for name in value or {} if not MODULE_NAME.fullmatch(name)]
-        if bad:
+        if bad := [name for name in value or {} if not MODULE_NAME.fullmatch(name)]:
             raise ValueError(f"{bad[0]!r} is not a student name (letters, digits, _ . -)")
         return value
 
@@ -118,10 +117,7 @@ class Pipeline:
         self.entries = dict(entries or {})
 
     def entry(self, name: str) -> Callable:
-        if name not in self.entries:
-            module, attr = ENTRIES[name].split(":")
-            self.entries[name] = getattr(importlib.import_module(module), attr)
-        return self.entries[name]
+        return self.entries.get(name) or pkgutil.resolve_name(ENTRIES[name])
 
     def once(self, folder: Path, label: str, step: Callable[[], dict], **head) -> dict:
         """`step()` unless `folder/DONE.json` says it finished; the marker keeps what it returned and its time,
@@ -140,8 +136,6 @@ class Pipeline:
 
     def rerun_from(self, stage: str) -> None:
         """Move the stage's folder and every later one aside, so they rerun from scratch, losing nothing."""
-        if stage not in STAGES:
-            raise DistillError(f"--from {stage}: unknown stage (one of {', '.join(STAGES)})")
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         for d in (self.run / s for s in STAGES[STAGES.index(stage):]):
             if d.exists():
@@ -159,9 +153,8 @@ class Pipeline:
     def generate_config(self, url: str | None):
         from distill.generate import GenerateConfig
 
-        data = fill_server(self.cfg.generate, url)
-        data |= {"output_dir": str(self.run / "generate"), "cache": str(self.run / "calls.sqlite")}
-        return validate(GenerateConfig, data, "generate")
+        paths = {"output_dir": str(self.run / "generate"), "cache": str(self.run / "calls.sqlite")}
+        return validate(GenerateConfig, fill_server(self.cfg.generate, url) | paths, "generate")
 
     def filter_config(self):
         from distill.filter import FilterConfig
@@ -313,7 +306,7 @@ def check_students_served_as_trained(sft: Mapping[str, Any], ev: Any, url: str, 
     from distill.tools.registry import tool_descriptions
 
     specs = [(f"planner {row.name}", row.spec) for row in ev.planners]
-    specs += [(what, spec) for what, spec in (("solver", ev.solver), ("llm_tool", ev.llm_tool), ("judge", ev.judge))]
+    specs += [("solver", ev.solver), ("llm_tool", ev.llm_tool), ("judge", ev.judge)]
     for what, spec in specs:
         if spec is not None and spec.base_url == url and spec.model not in served:
             raise DistillError(f"eval {what} asks the student server for model {spec.model!r}, which it does not "

@@ -1,26 +1,37 @@
-"""The lifecycle every resumable run shares (generation and evaluation).
+"""The run machinery generation and evaluation share: the output folder's lifecycle and the resumable loop.
 
 One writer per output folder: a `flock` on `run.lock`, which names its holder so a second run can say who is in
 the way; the kernel drops it however its process dies, so a SIGKILLed run never blocks the rerun.
 `manifest.json` says `running`, then `complete`, `interrupted` (Ctrl-C/SIGTERM) or `failed` with a one-line
 `reason`; finished records are on disk whatever the ending, and rerunning the same command resumes.
+
+The loop skips items the store holds, appends a finished record durably at once, and stops on Ctrl-C between
+writes: a rerun redoes only what was in flight. Every planned item ends as a record (`done`), an error record in
+`errors.jsonl` (its work raised: one odd question must not stop a 4k-question run, and a rerun tries it again)
+or `not_run` when the whole run stopped, so `planned = done + errors + not_run`. A run stops (`interrupted`) on
+Ctrl-C/SIGTERM, and (`failed`, with the last error as the one-line reason) when going on would only turn every
+remaining item into an error: `ServerUnreachable`, `max_consecutive_errors` failures in a row, or a record that
+could not be written.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import platform
+import signal
 import subprocess
 import sys
+from collections import Counter
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Awaitable, Callable, Hashable, Iterator
 
-from distill.errors import DistillError, is_environment_failure, one_line
-
-LOCK_FILE = "run.lock"
-MANIFEST = "manifest.json"
+from distill.errors import DistillError, ServerUnreachable, is_environment_failure, one_line
+from distill.store import JsonlStore, write_json
 
 
 def now() -> str:
@@ -58,8 +69,7 @@ def folder_lock(out: Path) -> Iterator[None]:
     import fcntl
 
     out.mkdir(parents=True, exist_ok=True)
-    path = out / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(out / "run.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -75,7 +85,7 @@ def folder_lock(out: Path) -> Iterator[None]:
 
 
 class RunStopped(DistillError):
-    """The run loop stopped the whole run (see distill.runner): its message is the manifest's reason."""
+    """The run loop stopped the whole run: its message is the manifest's reason."""
 
 
 @contextmanager
@@ -84,28 +94,26 @@ def run_lifecycle(out: Path, manifest: dict, check: Callable[[], None] | None = 
     `manifest` with what it wants kept). `check` runs first, so a refusal leaves the earlier manifest as it was.
     A failure of the user's world (I/O, a server) leaves as a one-line DistillError; a bug keeps its traceback.
     """
-    from distill.store import write_json
+    def mark(status: str, **more: Any) -> None:
+        manifest.update(status=status, **more)
+        write_json(out / "manifest.json", manifest)
 
     with folder_lock(out):
         if check is not None:
             check()
-        manifest.update(status="running")
-        write_json(out / MANIFEST, manifest)
+        mark("running")
         try:
             yield manifest
         except KeyboardInterrupt:
-            manifest.update(status="interrupted", finished_at=now())
-            write_json(out / MANIFEST, manifest)
+            mark("interrupted", finished_at=now())
             raise
         except Exception as exc:
             reason = one_line(exc)
-            manifest.update(status="failed", reason=reason, finished_at=now())
-            write_json(out / MANIFEST, manifest)
+            mark("failed", reason=reason, finished_at=now())
             if isinstance(exc, DistillError) or not is_environment_failure(exc):
                 raise
             raise DistillError(f"{reason} (finished records are kept; rerun to resume)") from exc
-        manifest.update(status="complete", finished_at=now())
-        write_json(out / MANIFEST, manifest)
+        mark("complete", finished_at=now())
 
 
 def build_judge(cfg, cache):
@@ -125,37 +133,195 @@ async def add_judgement(judge_model, example, rec: dict) -> None:
     rec["judge"] = verdict
 
 
+@dataclass
+class RunningStats:
+    """Running sums for the progress bar and the summary. A mean is over the records that have its value (a
+    TriviaQA record has no gold pages: it is not a recall of 0), except per dataset, where it is over all."""
+
+    sums: Counter = field(default_factory=Counter)
+    by_dataset: dict[str, Counter] = field(default_factory=dict)
+    errors: int = 0  # error records made by this run
+
+    def add(self, rec: dict) -> None:
+        scores, recall = rec.get("scores") or {}, rec.get("evidence_recall")
+        add = {"n": 1, "tokens": rec.get("tokens", {}).get("total", 0), "cost_usd": rec.get("cost_usd", 0.0),
+               "valid_plans": int(bool(rec.get("plan", {}).get("valid", False)))}
+        if recall:
+            add |= {"recalled": 1, "recall": recall["recall"]}
+        if "em" in scores:
+            add |= {"scored": 1, "em": scores["em"], "f1": scores["f1"]}
+        self.sums.update(add)
+        self.by_dataset.setdefault(rec.get("dataset", "?"), Counter()).update(add)
+
+    def postfix(self) -> str:
+        em, recall = _mean(self.sums, "em", "scored"), _mean(self.sums, "recall", "recalled")
+        acc = "EM -" if em is None else f"EM {em:.3f}"
+        recall = "" if recall is None else f" recall {recall:.2f}"
+        errors = f" errors {self.errors}" if self.errors else ""
+        return f"{acc}{recall} tok {self.sums['tokens'] / 1e3:.1f}k ${self.sums['cost_usd']:.4f}{errors}"
+
+    def summary(self) -> dict:
+        s = self.sums
+        return {
+            "records": s["n"],
+            "em": _mean(s, "em", "scored"),
+            "f1": _mean(s, "f1", "scored"),
+            "valid_plan_rate": _mean(s, "valid_plans", "n"),
+            "evidence_recall": _mean(s, "recall", "recalled"),
+            "tokens": s["tokens"],
+            "cost_usd": round(float(s["cost_usd"]), 6),
+            "by_dataset": {k: {"n": d["n"], "em": _mean(d, "em", "n"), "f1": _mean(d, "f1", "n")}
+                           for k, d in self.by_dataset.items()},
+        }
+
+
+def _mean(sums: Counter, total: str, count: str) -> float | None:
+    return sums[total] / sums[count] if sums[count] else None
+
+
+@dataclass
+class RunResult:
+    """How one run of the loop ended, with counts that add up to the planned items."""
+
+    stats: RunningStats
+    planned: int
+    done: int  # planned items with a record on disk (earlier runs included)
+    errors: int  # items whose work raised in this run: an error record each
+    status: str  # complete | interrupted | failed
+    reason: str | None = None  # why the run stopped, one line (failed only)
+
+    @property
+    def not_run(self) -> int:
+        return self.planned - self.done - self.errors
+
+    def counts(self) -> dict:
+        return {"planned": self.planned, "done": self.done, "errors": self.errors, "not_run": self.not_run}
+
+    def summary(self) -> dict:
+        return self.stats.summary() | {"counts": self.counts()}
+
+
+def run_resumable(
+    items: list[tuple[Hashable, Any]],
+    work: Callable[[Any], Awaitable[dict]],
+    store: JsonlStore,
+    key: Callable[[dict], Hashable],
+    *,
+    errors: JsonlStore | None = None,
+    concurrency: int = 4,
+    max_consecutive_errors: int | None = None,
+    desc: str = "run",
+) -> RunResult:
+    """Run every item whose key is not in the store yet (error records are retried); never raises for a
+    question's failure or a stop: the result says how the run ended (see the module docstring)."""
+    from tqdm import tqdm
+
+    stats = RunningStats()
+    done = store.keys(key)
+    wanted = {k for k, _ in items}
+    for rec in store.records():
+        if key(rec) in wanted:
+            stats.add(rec)
+    todo = [(k, p) for k, p in items if k not in done]
+    bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=desc, unit="rec", dynamic_ncols=True)
+    bar.set_postfix_str(stats.postfix())
+    failed: set[Hashable] = set()
+    ending: dict[str, str | None] = {}  # set once: status and reason of the stop
+    # A dead server fails every question in flight at once, so at `concurrency` failures in a row the run has
+    # seen no success from a whole wave; at least 3 so that a single worker does not stop on one odd question.
+    limit = max_consecutive_errors or max(3, concurrency)
+
+    def advance() -> None:
+        bar.update(1)
+        bar.set_postfix_str(stats.postfix())
+
+    async def run() -> None:
+        pending = iter(todo)  # shared by the workers: no await between two `next`s
+        in_a_row = 0
+
+        def stop(status: str, reason: str | None = None) -> None:
+            if ending:
+                return
+            ending.update(status=status, reason=reason)
+            for w in workers:
+                if w is not asyncio.current_task():
+                    w.cancel()
+
+        async def worker() -> None:
+            nonlocal in_a_row
+            for k, payload in pending:
+                if ending:
+                    return
+                try:
+                    record = await work(payload)
+                except Exception as exc:  # the question's own failure; a cancel (BaseException) passes through
+                    try:
+                        if errors is not None:
+                            errors.append({"key": list(k) if isinstance(k, tuple) else k, "error": one_line(exc),
+                                           "type": type(exc).__name__, "at": now()})
+                    except Exception as write_exc:
+                        stop("failed", f"writing an error record failed: {one_line(write_exc)}")
+                        return
+                    failed.add(k)
+                    stats.errors += 1
+                    advance()
+                    in_a_row += 1
+                    if isinstance(exc, ServerUnreachable):
+                        stop("failed", one_line(exc))
+                    elif in_a_row >= limit:
+                        stop("failed", f"{in_a_row} questions failed in a row, the last with: {one_line(exc)}")
+                    continue
+                in_a_row = 0
+                try:  # no await below: a cancel cannot land between the write and its count
+                    store.append(record)
+                    stats.add(record)
+                    advance()
+                except Exception as exc:
+                    stop("failed", f"writing a record to {store.path} failed: {one_line(exc)}")
+                    return
+
+        loop = asyncio.get_running_loop()
+        workers = [asyncio.create_task(worker()) for _ in range(max(1, concurrency))]
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread / platform without it
+                loop.add_signal_handler(sig, stop, "interrupted")
+        try:
+            results = await asyncio.gather(*workers, return_exceptions=True)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.remove_signal_handler(sig)
+        bugs = [r for r in results if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)]
+        if bugs:  # the loop's own code failed: not a question's fault
+            raise bugs[0]
+
+    try:
+        asyncio.run(run())
+    finally:
+        bar.close()
+    on_disk = store.keys(key) & wanted
+    status = ending.get("status", "complete")
+    return RunResult(stats, len(wanted), len(on_disk), len(failed - on_disk), status, ending.get("reason"))
+
+
 def run_records(path: Path, items: list, work: Callable, key: Callable[[dict], Any], errors, *, concurrency: int,
                 desc: str, keep: Callable[[Any], None]) -> Any:
-    """One pass of the run loop (distill.runner) over one record file; `keep(result)` puts its counts in the
-    manifest before a stop is raised, so the manifest of a stopped run still says how far it got."""
-    from distill.runner import run_resumable
-    from distill.store import JsonlStore
-
+    """One pass of the run loop over one record file; `keep(result)` puts its counts in the manifest before a
+    stop is raised, so the manifest of a stopped run still says how far it got."""
     with JsonlStore(path, key=key) as store:
         result = run_resumable(items, work, store, key, errors=errors, concurrency=concurrency, desc=desc)
     keep(result)
     raise_if_stopped(result)
-    report_errors(result, errors.path)
+    if result.errors:
+        print(f"note: {result.errors} of {result.planned} failed and were logged to {errors.path}; "
+              "rerun the same command to retry them", file=sys.stderr)
     return result
 
 
 def raise_if_stopped(result) -> None:
-    """Turn a run loop's stop (distill.runner.RunResult) into the exception `run_lifecycle` records."""
+    """Turn a run loop's stop (a RunResult) into the exception `run_lifecycle` records."""
     if result.status == "interrupted":
         raise KeyboardInterrupt
     if result.status == "failed":
-        raise RunStopped(
-            f"run stopped: {result.reason} ({result.not_run} of {result.planned} not run; "
-            "finished records are kept; rerun to resume)"
-        )
-
-
-def report_errors(result, errors_path: Path) -> None:
-    """Say on stderr that some items ended as error records, where they are, and that a rerun retries them."""
-    if result.errors:
-        print(
-            f"note: {result.errors} of {result.planned} failed and were logged to {errors_path}; "
-            "rerun the same command to retry them",
-            file=sys.stderr,
-        )
+        raise RunStopped(f"run stopped: {result.reason} ({result.not_run} of {result.planned} not run; "
+                         "finished records are kept; rerun to resume)")

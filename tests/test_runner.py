@@ -19,8 +19,7 @@ import pytest
 import yaml
 
 from distill.errors import DistillError, ServerUnreachable
-from distill.run import RunStopped, folder_lock, raise_if_stopped, run_lifecycle
-from distill.runner import RunningStats, run_resumable
+from distill.run import RunningStats, RunStopped, folder_lock, raise_if_stopped, run_lifecycle, run_resumable
 from distill.store import JsonlStore, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,7 +106,7 @@ def test_ctrl_c_stops_between_records_and_the_counts_add_up(tmp_path):
     code = textwrap.dedent(f"""
         import asyncio, json, sys
         from pathlib import Path
-        from distill.runner import RunningStats, run_resumable
+        from distill.run import RunningStats, run_resumable
         from distill.store import JsonlStore
 
         async def work(i):
