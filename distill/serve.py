@@ -113,7 +113,6 @@ class AdapterInfo:
 
 # ---------------------------------------------------------------- adapter and model checks
 
-
 def _adapter_chat_template(path: Path) -> str | None:
     """The template saved with the adapter: the .jinja file, or (older transformers) inside tokenizer_config."""
     if (path / "chat_template.jinja").is_file():
@@ -258,9 +257,7 @@ def model_dir(cfg: ServeConfig) -> str:
 def served_name(cfg: ServeConfig) -> str:
     """The name clients ask for the base/merged model. Merged weights *are* the planner, so they take the
     LoRA module's name by default and eval configs work unchanged whichever way the planner is served."""
-    if cfg.served_model_name:
-        return cfg.served_model_name
-    return cfg.lora_name if cfg.merged_model else cfg.base_model
+    return cfg.served_model_name or (cfg.lora_name if cfg.merged_model else cfg.base_model)
 
 
 def model_name(cfg: ServeConfig) -> str:
@@ -292,7 +289,6 @@ def choose_chat_template(cfg: ServeConfig, adapters: dict[str, AdapterInfo], mod
 
 
 # ---------------------------------------------------------------- the command line
-
 
 def _require_vllm() -> None:
     if importlib.util.find_spec("vllm") is None:
@@ -424,7 +420,6 @@ def is_loopback(host: str) -> bool:
 
 
 def masked_argv(argv: list[str]) -> list[str]:
-    """argv with every `--api-key` value replaced by ***."""
     return ["***" if i and argv[i - 1] == "--api-key" else "--api-key=***" if a.startswith("--api-key=") else a
             for i, a in enumerate(argv)]
 
@@ -463,7 +458,6 @@ def format_command(argv: list[str], env: dict[str, str]) -> str:
 
 
 # ---------------------------------------------------------------- the process
-
 
 def port_is_free(host: str, port: int) -> bool:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -582,15 +576,6 @@ class VLLMServer:
         log.info("starting vLLM: %s", format_command(argv, env))
         self.port = port
         self._secrets = secret_values(argv, env)
-        self._launch(argv, env)
-        try:
-            self._wait_ready(self.cfg.health_timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def _launch(self, argv: list[str], env: dict[str, str]) -> None:
         if self.log_path:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = self.log_path.open("a", encoding="utf-8")
@@ -608,6 +593,12 @@ class VLLMServer:
         _LIVE.add(self)
         self._pump = threading.Thread(target=self._copy_output, args=(self._proc.stdout,), name="vllm-log", daemon=True)
         self._pump.start()
+        try:
+            self._wait_ready(self.cfg.health_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
 
     def _copy_output(self, stream: IO[bytes]) -> None:
         """Drain the server's output (a full pipe would stall it) into the tail, the log file and stderr."""
@@ -650,10 +641,8 @@ class VLLMServer:
         return self._proc.wait()
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
-        """SIGTERM the whole process group, SIGKILL whatever is left after timeout_s. Idempotent.
-
-        A second Ctrl-C while waiting skips the grace period: the group is killed and the interrupt re-raised.
-        """
+        """SIGTERM the whole process group, SIGKILL whatever is left after timeout_s. Idempotent. A second
+        Ctrl-C while waiting skips the grace period: the group is killed and the interrupt re-raised."""
         proc = self._proc
         if proc is None:
             return None
