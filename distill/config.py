@@ -144,9 +144,7 @@ def validate(cls: type[C], data: dict, source: str = "config") -> C:
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}" for err in exc.errors()
-        )
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or '(top)'}: {err['msg']}" for err in exc.errors())
         raise DistillError(f"{source}: {problems}") from None
 
 

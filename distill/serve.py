@@ -589,11 +589,9 @@ class VLLMServer:
             if not EXIT_NOISE.match(line):
                 self._tail.append(line.rstrip("\n"))
             if self._log is not None and not self._log.closed:
-                self._log.write(line)
-                self._log.flush()
+                print(line, end="", file=self._log, flush=True)
             if self.echo:
-                sys.stderr.write(line)
-                sys.stderr.flush()
+                print(line, end="", file=sys.stderr, flush=True)
 
     def _failure(self, summary: str) -> DistillError:
         where = f" (full log: {self.log_path})" if self.log_path else ""
@@ -610,11 +608,9 @@ class VLLMServer:
                 if code is not None:
                     time.sleep(0.2)  # let the pump read the last lines
                     raise self._failure(f"vLLM exited with code {code} before it was ready")
-                try:
+                with contextlib.suppress(httpx.HTTPError):
                     if client.get(f"{self.url}/health").status_code == 200:
                         return
-                except httpx.HTTPError:
-                    pass
                 if time.monotonic() > deadline:
                     raise self._failure(f"vLLM was not ready after {timeout_s:.0f}s (health_timeout_s)")
                 time.sleep(0.5)
