@@ -1,15 +1,4 @@
-"""The `distill` command.
-
-    distill ask "Who directed the film that won Best Picture in 1998?" --config configs/ask_smollm2_local.yaml
-    distill plan check plan.txt --json
-    distill generate --config configs/generate_teacher.yaml
-    distill filter runs/x/trajectories.jsonl --out runs/x/kept.jsonl
-    distill score --dataset hotpotqa predictions.jsonl
-    distill sft-data runs/x/kept.jsonl --out runs/x/sft
-    distill merge ADAPTER --out DIR
-    distill serve --config configs/serve_planner.yaml
-    distill eval --config configs/eval_smollm2_cpu.yaml
-    distill pipeline --config configs/demo_smollm2_cpu.yaml
+"""The `distill` command (`distill --help` lists them all).
 
 A command is the `configure_parser(parser)` and `main(args) -> int` of the module that does the work (a stage is
 one module: its config class, its function and its command line). Only the module of the command given is
@@ -43,18 +32,10 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
 ]
 
 
-def _chosen(argv: list[str]) -> tuple[str, ...] | None:
-    """The command words in argv (options before them skipped), so only that command's module is imported."""
-    words = [w for w in argv if not w.startswith("-")]
-    for cmd_words, _, _ in COMMANDS:
-        if tuple(words[: len(cmd_words)]) == cmd_words:
-            return cmd_words
-    return None
-
-
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """All commands are listed; the one named in argv (every one when argv is None) gets its full arguments."""
-    chosen = None if argv is None else _chosen(argv)
+    # the words of argv, options before them skipped: only the command they name has its module imported
+    given = None if argv is None else tuple(w for w in argv if not w.startswith("-"))
     parser = argparse.ArgumentParser(prog="distill", description="Distill a ReWOO Planner into a small model.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -68,7 +49,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                 groups[words[0]] = group.add_subparsers(dest=f"{words[0]}_command", metavar="ACTION", required=True)
             sub = groups[words[0]].add_parser(words[1], help=help_text, description=help_text)
         sub.set_defaults(_module=module)
-        if argv is not None and words != chosen:
+        if given is not None and given[: len(words)] != words:
             continue
         try:
             importlib.import_module(module).configure_parser(sub)

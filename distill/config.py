@@ -7,7 +7,7 @@ endpoint has several settings of its own. Every bad key is reported, on one line
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
@@ -63,9 +63,7 @@ class ModelSpec(Strict):
 
     @property
     def base_urls(self) -> list[str]:
-        if self.base_url is None:
-            return []
-        return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
+        return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url or [])
 
 
 class AgentConfig(Strict):
@@ -146,15 +144,12 @@ def validate(cls: type[C], data: dict, source: str = "config") -> C:
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}" for err in exc.errors()
-        )
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or '(top)'}: {err['msg']}" for err in exc.errors())
         raise DistillError(f"{source}: {problems}") from None
 
 
 def load_config(cls: type[C], path: str | Path | None = None, overrides: list[str] | None = None) -> C:
-    data = read_yaml(path) if path else {}
-    data = _merge(data, parse_overrides(overrides))
+    data = _merge(read_yaml(path) if path else {}, parse_overrides(overrides))
     return validate(cls, data, str(path or "config"))
 
 

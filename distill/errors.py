@@ -17,19 +17,16 @@ class ServerUnreachable(DistillError):
 
 
 def clip(text: str, limit: int) -> str:
-    """Text folded onto one line and cut to `limit` characters: what a one-line message may quote of text it did
-    not write (a server's error body, an exception's message)."""
+    """Text folded onto one line and cut to `limit` characters, for quoting a server's error body or the like."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def one_line(exc: BaseException, limit: int = 500) -> str:
-    """The exception as one bounded line (`Type: message` unless it is a DistillError, whose message is
-    written for users already): manifests and terminals get a reason, never a multi-line dump."""
-    text = " ".join(str(exc).split()) or "(no message)"
-    if not isinstance(exc, DistillError):
-        text = f"{type(exc).__name__}: {text}"
-    return clip(text, limit)
+    """The exception as one bounded line, `Type: message` unless it is a DistillError (whose message is written
+    for users already): manifests and terminals get a reason, never a multi-line dump."""
+    text = str(exc).strip() or "(no message)"
+    return clip(text if isinstance(exc, DistillError) else f"{type(exc).__name__}: {text}", limit)
 
 
 def is_environment_failure(exc: BaseException) -> bool:

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from distill.errors import DistillError
+from distill.llm.embedded import resolve_model_path
 
 ADAPTER_INFO = "distill_adapter.json"
 
@@ -28,8 +29,7 @@ def read_json(path: Path) -> dict:
 
 def trained_base(adapter_dir: str | Path) -> str | None:
     """The base the adapter was trained on, for merge and serve alike: distill's own record first (it keeps
-    the embedded alias, which is portable across machines), then PEFT's adapter_config.json; None if neither
-    says. The one reader of ADAPTER_INFO besides the trainer that writes it."""
+    the embedded alias, which is portable across machines), then PEFT's adapter_config.json."""
     adapter_dir = Path(adapter_dir)
     for name, key in ((ADAPTER_INFO, "base_model"), ("adapter_config.json", "base_model_name_or_path")):
         if (adapter_dir / name).is_file():
@@ -39,30 +39,25 @@ def trained_base(adapter_dir: str | Path) -> str | None:
     return None
 
 
-def adapter_base(adapter_dir: str | Path) -> str:
+def adapter_base(adapter_dir: str | Path, base: str | None = None) -> str:
+    """The base to merge into: `base` where given, else the one the adapter was trained on."""
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / "adapter_config.json").exists():
         raise DistillError(f"{adapter_dir}: no adapter_config.json (not a LoRA adapter folder)")
-    base = trained_base(adapter_dir)
+    base = base or trained_base(adapter_dir)
     if not base:
         raise DistillError(f"{adapter_dir / 'adapter_config.json'}: base_model_name_or_path is empty; pass --base")
     return base
 
 
 def merge_adapter(adapter_dir: str | Path, out_dir: str | Path, base: str | None = None, dtype: str = "auto") -> Path:
-    import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from distill.llm.embedded import resolve_model_path
-
     adapter_dir, out = Path(adapter_dir), Path(out_dir)
-    if not (adapter_dir / "adapter_config.json").exists():
-        raise DistillError(f"{adapter_dir}: no adapter_config.json (not a LoRA adapter folder)")
-    base_path = resolve_model_path(base or adapter_base(adapter_dir))
-    torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+    base_path = resolve_model_path(adapter_base(adapter_dir, base))
     try:
-        model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype)
+        model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype)  # "float32" etc.: transformers maps it
     except OSError as exc:
         raise DistillError(f"cannot load base model {base_path!r}: {str(exc).splitlines()[0]}") from None
     merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()

