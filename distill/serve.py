@@ -136,8 +136,9 @@ def read_adapter(path: str | Path) -> AdapterInfo:
     if peft_type != "LORA":
         raise DistillError(f"{config_path}: vLLM serves LoRA adapters only, this one is {peft_type}")
     if cfg.get("use_dora"):
-        raise DistillError(f"{config_path}: vLLM cannot serve DoRA adapters; merge it (`distill merge`) and "
-                           "serve merged_model")
+        raise DistillError(
+            f"{config_path}: vLLM cannot serve DoRA adapters; merge it (`distill merge`) and serve merged_model"
+        )
     rank = cfg.get("r")
     if not isinstance(rank, int) or rank < 1:
         raise DistillError(f"{config_path}: no valid LoRA rank `r` (got {rank!r})")
@@ -162,8 +163,10 @@ def lora_rank_for(adapter_rank: int, requested: int | None, allowed: tuple[int, 
     """The --max-lora-rank to pass: at least the adapter's rank, rounded up to a value vLLM accepts."""
     allowed = allowed or allowed_lora_ranks()
     if requested is not None and adapter_rank > requested:
-        raise DistillError(f"the adapter's LoRA rank r={adapter_rank} exceeds max_lora_rank={requested}; "
-                           "raise max_lora_rank or set it to null to use the adapter's rank")
+        raise DistillError(
+            f"the adapter's LoRA rank r={adapter_rank} exceeds max_lora_rank={requested}; "
+            "raise max_lora_rank or set it to null to use the adapter's rank"
+        )
     need = max(adapter_rank, requested or 0)
     if allowed is None:
         return need
@@ -219,8 +222,10 @@ def check_adapter_base(adapter_base: str | None, base_model: str) -> None:
         if Path(adapter_base).name in {Path(served).name, Path(base_model).name}:
             log.warning("adapter base %s is not on this machine; assuming it is %s (same name)", adapter_base, served)
             return
-    raise DistillError(f"the adapter was trained on {adapter_base} but base_model is {base_model}; serve the base "
-                       "it was trained on (or set check_base_model: false if they are the same weights)")
+    raise DistillError(
+        f"the adapter was trained on {adapter_base} but base_model is {base_model}; serve the base it was "
+        "trained on (or set check_base_model: false if they are the same weights)"
+    )
 
 
 def _local_model_dir(name: str, what: str) -> Path:
@@ -239,8 +244,9 @@ def model_dir(cfg: ServeConfig) -> str:
     if cfg.merged_model:
         path = _local_model_dir(cfg.merged_model, "merged_model")
         if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-            raise DistillError(f"merged_model {path} has no tokenizer files; `distill merge` saves them beside "
-                               "the weights")
+            raise DistillError(
+                f"merged_model {path} has no tokenizer files; `distill merge` saves them beside the weights"
+            )
         return str(path)
     resolved = resolve_model_path(cfg.base_model)
     if _looks_like_path(resolved):
@@ -272,8 +278,10 @@ def choose_chat_template(cfg: ServeConfig, adapters: dict[str, AdapterInfo], mod
         raise DistillError(f"chat_template not found: {cfg.chat_template}")
     saved = {name: a.chat_template for name, a in adapters.items() if a.chat_template}
     if len({Path(t).read_text() if t.endswith(".jinja") else t for t in saved.values()}) > 1:
-        raise DistillError(f"the LoRA modules {', '.join(saved)} carry different chat templates and vLLM serves "
-                           "one: set chat_template, or serve them from separate servers")
+        raise DistillError(
+            f"the LoRA modules {', '.join(saved)} carry different chat templates and vLLM serves one: "
+            "set chat_template, or serve them from separate servers"
+        )
     if saved:
         return next(iter(saved.values()))
     own = Path(model) / "chat_template.jinja"
@@ -284,8 +292,9 @@ def choose_chat_template(cfg: ServeConfig, adapters: dict[str, AdapterInfo], mod
 
 def _require_vllm() -> None:
     if importlib.util.find_spec("vllm") is None:
-        raise DistillError("vLLM is not installed: pip install -e '.[serve-cpu]' on CPU machines, "
-                           "'.[gpu]' on GPU machines")
+        raise DistillError(
+            "vLLM is not installed: pip install -e '.[serve-cpu]' on CPU machines, '.[gpu]' on GPU machines"
+        )
 
 
 def platform_of(cfg: ServeConfig) -> Platform:
@@ -335,8 +344,10 @@ def whole_prompt_prefill_args(cfg: ServeConfig, model: str) -> list[str]:
         return args
     length = cfg.max_model_len or (_text_config(model) or {}).get("max_position_embeddings")
     if length is None:
-        raise DistillError(f"set max_model_len: without chunked prefill (off on CPU) vLLM needs a token budget of "
-                           f"at least the model's context length, and {model} has no local config.json that says it")
+        raise DistillError(
+            f"set max_model_len: without chunked prefill (off on CPU) vLLM needs a token budget of at least the "
+            f"model's context length, and {model} has no local config.json that says it"
+        )
     return args + ["--max-num-batched-tokens", str(max(length, VLLM_CPU_BATCHED_TOKENS))]
 
 
@@ -394,9 +405,10 @@ def build_command(cfg: ServeConfig, platform: Platform) -> tuple[list[str], dict
     env = _server_env(cfg, cpu)
     keyed = "VLLM_API_KEY" in env or masked_argv(argv) != argv
     if not is_loopback(cfg.host) and not keyed and not cfg.allow_unauthenticated:
-        raise DistillError(f"host {cfg.host!r} lets other machines reach the server: set api_key_env to the "
-                           "name of an environment variable holding the key clients must send, or "
-                           "allow_unauthenticated: true")
+        raise DistillError(
+            f"host {cfg.host!r} lets other machines reach the server: set api_key_env to the name of an "
+            "environment variable holding the key clients must send, or allow_unauthenticated: true"
+        )
     return argv, env
 
 
@@ -558,8 +570,9 @@ class VLLMServer:
         argv, env = build_command(self.cfg.model_copy(update={"port": port}), platform_of(self.cfg))
         # Checked before starting: otherwise /health could be answered by whatever already listens there.
         if self.cfg.port and not port_is_free(self.cfg.host, port):
-            raise DistillError(f"port {port} on {self.cfg.host} is in use; pick another with --set port=N "
-                               "(0 = any free port)")
+            raise DistillError(
+                f"port {port} on {self.cfg.host} is in use; pick another with --set port=N (0 = any free port)"
+            )
         log.info("starting vLLM: %s", format_command(argv, env))
         self.port = port
         self._secrets = secret_values(argv, env)
@@ -568,10 +581,15 @@ class VLLMServer:
             self._log = self.log_path.open("a", encoding="utf-8")
         # PR_SET_PDEATHSIG fires when the *thread* that forked exits, so only the main thread may ask for it.
         guard = sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread()
-        # start_new_session: its own process group, so one killpg reaches the engine workers too
-        self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      env={**os.environ, **env}, start_new_session=True,
-                                      preexec_fn=_die_with_parent if guard else None)
+        self._proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            start_new_session=True,  # its own process group: one killpg reaches the engine workers too
+            preexec_fn=_die_with_parent if guard else None,
+        )
         _LIVE.add(self)
         self._pump = threading.Thread(target=self._copy_output, args=(self._proc.stdout,), name="vllm-log", daemon=True)
         self._pump.start()
