@@ -9,6 +9,7 @@ tests on local files in the hub layout even though the hub itself cannot be reac
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -106,16 +107,11 @@ def sample_mix(
     taken = question_set(exclude_questions)
     mix: list[Example] = []
     for index, (pool, n) in enumerate(pools):
-        candidates = dedup_examples(pool)
+        candidates = dedup_examples(pool)  # distinct within the pool, so only earlier pools can collide
         random.Random(f"{seed}:{index}").shuffle(candidates)
-        picked = []
-        for ex in candidates:
-            if len(picked) == n:
-                break
-            key = normalize_question(ex.question)
-            if key not in taken:
-                taken.add(key)
-                picked.append(ex)
+        fresh = (ex for ex in candidates if normalize_question(ex.question) not in taken)
+        picked = list(itertools.islice(fresh, n))
+        taken |= question_set(picked)
         if len(picked) < n:
             name = pool[0].dataset if pool else "empty"
             raise DistillError(
@@ -166,24 +162,17 @@ def rows_to_examples(
             raise DistillError(
                 f"{origin}: row {index + 1} has an unknown layout (keys: {keys}); expected {EXPECTED_LAYOUTS}"
             )
-        label = _resolve_dataset(dataset, layout, origin, index)
+        implied, convert = _LAYOUTS[layout]
+        if implied and dataset in (HOTPOT, TRIVIA) and dataset != implied:
+            raise DistillError(f"{origin}: row {index + 1} is in the {layout} layout but the dataset is {dataset!r}")
         try:
-            examples.append(_LAYOUTS[layout][1](row, label, split))
+            examples.append(convert(row, (implied or "generic") if dataset is None else dataset, split))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise DistillError(
                 f"{origin}: row {index + 1} looks like the {layout} layout but is malformed "
                 f"({type(exc).__name__}: {exc})"
             ) from exc
     return dedup_examples(examples)
-
-
-def _resolve_dataset(dataset: str | None, layout: str, origin: str, index: int) -> str:
-    implied = _LAYOUTS[layout][0]
-    if dataset is None:
-        return implied or "generic"
-    if implied and dataset in (HOTPOT, TRIVIA) and dataset != implied:
-        raise DistillError(f"{origin}: row {index + 1} is in the {layout} layout but the dataset is {dataset!r}")
-    return dataset
 
 
 def _answers(*groups: Any) -> list[str]:
@@ -292,7 +281,7 @@ def load_examples(
         raise DistillError(f"data_files only applies to hub:<name> sources, not {source!r}")
     else:
         examples = _load_file(Path(source), dataset, split)
-    return examples if limit is None else examples[:limit]
+    return examples[:limit]
 
 
 def _load_hub(source: str, dataset: str | None, split: str, data_files: str | list[str] | None) -> list[Example]:
@@ -314,12 +303,9 @@ def _load_hub(source: str, dataset: str | None, split: str, data_files: str | li
 def _load_file(path: Path, dataset: str | None, split: str) -> list[Example]:
     if not path.is_file():
         raise DistillError(f"data file not found: {path} (expected a .json or .jsonl file, or hub:<name>[:<config>])")
-    if path.suffix == ".jsonl":
-        rows = read_jsonl(path)
-    elif path.suffix == ".json":
-        rows = _read_json(path)
-    else:
+    if path.suffix not in (".json", ".jsonl"):
         raise DistillError(f"{path}: unknown file type {path.suffix!r}; expected .json or .jsonl")
+    rows = read_jsonl(path) if path.suffix == ".jsonl" else _read_json(path)
     return rows_to_examples(rows, dataset, split, origin=str(path))
 
 
@@ -329,10 +315,8 @@ def _read_json(path: Path) -> list[Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise DistillError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from exc
+    if isinstance(data, dict):
+        data = next((data[key] for key in ("Data", "data") if isinstance(data.get(key), list)), None)
     if isinstance(data, list):
         return data
-    if isinstance(data, dict):
-        for key in ("Data", "data"):
-            if isinstance(data.get(key), list):
-                return data[key]
     raise DistillError(f"{path}: expected a JSON list of records or an object with a `Data` list")

@@ -80,14 +80,13 @@ def record_to_example(
         return None, "no_steps"
     if not plan.valid:
         return None, "invalid_plan"
-    example = {
+    return {
         "prompt": planner_messages(question, tools, kind),
         "completion": [{"role": "assistant", "content": render_plan(plan)}],
         "id": str(record.get("id", "")),
         "dataset": str(record.get("dataset", "")),
         "sample": int(record.get("sample") or 0),
-    }
-    return example, "ok"
+    }, "ok"
 
 
 def build_examples(
@@ -147,19 +146,15 @@ def to_dataset_dict(train: Sequence[dict], val: Sequence[dict]):
 
 def prompt_tokens(messages: Sequence[Mapping[str, str]], tokenizer) -> int:
     """Prompt tokens as a server and TRL count them: the chat template with the generation prompt appended."""
-    return len(_ids(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)))
+    return len(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, return_dict=False))
 
 
 def token_lengths(example: Mapping[str, Any], tokenizer) -> tuple[int, int]:
     """(prompt, completion) token counts the way TRL counts them: the completion is what prompt+completion
     adds to the prompt."""
     prompt = prompt_tokens(example["prompt"], tokenizer)
-    full = _ids(tokenizer.apply_chat_template(list(example["prompt"]) + list(example["completion"]), tokenize=True))
+    full = tokenizer.apply_chat_template(list(example["prompt"]) + list(example["completion"]), return_dict=False)
     return prompt, len(full) - prompt
-
-
-def _ids(out) -> list[int]:
-    return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
 def _stats(values: Sequence[int]) -> dict:
@@ -240,12 +235,10 @@ def build_sft_data(cfg: SftDataConfig) -> dict:
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("kept", metavar="KEPT.jsonl", help="kept trajectory records (output of `distill filter`)")
     parser.add_argument("--out", required=True, help="dataset folder to write")
-    parser.add_argument(
-        "--tools", help="comma-separated tools of the student prompt (default Wikipedia,LLM,Calculator)"
-    )
-    parser.add_argument(
-        "--student-prompt", help="planner prompt kind the student is trained on and served: full (default) or compact"
-    )
+    parser.add_argument("--tools",
+                        help="comma-separated tools of the student prompt (default Wikipedia,LLM,Calculator)")
+    parser.add_argument("--student-prompt",
+                        help="planner prompt kind the student is trained on and served: full (default) or compact")
     parser.add_argument("--val-fraction", type=float, help="share of questions held out for validation (default 0.1)")
     parser.add_argument("--seed", type=int, help="seed of the question split (default 0)")
     parser.add_argument("--tokenizer", help="tokenizer for the length summary ('none' to skip)")
@@ -253,8 +246,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    flags = {k: getattr(args, k) for k in ("kept", "out", "tools", "student_prompt", "val_fraction", "seed", "tokenizer")}
-    data = (read_yaml(args.config) if args.config else {}) | {k: v for k, v in flags.items() if v is not None}
+    flags = {k: v for k, v in vars(args).items() if k in SftDataConfig.model_fields and v is not None}
+    data = (read_yaml(args.config) if args.config else {}) | flags
     cfg = validate(SftDataConfig, data | parse_overrides(args.set), args.config or "sft-data")
     summary = build_sft_data(cfg)
     print(format_summary(summary))
