@@ -10,6 +10,7 @@ caller to say in one line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import email.utils
 import random
@@ -34,10 +35,8 @@ def retry_after_s(value: str | None) -> float | None:
     """`Retry-After` as seconds from now (delta-seconds or an HTTP date); None when absent or unreadable."""
     if not value:
         return None
-    try:
+    with contextlib.suppress(ValueError):
         return max(0.0, float(value))
-    except ValueError:
-        pass
     try:
         when = email.utils.parsedate_to_datetime(value.strip())
     except (TypeError, ValueError, IndexError):

@@ -46,8 +46,8 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
         raise DistillError(f"cannot read {path}: {exc.strerror or exc}") from None
     with handle:
         for number, raw in enumerate(handle, 1):
-            if number == 1 and raw.startswith(_BOM):
-                raw = raw[len(_BOM):]
+            if number == 1:
+                raw = raw.removeprefix(_BOM)
             if raw.strip():
                 yield number, parse_line(raw, f"{path}:{number}")
 
@@ -76,11 +76,8 @@ def parse_line(raw: bytes, where: str) -> dict:
 
 
 def dedupe(records: Iterable[dict], key: Callable[[dict], Hashable], origin: str = "records") -> tuple[list[dict], int]:
-    """The first record per key, in order, and how many later ones were dropped.
-
-    Two runs on one folder (or a crash between a write and its bookkeeping) can leave the same question
-    answered twice; the first copy is the one a resumed run already counted, so it is the one kept.
-    """
+    """The first record per key, in order, and how many later ones were dropped. Two runs on one folder (or a
+    crash between a write and its bookkeeping) can answer a question twice; a resumed run counted the first."""
     kept, seen, dropped = [], set(), 0
     for n, record in enumerate(records, 1):
         try:
@@ -135,7 +132,7 @@ def write_json(path: str | Path, obj: Any) -> None:
     _replace(path, lambda handle: handle.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n"))
 
 
-class JsonlStore:
+class JsonlStore(contextlib.AbstractContextManager):
     """Append-only JSONL with resume. Opening it repairs a torn last line (and says so on stderr: the run that
     made it crashed); `append` is durable on return.
 
@@ -151,11 +148,10 @@ class JsonlStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.repaired = False
         self.duplicates = 0
-        records = self._load_and_repair()
+        self._records = self._load_and_repair()
         if key is not None:
-            records, self.duplicates = dedupe(records, key, origin=str(self.path))
-        self._records = records
-        self._keys = {key(r) for r in records} if key is not None else set()
+            self._records, self.duplicates = dedupe(self._records, key, origin=str(self.path))
+        self._keys = self.keys() if key is not None else set()
         self._lock = threading.Lock()
         created = not self.path.exists()
         self._fh = self.path.open("a", encoding="utf-8")
@@ -163,10 +159,8 @@ class JsonlStore:
             _fsync_dir(self.path.parent)
 
     def _load_and_repair(self) -> list[dict]:
-        if not self.path.exists():
-            return []
         records, good_end = [], 0
-        lines = self.path.read_bytes().split(b"\n")
+        lines = self.path.read_bytes().split(b"\n") if self.path.exists() else []
         for i, line in enumerate(lines):
             if line.strip():
                 try:
@@ -176,8 +170,7 @@ class JsonlStore:
                 except DistillError as exc:
                     if any(rest.strip() for rest in lines[i + 1 :]):
                         raise DistillError(f"{exc} (not the last line, so not a torn write: fix by hand)") from None
-                    with self.path.open("r+b") as f:
-                        f.truncate(good_end)
+                    os.truncate(self.path, good_end)
                     self.repaired = True
                     print(f"note: {self.path} ended in a torn line from an earlier crash; it was cut and will be "
                           "redone", file=sys.stderr)
@@ -212,9 +205,6 @@ class JsonlStore:
     def close(self) -> None:
         self._fh.close()
 
-    def __enter__(self) -> "JsonlStore":
-        return self
-
     def __exit__(self, *exc) -> None:
         self.close()
 
@@ -245,9 +235,7 @@ class CallCache:
         self.lock_retries = 0
         self.misses_by_kind: dict[str, int] = {}
         try:
-            self._db = sqlite3.connect(
-                self.path, timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
-            )
+            self._db = sqlite3.connect(self.path, timeout=busy_timeout_s, check_same_thread=False, isolation_level=None)
         except sqlite3.Error as exc:
             raise DistillError(f"cannot open call cache {self.path}: {exc}") from None
         try:
@@ -287,10 +275,8 @@ class CallCache:
         return json.loads(rows[0][0])
 
     def put(self, key: str, value: Any, kind: str = "model") -> None:
-        self._execute(
-            "INSERT OR REPLACE INTO calls (key, kind, value) VALUES (?, ?, ?)",
-            (key, kind, json.dumps(value, ensure_ascii=False)),
-        )
+        self._execute("INSERT OR REPLACE INTO calls (key, kind, value) VALUES (?, ?, ?)",
+                      (key, kind, json.dumps(value, ensure_ascii=False)))
 
     def close(self) -> None:
         self._db.close()
