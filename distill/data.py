@@ -1,9 +1,8 @@
 """Dataset loaders and sampling: every source becomes one `Example` shape.
 
 HotpotQA and TriviaQA come in several layouts (the official JSON releases, the Hugging Face hub rows, the
-JSONL files under ../shared/data, and a generic question/answer JSONL). The layout is detected per row by
-one function, `rows_to_examples`, which the hub loader also uses, so the hub code path is exercised by
-tests on local files in the hub layout even though the hub itself cannot be reached from here.
+JSONL files under ../shared/data, a generic question/answer JSONL), detected per row by `rows_to_examples`,
+which the hub loader also uses: tests run the hub code path on local files, as the hub is unreachable here.
 """
 
 from __future__ import annotations
@@ -34,9 +33,6 @@ class DatasetSource(Strict):
     n: int | None = None  # how many distinct questions to draw; None = all
 
 
-HOTPOT = "hotpotqa"
-TRIVIA = "triviaqa"
-
 EXPECTED_LAYOUTS = (
     "rows with `question` plus `answer`/`answers` (generic), HotpotQA rows (`_id`, `context`, "
     "`supporting_facts` as lists or hub dicts) or TriviaQA rows (`Question`/`Answer` official, "
@@ -65,9 +61,7 @@ class Example:
 
 def normalize_question(question: str) -> str:
     """Key for dedup and leak checks: case, punctuation, unicode width and spacing differences don't count.
-
-    Idempotent, so already-normalised sets can be passed back in.
-    """
+    Idempotent, so already-normalised sets can be passed back in."""
     text = unicodedata.normalize("NFKC", question).casefold()
     text = re.sub(r"[^\w\s]|_", " ", text)
     return " ".join(text.split())
@@ -95,15 +89,12 @@ def check_no_leak(train: Iterable[Example], eval_examples: Iterable[Example] | s
         raise DistillError(f"{len(leaked)} training question(s) also appear in the evaluation set, e.g. {shown}")
 
 
-def sample_mix(
-    pools: list[tuple[list[Example], int]], seed: int, exclude_questions: Iterable[str] = ()
-) -> list[Example]:
+def sample_mix(pools: list[tuple[list[Example], int]], seed: int,
+               exclude_questions: Iterable[str] = ()) -> list[Example]:
     """Draw `n` examples from each pool, never repeating a question across pools or using an excluded one.
-
-    Each pool gets its own RNG derived from (seed, pool index), so resizing one pool leaves the draw from
-    earlier pools unchanged; the final order is shuffled so datasets interleave in training.
-    Asking for more than a pool can give is an error rather than a silently smaller experiment.
-    """
+    Each pool gets its own RNG from (seed, pool index), so resizing one pool leaves the earlier pools' draws
+    unchanged; the final order is shuffled so datasets interleave in training. Asking for more than a pool
+    can give is an error rather than a silently smaller experiment."""
     taken = question_set(exclude_questions)
     mix: list[Example] = []
     for index, (pool, n) in enumerate(pools):
@@ -114,9 +105,7 @@ def sample_mix(
         taken |= question_set(picked)
         if len(picked) < n:
             name = pool[0].dataset if pool else "empty"
-            raise DistillError(
-                f"pool {index} ({name}) has only {len(picked)} unused distinct questions, {n} requested"
-            )
+            raise DistillError(f"pool {index} ({name}) has only {len(picked)} unused distinct questions, {n} requested")
         mix.extend(picked)
     random.Random(f"{seed}:mix").shuffle(mix)
     return mix
@@ -146,32 +135,26 @@ def detect_layout(row: Mapping[str, Any]) -> str | None:
     return None
 
 
-def rows_to_examples(
-    rows: Iterable[Mapping[str, Any]], dataset: str | None, split: str, origin: str = "<rows>"
-) -> list[Example]:
-    """Map rows of any supported layout to Examples (deduplicated by normalised question).
-
-    `dataset=None` takes the dataset from each row's layout; a HotpotQA/TriviaQA label that contradicts a
-    row's layout is an error, because scoring rules follow the label. `origin` names the source in errors.
-    """
+def rows_to_examples(rows: Iterable[Mapping[str, Any]], dataset: str | None, split: str,
+                     origin: str = "<rows>") -> list[Example]:
+    """Rows of any supported layout to Examples, deduplicated by normalised question. `dataset=None` takes the
+    dataset from each row's layout; a HotpotQA/TriviaQA label that contradicts a row's layout is an error,
+    because scoring rules follow the label. `origin` names the source in errors."""
     examples = []
     for index, row in enumerate(rows):
         layout = detect_layout(row) if isinstance(row, Mapping) else None
         if layout is None:
             keys = sorted(row) if isinstance(row, Mapping) else type(row).__name__
-            raise DistillError(
-                f"{origin}: row {index + 1} has an unknown layout (keys: {keys}); expected {EXPECTED_LAYOUTS}"
-            )
+            raise DistillError(f"{origin}: row {index + 1} has an unknown layout (keys: {keys}); "
+                               f"expected {EXPECTED_LAYOUTS}")
         implied, convert = _LAYOUTS[layout]
-        if implied and dataset in (HOTPOT, TRIVIA) and dataset != implied:
+        if implied and dataset in ("hotpotqa", "triviaqa") and dataset != implied:
             raise DistillError(f"{origin}: row {index + 1} is in the {layout} layout but the dataset is {dataset!r}")
         try:
             examples.append(convert(row, (implied or "generic") if dataset is None else dataset, split))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise DistillError(
-                f"{origin}: row {index + 1} looks like the {layout} layout but is malformed "
-                f"({type(exc).__name__}: {exc})"
-            ) from exc
+            raise DistillError(f"{origin}: row {index + 1} looks like the {layout} layout but is malformed "
+                               f"({type(exc).__name__}: {exc})") from exc
     return dedup_examples(examples)
 
 
@@ -232,9 +215,8 @@ def _trivia_official(row: Mapping[str, Any], dataset: str, split: str) -> Exampl
 
 
 def _trivia_hub(row: Mapping[str, Any], dataset: str, split: str) -> Example:
-    answer = row["answer"]
     return _example(row, dataset, split, ("question_id", "id"), row["question"],
-                    _answers(answer.get("value"), answer.get("aliases")), hotpot=False)
+                    _answers(row["answer"].get("value"), row["answer"].get("aliases")), hotpot=False)
 
 
 def _trivia_jsonl(row: Mapping[str, Any], dataset: str, split: str) -> Example:
@@ -249,11 +231,11 @@ def _generic(row: Mapping[str, Any], dataset: str, split: str) -> Example:
 
 # layout -> the dataset it implies (None: any) and its converter; the names appear in error messages
 _LAYOUTS = {
-    "hotpotqa-official": (HOTPOT, _hotpot_official),  # list pairs: context [[title, [sents]]], supporting_facts
-    "hotpotqa-hub": (HOTPOT, _hotpot_hub),  # dicts of columns: context {title, sentences}, supporting_facts {...}
-    "triviaqa-official": (TRIVIA, _trivia_official),  # Data[]: Question, QuestionId, Answer{Value, Aliases}
-    "triviaqa-hub": (TRIVIA, _trivia_hub),  # question_id, question, answer{value, aliases, normalized_aliases}
-    "triviaqa-jsonl": (TRIVIA, _trivia_jsonl),  # id, question, answer, aliases, normalized_aliases
+    "hotpotqa-official": ("hotpotqa", _hotpot_official),  # list pairs: context [[title, [sents]]], supporting_facts
+    "hotpotqa-hub": ("hotpotqa", _hotpot_hub),  # dicts of columns: context {title, sentences}, supporting_facts {...}
+    "triviaqa-official": ("triviaqa", _trivia_official),  # Data[]: Question, QuestionId, Answer{Value, Aliases}
+    "triviaqa-hub": ("triviaqa", _trivia_hub),  # question_id, question, answer{value, aliases, normalized_aliases}
+    "triviaqa-jsonl": ("triviaqa", _trivia_jsonl),  # id, question, answer, aliases, normalized_aliases
     "generic": (None, _generic),  # question plus answer (str) or answers (list)
 }
 
@@ -262,18 +244,11 @@ _LAYOUTS = {
 # Sources
 
 
-def load_examples(
-    source: str | os.PathLike,
-    dataset: str | None,
-    split: str,
-    limit: int | None = None,
-    data_files: str | list[str] | None = None,
-) -> list[Example]:
-    """Load `hub:<name>[:<config>]` or a local .json/.jsonl file; keep the first `limit` distinct questions.
-
-    `data_files` is passed to `datasets.load_dataset` for hub sources, so a packaged builder such as
-    `hub:json` or `hub:parquet` can read local files through exactly the code path used for the hub.
-    """
+def load_examples(source: str | os.PathLike, dataset: str | None, split: str, limit: int | None = None,
+                  data_files: str | list[str] | None = None) -> list[Example]:
+    """The first `limit` distinct questions of `hub:<name>[:<config>]` or a local .json/.jsonl file.
+    `data_files` goes to `datasets.load_dataset`, so a packaged builder such as `hub:json` or `hub:parquet`
+    reads local files through exactly the code path used for the hub."""
     source = os.fspath(source)
     if source.startswith("hub:"):
         examples = _load_hub(source, dataset, split, data_files)
@@ -293,10 +268,8 @@ def _load_hub(source: str, dataset: str | None, split: str, data_files: str | li
     try:
         rows = datasets.load_dataset(name, config or None, split=split, data_files=data_files)
     except (OSError, ValueError) as exc:
-        raise DistillError(
-            f"cannot load {source} split {split!r} with the datasets library ({type(exc).__name__}: {exc}); "
-            "use a local .json/.jsonl file instead"
-        ) from exc
+        raise DistillError(f"cannot load {source} split {split!r} with the datasets library "
+                           f"({type(exc).__name__}: {exc}); use a local .json/.jsonl file instead") from exc
     return rows_to_examples(rows, dataset, split, origin=source)
 
 
