@@ -170,21 +170,13 @@ def _answers(*groups: Any) -> list[str]:
     return out
 
 
-def _row_id(row: Mapping[str, Any], dataset: str, question: str, *keys: str) -> str:
-    """Use the source's id; otherwise a stable hash of the question so reruns give the same id."""
-    for key in keys:
-        value = row.get(key)
-        if value is not None and str(value):
-            return str(value)
-    digest = hashlib.sha1(normalize_question(question).encode()).hexdigest()[:16]
-    return f"{dataset}-{digest}"
-
-
 def _example(row: Mapping[str, Any], dataset: str, split: str, id_keys: tuple[str, ...], question: str,
              answers: list[str], context=None, facts=None, hotpot: bool = True) -> Example:
     """The Example every layout ends as; `context` and `facts` are (title, sentences) and (title, index) pairs."""
+    ids = [str(row[key]) for key in id_keys if row.get(key) is not None and str(row[key])]
+    digest = hashlib.sha1(normalize_question(question).encode()).hexdigest()[:16]
     return Example(
-        id=_row_id(row, dataset, question, *id_keys),
+        id=ids[0] if ids else f"{dataset}-{digest}",  # without the source's id, a hash: reruns give the same id
         dataset=dataset,
         split=split,
         question=question,

@@ -1,14 +1,11 @@
 """Kept trajectories -> the SFT dataset of the student Planner (TRL conversational prompt/completion form).
 
-The prompt is built by `planner_messages` over `registry.tool_descriptions(tools)` in the kind `student_prompt`
-names (`full`: instructions and tool descriptions; `compact`: the tool names only, the rest left to training), the
-very functions the agent factory calls for eval and ask, so the student is trained on exactly the prompt it will
-be served. The completion is the teacher's plan parsed and re-rendered canonically: the student learns one
-spelling of the format, not every teacher quirk.
-
-The train/validation split is by `distill.data.normalize_question`, the leak guard's own key, so samples of one
-question never sit on both sides and validation loss measures planning for unseen questions rather than recall
-of a sibling sample.
+The prompt comes from `planner_messages` over `registry.tool_descriptions(tools)` in the `student_prompt` kind
+(`compact` lists only the tool names, leaving the rest to training), the very functions eval and ask call, so
+the student is trained on exactly the prompt it will be served. The completion is the teacher's plan parsed and
+re-rendered canonically: the student learns one spelling of the format, not every teacher quirk. The split is
+by `normalize_question`, the leak guard's key, so samples of one question never sit on both sides and
+validation loss measures planning for unseen questions rather than recall of a sibling sample.
 """
 
 from __future__ import annotations
@@ -27,9 +24,9 @@ from distill.data import normalize_question
 from distill.errors import DistillError
 from distill.rewoo.plan import parse_plan, render_plan
 from distill.rewoo.prompts import PromptKind, planner_messages
+from distill.store import read_jsonl, write_json, write_jsonl
 from distill.tools.registry import tool_descriptions
 
-DEFAULT_TOOLS = ("Wikipedia", "LLM", "Calculator")
 PREVIEW_ROWS = 20
 
 
@@ -40,7 +37,7 @@ class SftDataConfig(Strict):
 
     kept: str | None = None  # kept trajectory records (JSONL); the pipeline fills it in
     out: str | None = None  # dataset folder to write; the pipeline fills it in
-    tools: list[str] = Field(default_factory=lambda: list(DEFAULT_TOOLS))
+    tools: list[str] = Field(default_factory=lambda: ["Wikipedia", "LLM", "Calculator"])
     student_prompt: PlannerPrompt = "full"
     val_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
     seed: int = 0
@@ -61,14 +58,10 @@ class SftDataConfig(Strict):
             raise ValueError(str(exc)) from None
 
 
-def record_to_example(
-    record: Mapping[str, Any], tools: Mapping[str, str], kind: PromptKind = "full"
-) -> tuple[dict | None, str]:
-    """One SFT example from one kept record, or (None, reason) when the plan is unusable for training.
-
-    A plan is parsed against the configured tools: a plan that calls a tool the student's prompt does not list
-    would teach it to invent tools, so it is skipped like an empty one.
-    """
+def record_to_example(record: Mapping[str, Any], tools: Mapping[str, str],
+                      kind: PromptKind = "full") -> tuple[dict | None, str]:
+    """One SFT example from one kept record, or (None, reason) when the plan is unusable for training. A plan
+    calling a tool the student's prompt does not list would teach it to invent tools: it is skipped too."""
     try:
         question, output = record["question"], record["planner"]["output"]
     except (KeyError, TypeError):
@@ -89,9 +82,8 @@ def record_to_example(
     }, "ok"
 
 
-def build_examples(
-    records: Sequence[Mapping[str, Any]], tools: Mapping[str, str], kind: PromptKind = "full"
-) -> tuple[list[dict], Counter]:
+def build_examples(records: Sequence[Mapping[str, Any]], tools: Mapping[str, str],
+                   kind: PromptKind = "full") -> tuple[list[dict], Counter]:
     """Examples plus counts of what was skipped and why; exact (prompt, completion) repeats are dropped so that
     k identical samples of one question do not weigh k times."""
     examples: list[dict] = []
@@ -205,8 +197,6 @@ def load_tokenizer(name: str | None):
 
 def build_sft_data(cfg: SftDataConfig) -> dict:
     """Read kept records, write `save_to_disk(out)`, `preview.jsonl` and `summary.json`; return the summary."""
-    from distill.store import read_jsonl, write_json, write_jsonl
-
     if not cfg.kept or not cfg.out:
         raise DistillError("sft-data needs both `kept` (the kept records) and `out` (the dataset folder)")
     records = read_jsonl(cfg.kept)
@@ -218,8 +208,7 @@ def build_sft_data(cfg: SftDataConfig) -> dict:
         raise DistillError(f"{cfg.kept}: no record has a usable plan ({dict(counts)})")
     train, val = split_by_question(examples, cfg.val_fraction, cfg.seed)
     dataset_dict = to_dataset_dict(train, val)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(cfg.out)  # save_to_disk makes the folder
     # One shard each: `datasets` writes an empty split as zero shards, which it then cannot load back.
     dataset_dict.save_to_disk(str(out), num_shards={split: 1 for split in dataset_dict})
     write_jsonl(out / "preview.jsonl", (train + val)[:PREVIEW_ROWS])

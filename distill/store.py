@@ -33,10 +33,8 @@ _JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a num
 
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
     """(line number, object) for every non-blank line; the first bad line stops with one line naming file:line.
-
     Lines are split on `\n` bytes only and decoded one by one, so a U+2028 inside a JSON string (which
-    `ensure_ascii=False` writes raw) stays in its line and bad bytes are reported where they are.
-    """
+    `ensure_ascii=False` writes raw) stays in its line and bad bytes are reported where they are."""
     path = Path(path)
     try:
         handle = path.open("rb")
@@ -212,11 +210,9 @@ class JsonlStore(contextlib.AbstractContextManager):
 class CallCache:
     """Content-addressed cache of model and tool calls, so a rerun repeats no paid call.
 
-    Several processes may share one cache file (a generation and an evaluation, two runs side by side), so
-    a write that finds the file locked waits `busy_timeout_s` inside SQLite, then is retried `retries` times
-    with doubling pauses from `backoff_s`, and only then fails as one line naming the file. `lock_retries`
-    counts the retries that were needed.
-    """
+    Several processes may share one cache file (a generation and an evaluation, two runs side by side), so a
+    write that finds the file locked waits `busy_timeout_s` inside SQLite, then is retried `retries` times with
+    doubling pauses from `backoff_s` (counted in `lock_retries`), and only then fails as one line."""
 
     @classmethod
     def open(cls, setting: str | None, auto: Path) -> contextlib.AbstractContextManager[CallCache | None]:
