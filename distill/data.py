@@ -147,11 +147,11 @@ def rows_to_examples(rows: Iterable[Mapping[str, Any]], dataset: str | None, spl
             keys = sorted(row) if isinstance(row, Mapping) else type(row).__name__
             raise DistillError(f"{origin}: row {index + 1} has an unknown layout (keys: {keys}); "
                                f"expected {EXPECTED_LAYOUTS}")
-        implied, convert = _LAYOUTS[layout]
-        if implied and dataset in ("hotpotqa", "triviaqa") and dataset != implied:
+        implied = layout.partition("-")[0]  # each layout is named after its dataset, or "generic"
+        if implied != "generic" and dataset in ("hotpotqa", "triviaqa") and dataset != implied:
             raise DistillError(f"{origin}: row {index + 1} is in the {layout} layout but the dataset is {dataset!r}")
         try:
-            examples.append(convert(row, (implied or "generic") if dataset is None else dataset, split))
+            examples.append(_to_example(layout, row, implied if dataset is None else dataset, split))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise DistillError(f"{origin}: row {index + 1} looks like the {layout} layout but is malformed "
                                f"({type(exc).__name__}: {exc})") from exc
@@ -170,9 +170,31 @@ def _answers(*groups: Any) -> list[str]:
     return out
 
 
-def _example(row: Mapping[str, Any], dataset: str, split: str, id_keys: tuple[str, ...], question: str,
-             answers: list[str], context=None, facts=None, hotpot: bool = True) -> Example:
-    """The Example every layout ends as; `context` and `facts` are (title, sentences) and (title, index) pairs."""
+def _to_example(layout: str, row: Mapping[str, Any], dataset: str, split: str) -> Example:
+    """Where each layout keeps the id, answers and evidence; `context` and `facts` end as (title, sentences)
+    and (title, index) pairs."""
+    context = facts = None
+    match layout:
+        case "hotpotqa-official":  # list pairs: context [[title, [sents]]], supporting_facts [[title, index]]
+            id_keys, answers = ("_id", "id"), _answers(row.get("answer"), row.get("answers"))
+            context, facts = row.get("context"), row.get("supporting_facts")
+        case "hotpotqa-hub":  # dicts of columns: context {title, sentences}, supporting_facts {title, sent_id}
+            id_keys, answers = ("id", "_id"), _answers(row.get("answer"))
+            if (columns := row.get("context")) is not None:
+                context = zip(columns["title"], columns["sentences"])
+            if (columns := row.get("supporting_facts")) is not None:
+                facts = zip(columns["title"], columns["sent_id"])
+        case "triviaqa-official":  # Data[]: Question, QuestionId, Answer{Value, Aliases}
+            answer = row.get("Answer") or {}
+            id_keys, answers = ("QuestionId",), _answers(answer.get("Value"), answer.get("Aliases"))
+        case "triviaqa-hub":  # question_id, question, answer{value, aliases, normalized_aliases}
+            id_keys, answers = ("question_id", "id"), _answers(row["answer"].get("value"), row["answer"].get("aliases"))
+        case "triviaqa-jsonl":  # id, question, answer, aliases, normalized_aliases
+            id_keys, answers = ("id", "question_id"), _answers(row["answer"], row.get("aliases"))
+        case _:  # generic: question plus answer (str) or answers (list)
+            id_keys, answers = ("id", "_id", "question_id"), _answers(row.get("answer"), row.get("answers"))
+    question = row["Question"] if layout == "triviaqa-official" else row["question"]
+    hotpot = not layout.startswith("triviaqa")
     ids = [str(row[key]) for key in id_keys if row.get(key) is not None and str(row[key])]
     digest = hashlib.sha1(normalize_question(question).encode()).hexdigest()[:16]
     return Example(
@@ -186,50 +208,6 @@ def _example(row: Mapping[str, Any], dataset: str, split: str, id_keys: tuple[st
         type=row.get("type") if hotpot else None,
         level=row.get("level") if hotpot else None,
     )
-
-
-def _hotpot_official(row: Mapping[str, Any], dataset: str, split: str) -> Example:
-    return _example(row, dataset, split, ("_id", "id"), row["question"],
-                    _answers(row.get("answer"), row.get("answers")), row.get("context"), row.get("supporting_facts"))
-
-
-def _hotpot_hub(row: Mapping[str, Any], dataset: str, split: str) -> Example:
-    context, facts = row.get("context"), row.get("supporting_facts")
-    return _example(row, dataset, split, ("id", "_id"), row["question"], _answers(row.get("answer")),
-                    None if context is None else zip(context["title"], context["sentences"]),
-                    None if facts is None else zip(facts["title"], facts["sent_id"]))
-
-
-def _trivia_official(row: Mapping[str, Any], dataset: str, split: str) -> Example:
-    answer = row.get("Answer") or {}
-    return _example(row, dataset, split, ("QuestionId",), row["Question"],
-                    _answers(answer.get("Value"), answer.get("Aliases")), hotpot=False)
-
-
-def _trivia_hub(row: Mapping[str, Any], dataset: str, split: str) -> Example:
-    return _example(row, dataset, split, ("question_id", "id"), row["question"],
-                    _answers(row["answer"].get("value"), row["answer"].get("aliases")), hotpot=False)
-
-
-def _trivia_jsonl(row: Mapping[str, Any], dataset: str, split: str) -> Example:
-    return _example(row, dataset, split, ("id", "question_id"), row["question"],
-                    _answers(row["answer"], row.get("aliases")), hotpot=False)
-
-
-def _generic(row: Mapping[str, Any], dataset: str, split: str) -> Example:
-    return _example(row, dataset, split, ("id", "_id", "question_id"), row["question"],
-                    _answers(row.get("answer"), row.get("answers")))
-
-
-# layout -> the dataset it implies (None: any) and its converter; the names appear in error messages
-_LAYOUTS = {
-    "hotpotqa-official": ("hotpotqa", _hotpot_official),  # list pairs: context [[title, [sents]]], supporting_facts
-    "hotpotqa-hub": ("hotpotqa", _hotpot_hub),  # dicts of columns: context {title, sentences}, supporting_facts {...}
-    "triviaqa-official": ("triviaqa", _trivia_official),  # Data[]: Question, QuestionId, Answer{Value, Aliases}
-    "triviaqa-hub": ("triviaqa", _trivia_hub),  # question_id, question, answer{value, aliases, normalized_aliases}
-    "triviaqa-jsonl": ("triviaqa", _trivia_jsonl),  # id, question, answer, aliases, normalized_aliases
-    "generic": (None, _generic),  # question plus answer (str) or answers (list)
-}
 
 
 # ---------------------------------------------------------------------------------------------------------
