@@ -33,11 +33,9 @@ class DatasetSource(Strict):
     n: int | None = None  # how many distinct questions to draw; None = all
 
 
-EXPECTED_LAYOUTS = (
-    "rows with `question` plus `answer`/`answers` (generic), HotpotQA rows (`_id`, `context`, "
-    "`supporting_facts` as lists or hub dicts) or TriviaQA rows (`Question`/`Answer` official, "
-    "`answer` dict hub, or `answer` + `aliases` JSONL)"
-)
+EXPECTED_LAYOUTS = ("rows with `question` plus `answer`/`answers` (generic), HotpotQA rows (`_id`, `context`, "
+                    "`supporting_facts` as lists or hub dicts) or TriviaQA rows (`Question`/`Answer` official, "
+                    "`answer` dict hub, or `answer` + `aliases` JSONL)")
 
 
 @dataclass
@@ -55,7 +53,6 @@ class Example:
     level: str | None = None
 
 
-# ---------------------------------------------------------------------------------------------------------
 # Question normalisation, dedup and the leak guard
 
 
@@ -111,7 +108,6 @@ def sample_mix(pools: list[tuple[list[Example], int]], seed: int,
     return mix
 
 
-# ---------------------------------------------------------------------------------------------------------
 # Row layouts
 
 
@@ -162,8 +158,7 @@ def _answers(*groups: Any) -> list[str]:
     """Flatten answer strings and lists, gold first, dropping blanks and exact repeats."""
     out: list[str] = []
     for group in groups:
-        items = [group] if isinstance(group, str) else (group or [])
-        for item in items:
+        for item in [group] if isinstance(group, str) else (group or []):
             text = str(item).strip()
             if text and text not in out:
                 out.append(text)
@@ -210,7 +205,6 @@ def _to_example(layout: str, row: Mapping[str, Any], dataset: str, split: str) -
     )
 
 
-# ---------------------------------------------------------------------------------------------------------
 # Sources
 
 
@@ -221,12 +215,16 @@ def load_examples(source: str | os.PathLike, dataset: str | None, split: str, li
     reads local files through exactly the code path used for the hub."""
     source = os.fspath(source)
     if source.startswith("hub:"):
-        examples = _load_hub(source, dataset, split, data_files)
-    elif data_files is not None:
+        return _load_hub(source, dataset, split, data_files)[:limit]
+    if data_files is not None:
         raise DistillError(f"data_files only applies to hub:<name> sources, not {source!r}")
-    else:
-        examples = _load_file(Path(source), dataset, split)
-    return examples[:limit]
+    path = Path(source)
+    if not path.is_file():
+        raise DistillError(f"data file not found: {path} (expected a .json or .jsonl file, or hub:<name>[:<config>])")
+    if path.suffix not in (".json", ".jsonl"):
+        raise DistillError(f"{path}: unknown file type {path.suffix!r}; expected .json or .jsonl")
+    rows = read_jsonl(path) if path.suffix == ".jsonl" else _read_json(path)
+    return rows_to_examples(rows, dataset, split, origin=str(path))[:limit]
 
 
 def _load_hub(source: str, dataset: str | None, split: str, data_files: str | list[str] | None) -> list[Example]:
@@ -241,15 +239,6 @@ def _load_hub(source: str, dataset: str | None, split: str, data_files: str | li
         raise DistillError(f"cannot load {source} split {split!r} with the datasets library "
                            f"({type(exc).__name__}: {exc}); use a local .json/.jsonl file instead") from exc
     return rows_to_examples(rows, dataset, split, origin=source)
-
-
-def _load_file(path: Path, dataset: str | None, split: str) -> list[Example]:
-    if not path.is_file():
-        raise DistillError(f"data file not found: {path} (expected a .json or .jsonl file, or hub:<name>[:<config>])")
-    if path.suffix not in (".json", ".jsonl"):
-        raise DistillError(f"{path}: unknown file type {path.suffix!r}; expected .json or .jsonl")
-    rows = read_jsonl(path) if path.suffix == ".jsonl" else _read_json(path)
-    return rows_to_examples(rows, dataset, split, origin=str(path))
 
 
 def _read_json(path: Path) -> list[Any]:

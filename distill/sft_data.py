@@ -31,9 +31,8 @@ PREVIEW_ROWS = 20
 
 
 class SftDataConfig(Strict):
-    """`distill sft-data` and the pipeline's sft-data stage. `tools` and `student_prompt` must be what the
-    student will be served with (eval's student row `prompt`, `distill ask`'s `planner_prompt`): together they
-    make its prompt."""
+    """`distill sft-data` and the pipeline's sft-data stage. `tools` and `student_prompt` make the student's prompt,
+    so they must be what it will be served with (eval's student row `prompt`, `distill ask`'s `planner_prompt`)."""
 
     kept: str | None = None  # kept trajectory records (JSONL); the pipeline fills it in
     out: str | None = None  # dataset folder to write; the pipeline fills it in
@@ -142,8 +141,7 @@ def prompt_tokens(messages: Sequence[Mapping[str, str]], tokenizer) -> int:
 
 
 def token_lengths(example: Mapping[str, Any], tokenizer) -> tuple[int, int]:
-    """(prompt, completion) token counts the way TRL counts them: the completion is what prompt+completion
-    adds to the prompt."""
+    """(prompt, completion) token counts as TRL counts them: the completion is what it adds to the prompt."""
     prompt = prompt_tokens(example["prompt"], tokenizer)
     full = tokenizer.apply_chat_template(list(example["prompt"]) + list(example["completion"]), return_dict=False)
     return prompt, len(full) - prompt
@@ -238,7 +236,6 @@ def main(args: argparse.Namespace) -> int:
     flags = {k: v for k, v in vars(args).items() if k in SftDataConfig.model_fields and v is not None}
     data = (read_yaml(args.config) if args.config else {}) | flags
     cfg = validate(SftDataConfig, data | parse_overrides(args.set), args.config or "sft-data")
-    summary = build_sft_data(cfg)
-    print(format_summary(summary))
+    print(format_summary(build_sft_data(cfg)))
     print(f"wrote {cfg.out} (save_to_disk), {cfg.out}/preview.jsonl, {cfg.out}/summary.json")
     return 0

@@ -135,10 +135,9 @@ class JsonlStore(contextlib.AbstractContextManager):
     made it crashed); `append` is durable on return.
 
     With `key`, the store holds at most one record per key: loading keeps the first and counts the rest in
-    `duplicates`, and `append` of a key already held writes nothing and returns False. Ignoring rather than
-    raising, because the record already on disk is the answer the run counted: stopping a paid run (and
-    losing the answers in flight) over a copy of something already safe would be the worse failure.
-    """
+    `duplicates`, and `append` of a key already held writes nothing and returns False rather than raising: the
+    record on disk is the answer the run counted, and stopping a paid run (losing the answers in flight) over
+    a copy of something already safe would be the worse failure."""
 
     def __init__(self, path: str | Path, key: Callable[[dict], Hashable] | None = None):
         self.path = Path(path)
@@ -252,11 +251,8 @@ class CallCache:
             except sqlite3.Error as exc:
                 if not (isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))):
                     raise DistillError(f"call cache {self.path}: {exc}") from None
-        raise DistillError(
-            f"call cache {self.path} stayed locked by another process "
-            f"({self.retries + 1} tries, {self.busy_timeout_s:g} s wait each); "
-            "let that run finish or give this one its own cache"
-        )
+        raise DistillError(f"call cache {self.path} stayed locked by another process ({self.retries + 1} tries, "
+                           f"{self.busy_timeout_s:g} s wait each); let that run finish or give this one its own cache")
 
     @property
     def misses(self) -> int:
