@@ -1,14 +1,14 @@
 """Dataset loaders and sampling: every source becomes one `Example` shape.
 
 HotpotQA and TriviaQA come in several layouts (the official JSON releases, the Hugging Face hub rows, the
-JSONL files under ../shared/data, and a generic question/answer JSONL). The layout is detected per row by
-one function, `rows_to_examples`, which the hub loader also uses, so the hub code path is exercised by
-tests on local files in the hub layout even though the hub itself cannot be reached from here.
+JSONL files under ../shared/data, a generic question/answer JSONL), detected per row by `rows_to_examples`,
+which the hub loader also uses: tests run the hub code path on local files, as the hub is unreachable here.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -33,14 +33,9 @@ class DatasetSource(Strict):
     n: int | None = None  # how many distinct questions to draw; None = all
 
 
-HOTPOT = "hotpotqa"
-TRIVIA = "triviaqa"
-
-EXPECTED_LAYOUTS = (
-    "rows with `question` plus `answer`/`answers` (generic), HotpotQA rows (`_id`, `context`, "
-    "`supporting_facts` as lists or hub dicts) or TriviaQA rows (`Question`/`Answer` official, "
-    "`answer` dict hub, or `answer` + `aliases` JSONL)"
-)
+EXPECTED_LAYOUTS = ("rows with `question` plus `answer`/`answers` (generic), HotpotQA rows (`_id`, `context`, "
+                    "`supporting_facts` as lists or hub dicts) or TriviaQA rows (`Question`/`Answer` official, "
+                    "`answer` dict hub, or `answer` + `aliases` JSONL)")
 
 
 @dataclass
@@ -58,15 +53,12 @@ class Example:
     level: str | None = None
 
 
-# ---------------------------------------------------------------------------------------------------------
 # Question normalisation, dedup and the leak guard
 
 
 def normalize_question(question: str) -> str:
     """Key for dedup and leak checks: case, punctuation, unicode width and spacing differences don't count.
-
-    Idempotent, so already-normalised sets can be passed back in.
-    """
+    Idempotent, so already-normalised sets can be passed back in."""
     text = unicodedata.normalize("NFKC", question).casefold()
     text = re.sub(r"[^\w\s]|_", " ", text)
     return " ".join(text.split())
@@ -94,39 +86,28 @@ def check_no_leak(train: Iterable[Example], eval_examples: Iterable[Example] | s
         raise DistillError(f"{len(leaked)} training question(s) also appear in the evaluation set, e.g. {shown}")
 
 
-def sample_mix(
-    pools: list[tuple[list[Example], int]], seed: int, exclude_questions: Iterable[str] = ()
-) -> list[Example]:
+def sample_mix(pools: list[tuple[list[Example], int]], seed: int,
+               exclude_questions: Iterable[str] = ()) -> list[Example]:
     """Draw `n` examples from each pool, never repeating a question across pools or using an excluded one.
-
-    Each pool gets its own RNG derived from (seed, pool index), so resizing one pool leaves the draw from
-    earlier pools unchanged; the final order is shuffled so datasets interleave in training.
-    Asking for more than a pool can give is an error rather than a silently smaller experiment.
-    """
+    Each pool gets its own RNG from (seed, pool index), so resizing one pool leaves the earlier pools' draws
+    unchanged; the final order is shuffled so datasets interleave in training. Asking for more than a pool
+    can give is an error rather than a silently smaller experiment."""
     taken = question_set(exclude_questions)
     mix: list[Example] = []
     for index, (pool, n) in enumerate(pools):
-        candidates = dedup_examples(pool)
+        candidates = dedup_examples(pool)  # distinct within the pool, so only earlier pools can collide
         random.Random(f"{seed}:{index}").shuffle(candidates)
-        picked = []
-        for ex in candidates:
-            if len(picked) == n:
-                break
-            key = normalize_question(ex.question)
-            if key not in taken:
-                taken.add(key)
-                picked.append(ex)
+        fresh = (ex for ex in candidates if normalize_question(ex.question) not in taken)
+        picked = list(itertools.islice(fresh, n))
+        taken |= question_set(picked)
         if len(picked) < n:
             name = pool[0].dataset if pool else "empty"
-            raise DistillError(
-                f"pool {index} ({name}) has only {len(picked)} unused distinct questions, {n} requested"
-            )
+            raise DistillError(f"pool {index} ({name}) has only {len(picked)} unused distinct questions, {n} requested")
         mix.extend(picked)
     random.Random(f"{seed}:mix").shuffle(mix)
     return mix
 
 
-# ---------------------------------------------------------------------------------------------------------
 # Row layouts
 
 
@@ -150,69 +131,69 @@ def detect_layout(row: Mapping[str, Any]) -> str | None:
     return None
 
 
-def rows_to_examples(
-    rows: Iterable[Mapping[str, Any]], dataset: str | None, split: str, origin: str = "<rows>"
-) -> list[Example]:
-    """Map rows of any supported layout to Examples (deduplicated by normalised question).
-
-    `dataset=None` takes the dataset from each row's layout; a HotpotQA/TriviaQA label that contradicts a
-    row's layout is an error, because scoring rules follow the label. `origin` names the source in errors.
-    """
+def rows_to_examples(rows: Iterable[Mapping[str, Any]], dataset: str | None, split: str,
+                     origin: str = "<rows>") -> list[Example]:
+    """Rows of any supported layout to Examples, deduplicated by normalised question. `dataset=None` takes the
+    dataset from each row's layout; a HotpotQA/TriviaQA label that contradicts a row's layout is an error,
+    because scoring rules follow the label. `origin` names the source in errors."""
     examples = []
     for index, row in enumerate(rows):
         layout = detect_layout(row) if isinstance(row, Mapping) else None
         if layout is None:
             keys = sorted(row) if isinstance(row, Mapping) else type(row).__name__
-            raise DistillError(
-                f"{origin}: row {index + 1} has an unknown layout (keys: {keys}); expected {EXPECTED_LAYOUTS}"
-            )
-        label = _resolve_dataset(dataset, layout, origin, index)
+            raise DistillError(f"{origin}: row {index + 1} has an unknown layout (keys: {keys}); "
+                               f"expected {EXPECTED_LAYOUTS}")
+        implied = layout.partition("-")[0]  # each layout is named after its dataset, or "generic"
+        if implied != "generic" and dataset in ("hotpotqa", "triviaqa") and dataset != implied:
+            raise DistillError(f"{origin}: row {index + 1} is in the {layout} layout but the dataset is {dataset!r}")
         try:
-            examples.append(_LAYOUTS[layout][1](row, label, split))
+            examples.append(_to_example(layout, row, implied if dataset is None else dataset, split))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise DistillError(
-                f"{origin}: row {index + 1} looks like the {layout} layout but is malformed "
-                f"({type(exc).__name__}: {exc})"
-            ) from exc
+            raise DistillError(f"{origin}: row {index + 1} looks like the {layout} layout but is malformed "
+                               f"({type(exc).__name__}: {exc})") from exc
     return dedup_examples(examples)
-
-
-def _resolve_dataset(dataset: str | None, layout: str, origin: str, index: int) -> str:
-    implied = _LAYOUTS[layout][0]
-    if dataset is None:
-        return implied or "generic"
-    if implied and dataset in (HOTPOT, TRIVIA) and dataset != implied:
-        raise DistillError(f"{origin}: row {index + 1} is in the {layout} layout but the dataset is {dataset!r}")
-    return dataset
 
 
 def _answers(*groups: Any) -> list[str]:
     """Flatten answer strings and lists, gold first, dropping blanks and exact repeats."""
     out: list[str] = []
     for group in groups:
-        items = [group] if isinstance(group, str) else (group or [])
-        for item in items:
+        for item in [group] if isinstance(group, str) else (group or []):
             text = str(item).strip()
             if text and text not in out:
                 out.append(text)
     return out
 
 
-def _row_id(row: Mapping[str, Any], dataset: str, question: str, *keys: str) -> str:
-    """Use the source's id; otherwise a stable hash of the question so reruns give the same id."""
-    for key in keys:
-        value = row.get(key)
-        if value is not None and str(value):
-            return str(value)
+def _to_example(layout: str, row: Mapping[str, Any], dataset: str, split: str) -> Example:
+    """Where each layout keeps the id, answers and evidence; `context` and `facts` end as (title, sentences)
+    and (title, index) pairs."""
+    context = facts = None
+    match layout:
+        case "hotpotqa-official":  # list pairs: context [[title, [sents]]], supporting_facts [[title, index]]
+            id_keys, answers = ("_id", "id"), _answers(row.get("answer"), row.get("answers"))
+            context, facts = row.get("context"), row.get("supporting_facts")
+        case "hotpotqa-hub":  # dicts of columns: context {title, sentences}, supporting_facts {title, sent_id}
+            id_keys, answers = ("id", "_id"), _answers(row.get("answer"))
+            if (columns := row.get("context")) is not None:
+                context = zip(columns["title"], columns["sentences"])
+            if (columns := row.get("supporting_facts")) is not None:
+                facts = zip(columns["title"], columns["sent_id"])
+        case "triviaqa-official":  # Data[]: Question, QuestionId, Answer{Value, Aliases}
+            answer = row.get("Answer") or {}
+            id_keys, answers = ("QuestionId",), _answers(answer.get("Value"), answer.get("Aliases"))
+        case "triviaqa-hub":  # question_id, question, answer{value, aliases, normalized_aliases}
+            id_keys, answers = ("question_id", "id"), _answers(row["answer"].get("value"), row["answer"].get("aliases"))
+        case "triviaqa-jsonl":  # id, question, answer, aliases, normalized_aliases
+            id_keys, answers = ("id", "question_id"), _answers(row["answer"], row.get("aliases"))
+        case _:  # generic: question plus answer (str) or answers (list)
+            id_keys, answers = ("id", "_id", "question_id"), _answers(row.get("answer"), row.get("answers"))
+    question = row["Question"] if layout == "triviaqa-official" else row["question"]
+    hotpot = not layout.startswith("triviaqa")
+    ids = [str(row[key]) for key in id_keys if row.get(key) is not None and str(row[key])]
     digest = hashlib.sha1(normalize_question(question).encode()).hexdigest()[:16]
-    return f"{dataset}-{digest}"
-
-
-def _example(row: Mapping[str, Any], dataset: str, split: str, id_keys: tuple[str, ...], question: str,
-             answers: list[str], context=None, facts=None, hotpot: bool = True) -> Example:
-    """The Example every layout ends as; `context` and `facts` are (title, sentences) and (title, index) pairs."""
     return Example(
-        id=_row_id(row, dataset, question, *id_keys),
+        id=ids[0] if ids else f"{dataset}-{digest}",  # without the source's id, a hash: reruns give the same id
         dataset=dataset,
         split=split,
         question=question,
@@ -224,75 +205,26 @@ def _example(row: Mapping[str, Any], dataset: str, split: str, id_keys: tuple[st
     )
 
 
-def _hotpot_official(row: Mapping[str, Any], dataset: str, split: str) -> Example:
-    return _example(row, dataset, split, ("_id", "id"), row["question"],
-                    _answers(row.get("answer"), row.get("answers")), row.get("context"), row.get("supporting_facts"))
-
-
-def _hotpot_hub(row: Mapping[str, Any], dataset: str, split: str) -> Example:
-    context, facts = row.get("context"), row.get("supporting_facts")
-    return _example(row, dataset, split, ("id", "_id"), row["question"], _answers(row.get("answer")),
-                    None if context is None else zip(context["title"], context["sentences"]),
-                    None if facts is None else zip(facts["title"], facts["sent_id"]))
-
-
-def _trivia_official(row: Mapping[str, Any], dataset: str, split: str) -> Example:
-    answer = row.get("Answer") or {}
-    return _example(row, dataset, split, ("QuestionId",), row["Question"],
-                    _answers(answer.get("Value"), answer.get("Aliases")), hotpot=False)
-
-
-def _trivia_hub(row: Mapping[str, Any], dataset: str, split: str) -> Example:
-    answer = row["answer"]
-    return _example(row, dataset, split, ("question_id", "id"), row["question"],
-                    _answers(answer.get("value"), answer.get("aliases")), hotpot=False)
-
-
-def _trivia_jsonl(row: Mapping[str, Any], dataset: str, split: str) -> Example:
-    return _example(row, dataset, split, ("id", "question_id"), row["question"],
-                    _answers(row["answer"], row.get("aliases")), hotpot=False)
-
-
-def _generic(row: Mapping[str, Any], dataset: str, split: str) -> Example:
-    return _example(row, dataset, split, ("id", "_id", "question_id"), row["question"],
-                    _answers(row.get("answer"), row.get("answers")))
-
-
-# layout -> the dataset it implies (None: any) and its converter; the names appear in error messages
-_LAYOUTS = {
-    "hotpotqa-official": (HOTPOT, _hotpot_official),  # list pairs: context [[title, [sents]]], supporting_facts
-    "hotpotqa-hub": (HOTPOT, _hotpot_hub),  # dicts of columns: context {title, sentences}, supporting_facts {...}
-    "triviaqa-official": (TRIVIA, _trivia_official),  # Data[]: Question, QuestionId, Answer{Value, Aliases}
-    "triviaqa-hub": (TRIVIA, _trivia_hub),  # question_id, question, answer{value, aliases, normalized_aliases}
-    "triviaqa-jsonl": (TRIVIA, _trivia_jsonl),  # id, question, answer, aliases, normalized_aliases
-    "generic": (None, _generic),  # question plus answer (str) or answers (list)
-}
-
-
-# ---------------------------------------------------------------------------------------------------------
 # Sources
 
 
-def load_examples(
-    source: str | os.PathLike,
-    dataset: str | None,
-    split: str,
-    limit: int | None = None,
-    data_files: str | list[str] | None = None,
-) -> list[Example]:
-    """Load `hub:<name>[:<config>]` or a local .json/.jsonl file; keep the first `limit` distinct questions.
-
-    `data_files` is passed to `datasets.load_dataset` for hub sources, so a packaged builder such as
-    `hub:json` or `hub:parquet` can read local files through exactly the code path used for the hub.
-    """
+def load_examples(source: str | os.PathLike, dataset: str | None, split: str, limit: int | None = None,
+                  data_files: str | list[str] | None = None) -> list[Example]:
+    """The first `limit` distinct questions of `hub:<name>[:<config>]` or a local .json/.jsonl file.
+    `data_files` goes to `datasets.load_dataset`, so a packaged builder such as `hub:json` or `hub:parquet`
+    reads local files through exactly the code path used for the hub."""
     source = os.fspath(source)
     if source.startswith("hub:"):
-        examples = _load_hub(source, dataset, split, data_files)
-    elif data_files is not None:
+        return _load_hub(source, dataset, split, data_files)[:limit]
+    if data_files is not None:
         raise DistillError(f"data_files only applies to hub:<name> sources, not {source!r}")
-    else:
-        examples = _load_file(Path(source), dataset, split)
-    return examples if limit is None else examples[:limit]
+    path = Path(source)
+    if not path.is_file():
+        raise DistillError(f"data file not found: {path} (expected a .json or .jsonl file, or hub:<name>[:<config>])")
+    if path.suffix not in (".json", ".jsonl"):
+        raise DistillError(f"{path}: unknown file type {path.suffix!r}; expected .json or .jsonl")
+    rows = read_jsonl(path) if path.suffix == ".jsonl" else _read_json(path)
+    return rows_to_examples(rows, dataset, split, origin=str(path))[:limit]
 
 
 def _load_hub(source: str, dataset: str | None, split: str, data_files: str | list[str] | None) -> list[Example]:
@@ -304,23 +236,9 @@ def _load_hub(source: str, dataset: str | None, split: str, data_files: str | li
     try:
         rows = datasets.load_dataset(name, config or None, split=split, data_files=data_files)
     except (OSError, ValueError) as exc:
-        raise DistillError(
-            f"cannot load {source} split {split!r} with the datasets library ({type(exc).__name__}: {exc}); "
-            "use a local .json/.jsonl file instead"
-        ) from exc
+        raise DistillError(f"cannot load {source} split {split!r} with the datasets library "
+                           f"({type(exc).__name__}: {exc}); use a local .json/.jsonl file instead") from exc
     return rows_to_examples(rows, dataset, split, origin=source)
-
-
-def _load_file(path: Path, dataset: str | None, split: str) -> list[Example]:
-    if not path.is_file():
-        raise DistillError(f"data file not found: {path} (expected a .json or .jsonl file, or hub:<name>[:<config>])")
-    if path.suffix == ".jsonl":
-        rows = read_jsonl(path)
-    elif path.suffix == ".json":
-        rows = _read_json(path)
-    else:
-        raise DistillError(f"{path}: unknown file type {path.suffix!r}; expected .json or .jsonl")
-    return rows_to_examples(rows, dataset, split, origin=str(path))
 
 
 def _read_json(path: Path) -> list[Any]:
@@ -329,10 +247,8 @@ def _read_json(path: Path) -> list[Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise DistillError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from exc
+    if isinstance(data, dict):
+        data = next((data[key] for key in ("Data", "data") if isinstance(data.get(key), list)), None)
     if isinstance(data, list):
         return data
-    if isinstance(data, dict):
-        for key in ("Data", "data"):
-            if isinstance(data.get(key), list):
-                return data[key]
     raise DistillError(f"{path}: expected a JSON list of records or an object with a `Data` list")

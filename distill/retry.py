@@ -1,5 +1,4 @@
-"""What the HTTP clients here (model servers, the Wikipedia API) share: the pooled client and the one bounded
-retry loop.
+"""The pooled client and the one bounded retry loop the HTTP clients here (model servers, Wikipedia) share.
 
 A paid run meets rate limits and overloaded servers as a matter of course, so both clients retry the same
 way: exponential backoff with full jitter (callers refused together do not come back together), a server's
@@ -10,6 +9,7 @@ caller to say in one line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import email.utils
 import random
@@ -34,10 +34,8 @@ def retry_after_s(value: str | None) -> float | None:
     """`Retry-After` as seconds from now (delta-seconds or an HTTP date); None when absent or unreadable."""
     if not value:
         return None
-    try:
+    with contextlib.suppress(ValueError):
         return max(0.0, float(value))
-    except ValueError:
-        pass
     try:
         when = email.utils.parsedate_to_datetime(value.strip())
     except (TypeError, ValueError, IndexError):
@@ -58,9 +56,8 @@ async def with_retries(client: Any, attempt: Callable[[], Awaitable[Any]], deadl
     """`attempt()` until it returns, at most `client.max_retries` times more, sleeping `backoff_s` between.
 
     `client` holds the settings (`max_retries`, `backoff_s`, `max_wait_s`) and the counts a run summary reads
-    (`retries`, `faults` by kind). A `deadline` (event-loop time, from the client's `budget_s`) bounds the
-    call, waits included: a wait that would pass it gives up at once, and an attempt it cuts off names the
-    fault before it.
+    (`retries`, `faults` by kind). A `deadline` (event-loop time, from the client's `budget_s`) bounds the call,
+    waits included: a wait that would pass it gives up at once; an attempt it cuts off names the fault before it.
     """
     loop = asyncio.get_running_loop()
     last: Fault | None = None

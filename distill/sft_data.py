@@ -1,14 +1,11 @@
 """Kept trajectories -> the SFT dataset of the student Planner (TRL conversational prompt/completion form).
 
-The prompt is built by `planner_messages` over `registry.tool_descriptions(tools)` in the kind `student_prompt`
-names (`full`: instructions and tool descriptions; `compact`: the tool names only, the rest left to training), the
-very functions the agent factory calls for eval and ask, so the student is trained on exactly the prompt it will
-be served. The completion is the teacher's plan parsed and re-rendered canonically: the student learns one
-spelling of the format, not every teacher quirk.
-
-The train/validation split is by `distill.data.normalize_question`, the leak guard's own key, so samples of one
-question never sit on both sides and validation loss measures planning for unseen questions rather than recall
-of a sibling sample.
+The prompt comes from `planner_messages` over `registry.tool_descriptions(tools)` in the `student_prompt` kind
+(`compact` lists only the tool names, leaving the rest to training), the very functions eval and ask call, so
+the student is trained on exactly the prompt it will be served. The completion is the teacher's plan parsed and
+re-rendered canonically: the student learns one spelling of the format, not every teacher quirk. The split is
+by `normalize_question`, the leak guard's key, so samples of one question never sit on both sides and
+validation loss measures planning for unseen questions rather than recall of a sibling sample.
 """
 
 from __future__ import annotations
@@ -27,20 +24,19 @@ from distill.data import normalize_question
 from distill.errors import DistillError
 from distill.rewoo.plan import parse_plan, render_plan
 from distill.rewoo.prompts import PromptKind, planner_messages
+from distill.store import read_jsonl, write_json, write_jsonl
 from distill.tools.registry import tool_descriptions
 
-DEFAULT_TOOLS = ("Wikipedia", "LLM", "Calculator")
 PREVIEW_ROWS = 20
 
 
 class SftDataConfig(Strict):
-    """`distill sft-data` and the pipeline's sft-data stage. `tools` and `student_prompt` must be what the
-    student will be served with (eval's student row `prompt`, `distill ask`'s `planner_prompt`): together they
-    make its prompt."""
+    """`distill sft-data` and the pipeline's sft-data stage. `tools` and `student_prompt` make the student's prompt,
+    so they must be what it will be served with (eval's student row `prompt`, `distill ask`'s `planner_prompt`)."""
 
     kept: str | None = None  # kept trajectory records (JSONL); the pipeline fills it in
     out: str | None = None  # dataset folder to write; the pipeline fills it in
-    tools: list[str] = Field(default_factory=lambda: list(DEFAULT_TOOLS))
+    tools: list[str] = Field(default_factory=lambda: ["Wikipedia", "LLM", "Calculator"])
     student_prompt: PlannerPrompt = "full"
     val_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
     seed: int = 0
@@ -61,14 +57,10 @@ class SftDataConfig(Strict):
             raise ValueError(str(exc)) from None
 
 
-def record_to_example(
-    record: Mapping[str, Any], tools: Mapping[str, str], kind: PromptKind = "full"
-) -> tuple[dict | None, str]:
-    """One SFT example from one kept record, or (None, reason) when the plan is unusable for training.
-
-    A plan is parsed against the configured tools: a plan that calls a tool the student's prompt does not list
-    would teach it to invent tools, so it is skipped like an empty one.
-    """
+def record_to_example(record: Mapping[str, Any], tools: Mapping[str, str],
+                      kind: PromptKind = "full") -> tuple[dict | None, str]:
+    """One SFT example from one kept record, or (None, reason) when the plan is unusable for training. A plan
+    calling a tool the student's prompt does not list would teach it to invent tools: it is skipped too."""
     try:
         question, output = record["question"], record["planner"]["output"]
     except (KeyError, TypeError):
@@ -80,19 +72,17 @@ def record_to_example(
         return None, "no_steps"
     if not plan.valid:
         return None, "invalid_plan"
-    example = {
+    return {
         "prompt": planner_messages(question, tools, kind),
         "completion": [{"role": "assistant", "content": render_plan(plan)}],
         "id": str(record.get("id", "")),
         "dataset": str(record.get("dataset", "")),
         "sample": int(record.get("sample") or 0),
-    }
-    return example, "ok"
+    }, "ok"
 
 
-def build_examples(
-    records: Sequence[Mapping[str, Any]], tools: Mapping[str, str], kind: PromptKind = "full"
-) -> tuple[list[dict], Counter]:
+def build_examples(records: Sequence[Mapping[str, Any]], tools: Mapping[str, str],
+                   kind: PromptKind = "full") -> tuple[list[dict], Counter]:
     """Examples plus counts of what was skipped and why; exact (prompt, completion) repeats are dropped so that
     k identical samples of one question do not weigh k times."""
     examples: list[dict] = []
@@ -147,19 +137,14 @@ def to_dataset_dict(train: Sequence[dict], val: Sequence[dict]):
 
 def prompt_tokens(messages: Sequence[Mapping[str, str]], tokenizer) -> int:
     """Prompt tokens as a server and TRL count them: the chat template with the generation prompt appended."""
-    return len(_ids(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)))
+    return len(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, return_dict=False))
 
 
 def token_lengths(example: Mapping[str, Any], tokenizer) -> tuple[int, int]:
-    """(prompt, completion) token counts the way TRL counts them: the completion is what prompt+completion
-    adds to the prompt."""
+    """(prompt, completion) token counts as TRL counts them: the completion is what it adds to the prompt."""
     prompt = prompt_tokens(example["prompt"], tokenizer)
-    full = _ids(tokenizer.apply_chat_template(list(example["prompt"]) + list(example["completion"]), tokenize=True))
+    full = tokenizer.apply_chat_template(list(example["prompt"]) + list(example["completion"]), return_dict=False)
     return prompt, len(full) - prompt
-
-
-def _ids(out) -> list[int]:
-    return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
 def _stats(values: Sequence[int]) -> dict:
@@ -210,8 +195,6 @@ def load_tokenizer(name: str | None):
 
 def build_sft_data(cfg: SftDataConfig) -> dict:
     """Read kept records, write `save_to_disk(out)`, `preview.jsonl` and `summary.json`; return the summary."""
-    from distill.store import read_jsonl, write_json, write_jsonl
-
     if not cfg.kept or not cfg.out:
         raise DistillError("sft-data needs both `kept` (the kept records) and `out` (the dataset folder)")
     records = read_jsonl(cfg.kept)
@@ -223,8 +206,7 @@ def build_sft_data(cfg: SftDataConfig) -> dict:
         raise DistillError(f"{cfg.kept}: no record has a usable plan ({dict(counts)})")
     train, val = split_by_question(examples, cfg.val_fraction, cfg.seed)
     dataset_dict = to_dataset_dict(train, val)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(cfg.out)  # save_to_disk makes the folder
     # One shard each: `datasets` writes an empty split as zero shards, which it then cannot load back.
     dataset_dict.save_to_disk(str(out), num_shards={split: 1 for split in dataset_dict})
     write_jsonl(out / "preview.jsonl", (train + val)[:PREVIEW_ROWS])
@@ -240,12 +222,10 @@ def build_sft_data(cfg: SftDataConfig) -> dict:
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("kept", metavar="KEPT.jsonl", help="kept trajectory records (output of `distill filter`)")
     parser.add_argument("--out", required=True, help="dataset folder to write")
-    parser.add_argument(
-        "--tools", help="comma-separated tools of the student prompt (default Wikipedia,LLM,Calculator)"
-    )
-    parser.add_argument(
-        "--student-prompt", help="planner prompt kind the student is trained on and served: full (default) or compact"
-    )
+    parser.add_argument("--tools",
+                        help="comma-separated tools of the student prompt (default Wikipedia,LLM,Calculator)")
+    parser.add_argument("--student-prompt",
+                        help="planner prompt kind the student is trained on and served: full (default) or compact")
     parser.add_argument("--val-fraction", type=float, help="share of questions held out for validation (default 0.1)")
     parser.add_argument("--seed", type=int, help="seed of the question split (default 0)")
     parser.add_argument("--tokenizer", help="tokenizer for the length summary ('none' to skip)")
@@ -253,10 +233,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    flags = {k: getattr(args, k) for k in ("kept", "out", "tools", "student_prompt", "val_fraction", "seed", "tokenizer")}
-    data = (read_yaml(args.config) if args.config else {}) | {k: v for k, v in flags.items() if v is not None}
+    flags = {k: v for k, v in vars(args).items() if k in SftDataConfig.model_fields and v is not None}
+    data = (read_yaml(args.config) if args.config else {}) | flags
     cfg = validate(SftDataConfig, data | parse_overrides(args.set), args.config or "sft-data")
-    summary = build_sft_data(cfg)
-    print(format_summary(summary))
+    print(format_summary(build_sft_data(cfg)))
     print(f"wrote {cfg.out} (save_to_disk), {cfg.out}/preview.jsonl, {cfg.out}/summary.json")
     return 0

@@ -33,10 +33,8 @@ _JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a num
 
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
     """(line number, object) for every non-blank line; the first bad line stops with one line naming file:line.
-
     Lines are split on `\n` bytes only and decoded one by one, so a U+2028 inside a JSON string (which
-    `ensure_ascii=False` writes raw) stays in its line and bad bytes are reported where they are.
-    """
+    `ensure_ascii=False` writes raw) stays in its line and bad bytes are reported where they are."""
     path = Path(path)
     try:
         handle = path.open("rb")
@@ -46,8 +44,8 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
         raise DistillError(f"cannot read {path}: {exc.strerror or exc}") from None
     with handle:
         for number, raw in enumerate(handle, 1):
-            if number == 1 and raw.startswith(_BOM):
-                raw = raw[len(_BOM):]
+            if number == 1:
+                raw = raw.removeprefix(_BOM)
             if raw.strip():
                 yield number, parse_line(raw, f"{path}:{number}")
 
@@ -76,11 +74,8 @@ def parse_line(raw: bytes, where: str) -> dict:
 
 
 def dedupe(records: Iterable[dict], key: Callable[[dict], Hashable], origin: str = "records") -> tuple[list[dict], int]:
-    """The first record per key, in order, and how many later ones were dropped.
-
-    Two runs on one folder (or a crash between a write and its bookkeeping) can leave the same question
-    answered twice; the first copy is the one a resumed run already counted, so it is the one kept.
-    """
+    """The first record per key, in order, and how many later ones were dropped. Two runs on one folder (or a
+    crash between a write and its bookkeeping) can answer a question twice; a resumed run counted the first."""
     kept, seen, dropped = [], set(), 0
     for n, record in enumerate(records, 1):
         try:
@@ -135,15 +130,14 @@ def write_json(path: str | Path, obj: Any) -> None:
     _replace(path, lambda handle: handle.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n"))
 
 
-class JsonlStore:
+class JsonlStore(contextlib.AbstractContextManager):
     """Append-only JSONL with resume. Opening it repairs a torn last line (and says so on stderr: the run that
     made it crashed); `append` is durable on return.
 
     With `key`, the store holds at most one record per key: loading keeps the first and counts the rest in
-    `duplicates`, and `append` of a key already held writes nothing and returns False. Ignoring rather than
-    raising, because the record already on disk is the answer the run counted: stopping a paid run (and
-    losing the answers in flight) over a copy of something already safe would be the worse failure.
-    """
+    `duplicates`, and `append` of a key already held writes nothing and returns False rather than raising: the
+    record on disk is the answer the run counted, and stopping a paid run (losing the answers in flight) over
+    a copy of something already safe would be the worse failure."""
 
     def __init__(self, path: str | Path, key: Callable[[dict], Hashable] | None = None):
         self.path = Path(path)
@@ -151,11 +145,10 @@ class JsonlStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.repaired = False
         self.duplicates = 0
-        records = self._load_and_repair()
+        self._records = self._load_and_repair()
         if key is not None:
-            records, self.duplicates = dedupe(records, key, origin=str(self.path))
-        self._records = records
-        self._keys = {key(r) for r in records} if key is not None else set()
+            self._records, self.duplicates = dedupe(self._records, key, origin=str(self.path))
+        self._keys = self.keys() if key is not None else set()
         self._lock = threading.Lock()
         created = not self.path.exists()
         self._fh = self.path.open("a", encoding="utf-8")
@@ -163,10 +156,8 @@ class JsonlStore:
             _fsync_dir(self.path.parent)
 
     def _load_and_repair(self) -> list[dict]:
-        if not self.path.exists():
-            return []
         records, good_end = [], 0
-        lines = self.path.read_bytes().split(b"\n")
+        lines = self.path.read_bytes().split(b"\n") if self.path.exists() else []
         for i, line in enumerate(lines):
             if line.strip():
                 try:
@@ -176,8 +167,7 @@ class JsonlStore:
                 except DistillError as exc:
                     if any(rest.strip() for rest in lines[i + 1 :]):
                         raise DistillError(f"{exc} (not the last line, so not a torn write: fix by hand)") from None
-                    with self.path.open("r+b") as f:
-                        f.truncate(good_end)
+                    os.truncate(self.path, good_end)
                     self.repaired = True
                     print(f"note: {self.path} ended in a torn line from an earlier crash; it was cut and will be "
                           "redone", file=sys.stderr)
@@ -212,9 +202,6 @@ class JsonlStore:
     def close(self) -> None:
         self._fh.close()
 
-    def __enter__(self) -> "JsonlStore":
-        return self
-
     def __exit__(self, *exc) -> None:
         self.close()
 
@@ -222,11 +209,9 @@ class JsonlStore:
 class CallCache:
     """Content-addressed cache of model and tool calls, so a rerun repeats no paid call.
 
-    Several processes may share one cache file (a generation and an evaluation, two runs side by side), so
-    a write that finds the file locked waits `busy_timeout_s` inside SQLite, then is retried `retries` times
-    with doubling pauses from `backoff_s`, and only then fails as one line naming the file. `lock_retries`
-    counts the retries that were needed.
-    """
+    Several processes may share one cache file (a generation and an evaluation, two runs side by side), so a
+    write that finds the file locked waits `busy_timeout_s` inside SQLite, then is retried `retries` times with
+    doubling pauses from `backoff_s` (counted in `lock_retries`), and only then fails as one line."""
 
     @classmethod
     def open(cls, setting: str | None, auto: Path) -> contextlib.AbstractContextManager[CallCache | None]:
@@ -245,9 +230,7 @@ class CallCache:
         self.lock_retries = 0
         self.misses_by_kind: dict[str, int] = {}
         try:
-            self._db = sqlite3.connect(
-                self.path, timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
-            )
+            self._db = sqlite3.connect(self.path, timeout=busy_timeout_s, check_same_thread=False, isolation_level=None)
         except sqlite3.Error as exc:
             raise DistillError(f"cannot open call cache {self.path}: {exc}") from None
         try:
@@ -268,11 +251,8 @@ class CallCache:
             except sqlite3.Error as exc:
                 if not (isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))):
                     raise DistillError(f"call cache {self.path}: {exc}") from None
-        raise DistillError(
-            f"call cache {self.path} stayed locked by another process "
-            f"({self.retries + 1} tries, {self.busy_timeout_s:g} s wait each); "
-            "let that run finish or give this one its own cache"
-        )
+        raise DistillError(f"call cache {self.path} stayed locked by another process ({self.retries + 1} tries, "
+                           f"{self.busy_timeout_s:g} s wait each); let that run finish or give this one its own cache")
 
     @property
     def misses(self) -> int:
@@ -287,10 +267,8 @@ class CallCache:
         return json.loads(rows[0][0])
 
     def put(self, key: str, value: Any, kind: str = "model") -> None:
-        self._execute(
-            "INSERT OR REPLACE INTO calls (key, kind, value) VALUES (?, ?, ?)",
-            (key, kind, json.dumps(value, ensure_ascii=False)),
-        )
+        self._execute("INSERT OR REPLACE INTO calls (key, kind, value) VALUES (?, ?, ?)",
+                      (key, kind, json.dumps(value, ensure_ascii=False)))
 
     def close(self) -> None:
         self._db.close()
