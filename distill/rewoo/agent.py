@@ -12,6 +12,7 @@ import json
 import time
 import zlib
 from dataclasses import KW_ONLY, asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Sequence
 
 from distill.config import AgentConfig, add_config_args, load_config
@@ -62,7 +63,9 @@ def make_record(
     A method without a plan has no steps and validity not applicable (None, not False); `recall` is off for
     one that never retrieves, so its records do not enter the evidence-recall mean."""
     tool_calls = [c for t in tools.values() for c in getattr(t, "calls", [])]
-    p_usage, s_usage, t_usage = (sum((c.usage for c in cs), Usage()) for cs in (planner_calls, solver_calls, tool_calls))
+    by_role = {"planner": planner_calls, "solver": solver_calls, "tools": tool_calls}
+    usage = {role: sum((c.usage for c in cs), Usage()) for role, cs in by_role.items()}
+    tokens = {role: u.total_tokens for role, u in usage.items()}
     calls = [*planner_calls, *solver_calls, *tool_calls]
     record = {
         "format_version": FORMAT_VERSION,
@@ -78,13 +81,8 @@ def make_record(
         "solver": solver,
         "prediction": prediction,
         "scores": dict(score(example.dataset, prediction, example.answers)) if example.answers else {},
-        "tool_usage": asdict(t_usage),
-        "tokens": {
-            "planner": p_usage.total_tokens,
-            "solver": s_usage.total_tokens,
-            "tools": t_usage.total_tokens,
-            "total": p_usage.total_tokens + s_usage.total_tokens + t_usage.total_tokens,
-        },
+        "tool_usage": asdict(usage["tools"]),
+        "tokens": tokens | {"total": sum(tokens.values())},
         "llm_calls": len(calls),
         "tool_calls": len(evidence),
         "cost_usd": sum(c.cost_usd for c in calls),
@@ -159,9 +157,7 @@ class ReWOOAgent:
         """ReWOO plans blind; this is its one chance to change course. When a step of the newest plan meets a
         configured surprise, the Planner is asked once more with the plan and evidence so far, and only its
         new steps run (finished evidence is reused by id, never fetched again), up to `max_replans` times.
-        Returns the whole plan, all evidence in step order, the replan records and their completions; with no
-        surprise, that is the first plan and its evidence unchanged, and no model call was made. `work_t0` is
-        the clock origin of the first plan's evidence, so every step's times share it."""
+        `work_t0` is the clock origin of the first plan's evidence, so every step's times share it."""
         steps, errors, evidence, fresh = list(plan.steps), list(plan.errors), list(evidence), list(evidence)
         replans: list[dict] = []
         outs: list[Completion] = []
@@ -192,8 +188,6 @@ def build_wikipedia(cfg, tools: Mapping[str, str]):
         from distill.tools.wikipedia import OnlineWikipedia
 
         return OnlineWikipedia.from_config(cfg)
-    from pathlib import Path
-
     from distill.tools.wikipedia import LocalWikipedia
 
     if cfg.wikipedia_scope == "question" and not cfg.wikipedia_corpus:
@@ -239,26 +233,16 @@ def make_tools_for(cfg, llm_tool_model, cache=None, wiki=None, wrap=None) -> Cal
 
 
 def build_agent(
-    cfg,
-    cache=None,
-    *,
-    kind: str = "rewoo",
-    planner=None,
-    planner_prompt: str | None = None,
-    method: str = "rewoo",
-    seed: int = 0,
-    wrap_tools: Callable[[dict, Any], dict] | None = None,
-    react_max_steps: int = 6,
-    react_max_tokens: int = 256,
-    replan: bool | None = None,
+    cfg, cache=None, *, kind: str = "rewoo", planner=None, planner_prompt: str | None = None, method: str = "rewoo",
+    seed: int = 0, wrap_tools: Callable[[dict, Any], dict] | None = None, react_max_steps: int = 6,
+    react_max_tokens: int = 256, replan: bool | None = None,
 ):
     """The one factory from an AgentConfig to an agent, for generate, eval and ask.
 
     `kind` is rewoo, or one of the baselines (react, direct) that eval measures it against, so every method
-    gets its Solver, tools and tool list wired the same way. `planner` (a ModelSpec) and `planner_prompt`
+    gets its Solver, tools and tool list wired the same way. `planner`, `planner_prompt` and `replan`
     override the config's own (eval has one per row); `wrap_tools` alters each question's tools (eval's
-    injected failures). `replan` overrides the config's switch for re-planning on surprise (eval's
-    `replan: true` rows).
+    injected failures).
     """
     from distill.llm import build_chat
     from distill.tools.registry import tool_descriptions
@@ -287,22 +271,11 @@ def build_agent(
     spec = planner or cfg.planner
     planner_model = build_chat(spec, cfg.prices, cache)
     agent = ReWOOAgent(
-        planner_model,
-        solver,
-        tools_for,
-        descriptions,
-        planner_prompt=planner_prompt or cfg.planner_prompt,
-        planner_temperature=spec.temperature,
-        planner_max_tokens=spec.max_tokens,
-        planner_stop=spec.stop,
-        solver_max_tokens=cfg.solver.max_tokens,
-        worker=worker,
-        method=method,
-        seed=seed,
-        max_plan_chars=cfg.max_plan_chars,
-        max_plan_steps=cfg.max_plan_steps,
-        max_replans=cfg.max_replans if (cfg.replan if replan is None else replan) else 0,
-        replan_on=cfg.replan_on,
+        planner_model, solver, tools_for, descriptions, planner_prompt=planner_prompt or cfg.planner_prompt,
+        planner_temperature=spec.temperature, planner_max_tokens=spec.max_tokens, planner_stop=spec.stop,
+        solver_max_tokens=cfg.solver.max_tokens, worker=worker, method=method, seed=seed,
+        max_plan_chars=cfg.max_plan_chars, max_plan_steps=cfg.max_plan_steps,
+        max_replans=cfg.max_replans if (cfg.replan if replan is None else replan) else 0, replan_on=cfg.replan_on,
     )
     return _with_endpoints(agent, planner_model, solver, llm_tool_model, wiki)
 
