@@ -22,6 +22,7 @@ from distill.metrics import evidence_recall, gold_titles, score
 from distill.rewoo import prompts
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS, Plan, parse_plan
 from distill.rewoo.worker import SURPRISES, Evidence, WorkerConfig, run_plan
+from distill.tools.registry import build_tools, tool_descriptions
 
 FORMAT_VERSION = 1
 
@@ -44,13 +45,8 @@ def sample_seed(example_id: str, sample: int, base: int = 0) -> int:
 
 def call_record(messages: list[dict], out: Completion) -> dict:
     return {
-        "model": out.model,
-        "messages": messages,
-        "output": out.text,
-        "usage": asdict(out.usage),
-        "latency_s": round(out.latency_s, 4),
-        "cost_usd": out.cost_usd,
-        "cached": out.cached,
+        "model": out.model, "messages": messages, "output": out.text, "usage": asdict(out.usage),
+        "latency_s": round(out.latency_s, 4), "cost_usd": out.cost_usd, "cached": out.cached,
     }
 
 
@@ -114,8 +110,7 @@ class ReWOOAgent:
     replan_on: Collection[str] = SURPRISES
 
     def __post_init__(self) -> None:
-        unknown = set(self.replan_on) - set(SURPRISES)
-        if unknown:
+        if unknown := set(self.replan_on) - set(SURPRISES):
             raise DistillError(f"replan_on: unknown surprise {sorted(unknown)[0]!r}; known: {', '.join(SURPRISES)}")
 
     async def plan(self, messages: list[dict], seed: int | None = None) -> Completion:
@@ -184,12 +179,10 @@ def build_wikipedia(cfg, tools: Mapping[str, str]):
     """The shared Wikipedia backend; per-question scoping happens in `tools_for`."""
     if "Wikipedia" not in tools:
         return None
+    from distill.tools.wikipedia import LocalWikipedia, OnlineWikipedia
+
     if cfg.wikipedia_backend == "online":
-        from distill.tools.wikipedia import OnlineWikipedia
-
         return OnlineWikipedia.from_config(cfg)
-    from distill.tools.wikipedia import LocalWikipedia
-
     if cfg.wikipedia_scope == "question" and not cfg.wikipedia_corpus:
         return None
     if not cfg.wikipedia_corpus or not Path(cfg.wikipedia_corpus).exists():
@@ -199,11 +192,8 @@ def build_wikipedia(cfg, tools: Mapping[str, str]):
 
 def make_tools_for(cfg, llm_tool_model, cache=None, wiki=None, wrap=None) -> Callable[[Any], dict]:
     """A per-question tool set: fresh LLM-tool call log, and Wikipedia scoped to the question when asked.
-
-    `wrap(tools, example)` is applied last, outside the call cache, so what it does (eval's injected
-    failures) is never cached as a tool's answer."""
+    `wrap(tools, example)` is applied outside the call cache, so eval's injected failures are never cached."""
     from distill.llm.cached import CachedTool
-    from distill.tools.registry import build_tools, tool_descriptions
 
     names = list(tool_descriptions(cfg.tools))
     wiki = wiki if wiki is not None else build_wikipedia(cfg, names)
@@ -237,19 +227,13 @@ def build_agent(
     seed: int = 0, wrap_tools: Callable[[dict, Any], dict] | None = None, react_max_steps: int = 6,
     react_max_tokens: int = 256, replan: bool | None = None,
 ):
-    """The one factory from an AgentConfig to an agent, for generate, eval and ask.
-
-    `kind` is rewoo, or one of the baselines (react, direct) that eval measures it against, so every method
-    gets its Solver, tools and tool list wired the same way. `planner`, `planner_prompt` and `replan`
-    override the config's own (eval has one per row); `wrap_tools` alters each question's tools (eval's
-    injected failures).
-    """
+    """The one factory from an AgentConfig to an agent (rewoo, or a baseline eval measures it against), so
+    every method gets its Solver and tools wired the same way. `planner`, `planner_prompt` and `replan`
+    override the config's own (eval has one per row); `wrap_tools` is eval's injected failures."""
+    from distill.baselines import DirectAgent, ReActAgent  # here: baselines imports this module
     from distill.llm import build_chat
-    from distill.tools.registry import tool_descriptions
 
     if kind == "direct":
-        from distill.baselines import DirectAgent
-
         solver = build_chat(cfg.solver, cfg.prices, cache)
         return _with_endpoints(DirectAgent(solver, max_tokens=cfg.solver.max_tokens, method=method, seed=seed), solver)
     descriptions = tool_descriptions(cfg.tools)
@@ -259,8 +243,6 @@ def build_agent(
     tools_for = make_tools_for(cfg, llm_tool_model, cache, wiki, wrap_tools)
     worker = WorkerConfig(cfg.worker_max_concurrency, cfg.tool_timeout_s, cfg.evidence_max_chars)
     if kind == "react":
-        from distill.baselines import ReActAgent
-
         react = ReActAgent(
             solver, tools_for, descriptions, max_steps=react_max_steps, max_tokens=react_max_tokens,
             worker=worker, method=method, seed=seed,

@@ -42,6 +42,7 @@ DEFAULT_MAX_PLAN_CHARS = 8000
 # A reference is a whole token: `#E1` must not match the start of `#E10`.
 REF_RE = re.compile(r"#E\d+(?!\d)")
 _VALID_ID_RE = re.compile(r"#E[1-9][0-9]*+")
+_ID_FORM = "an id of the form #E<n> with n a positive integer"
 
 # Markdown decoration a model may put in front of a line: a heading, a bullet or a number, then bold/code.
 _DECORATION = r"(?:#{1,6}+[ \t]++)?(?:(?:[-*+]|\d++[.)])[ \t]++)?"
@@ -132,10 +133,8 @@ def parse_plan(
     """Read the steps out of a Planner's output and validate them; never raises.
 
     `tools` (names, or objects with a `.name`) turns on the unknown_tool check and normalises tool names to
-    the registered spelling. A malformed step is reported and left out; a duplicate id is reported and kept,
-    so the record shows what the model wrote. The step bound is off by default: it is a policy of the
-    agent's config, not a property of a plan.
-
+    the registered spelling. A duplicate id is reported and kept, so the record shows what the model wrote.
+    The step bound is off by default: it is a policy of the agent's config, not a property of a plan.
     `known_ids` have evidence already (a re-plan continues a plan that ran): refs to them are valid, and a
     step that redefines one is a `duplicate_id` left out, so finished evidence is never run again nor shadowed.
     """
@@ -157,11 +156,8 @@ def parse_plan(
     kept = scanned if max_plan_steps is None else scanned[: max(max_plan_steps, 0)]
     if len(kept) < len(scanned):
         pos, first_cut = scanned[len(kept)]
-        msg = (
-            f"the plan has {len(scanned)} steps, over max_plan_steps={max_plan_steps};"
-            f" {first_cut.id} and later are not run"
-        )
-        errors.append((pos, PlanError("too_many_steps", first_cut.id, msg)))
+        over = f"the plan has {len(scanned)} steps, over max_plan_steps={max_plan_steps}"
+        errors.append((pos, PlanError("too_many_steps", first_cut.id, f"{over}; {first_cut.id} and later are not run")))
     names = None if tools is None else [str(getattr(t, "name", t)) for t in tools]  # a str has no .name
     registry = None if names is None else {name.casefold(): name for name in names}
     known = ", ".join(sorted(set(registry.values()))) if registry is not None else ""
@@ -222,11 +218,8 @@ def _step_like(match: re.Match[str] | None) -> bool:
 
 class _Scanner:
     """One left-to-right pass over the text, position based so that an input may span several lines.
-
-    Plan descriptions wait in a queue and each step takes the oldest one, which pairs them correctly both
-    when Plan and step lines alternate and when a model lists all plans first and all steps after. A
-    description is a list of line parts, joined when a step takes it.
-    """
+    Plan descriptions (lists of line parts) wait in a queue and each step takes the oldest, which pairs them
+    both when Plan and step lines alternate and when a model lists all plans first and all steps after."""
 
     def __init__(self, text: str) -> None:
         self.text = text
@@ -253,11 +246,9 @@ class _Scanner:
         self.continuing = False
         if _FENCE_RE.match(text, start, end):
             return end + 1
-        head = _STEP_HEAD_RE.match(text, start, end)
-        if head:
+        if head := _STEP_HEAD_RE.match(text, start, end):
             return self._step(start, head.group("id"), head.end(), end)
-        plan = _PLAN_RE.match(text, start, end)
-        if plan:
+        if plan := _PLAN_RE.match(text, start, end):
             return self._plan_line(start, plan, end)
         loose = _LOOSE_STEP_RE.match(text, start, end)
         if _step_like(loose):
@@ -290,10 +281,8 @@ class _Scanner:
         self._take_description()
         found = self.text[start:end].strip()
         step_id = written[:20] if written.startswith("#") else "#" + written[:19]
-        if _VALID_ID_RE.fullmatch(step_id):
-            why = "is preceded by an invisible or control character"
-        else:
-            why = "does not have an id of the form #E<n> with n a positive integer"
+        valid_id = _VALID_ID_RE.fullmatch(step_id)
+        why = "is preceded by an invisible or control character" if valid_id else f"does not have {_ID_FORM}"
         self._malformed(start, step_id, f"{written[:20]!r} looks like a step but {why}: {found[:80]!r}")
 
     def _step(self, start: int, step_id: str, call: int, line_end: int) -> int:
@@ -307,8 +296,7 @@ class _Scanner:
             self._malformed(start, step_id, f"{step_id} {why}: {found[:80]!r}")
             return line_end + 1
         if not _VALID_ID_RE.fullmatch(step_id):
-            msg = f"{step_id} is not an id of the form #E<n> with n a positive integer"
-            self._malformed(start, step_id, msg)
+            self._malformed(start, step_id, f"{step_id} is not {_ID_FORM}")
             return close + 1
         raw = self.text[tool.end() : close].strip()
         self.steps.append((start, Step(step_id, description, tool.group("tool"), raw, tuple(find_refs(raw)))))
@@ -346,11 +334,8 @@ DEFAULT_TOOLS = "Wikipedia,LLM,Calculator"
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", nargs="?", default="-", metavar="FILE", help="plan text file; '-' or none reads stdin")
-    parser.add_argument(
-        "--tools",
-        default=DEFAULT_TOOLS,
-        help=f"comma-separated tool names the plan may use (default {DEFAULT_TOOLS}); '' skips the tool check",
-    )
+    tools_help = f"comma-separated tool names the plan may use (default {DEFAULT_TOOLS}); '' skips the tool check"
+    parser.add_argument("--tools", default=DEFAULT_TOOLS, help=tools_help)
     parser.add_argument("--json", action="store_true", help="print the parsed plan as JSON")
 
 
@@ -389,8 +374,7 @@ def format_plan(plan: Plan) -> str:
     """Steps as canonical lines with their Plan text and deps underneath, then errors, then a verdict."""
     lines: list[str] = []
     for step in plan.steps:
-        lines.append(f"{step.id} = {step.tool}[{step.input}]")
-        lines.append(f"    plan: {step.description or '(none)'}")
+        lines += [f"{step.id} = {step.tool}[{step.input}]", f"    plan: {step.description or '(none)'}"]
         if step.deps:
             lines.append(f"    deps: {', '.join(step.deps)}")
     if plan.errors:

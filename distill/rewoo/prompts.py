@@ -95,11 +95,8 @@ def canonical_prompt_kind(kind):
 
 
 def planner_messages(question: str, tools: Mapping[str, str], kind: PromptKind) -> list[dict]:
-    """The planner prompt of every kind: a system message, then the question, the only part that varies.
-
-    Even the compact prompt has its system message: without one, chat templates insert their own default
-    (SmolLM2's and Qwen2.5's do), which would cost tokens and tell the planner nothing.
-    """
+    """A system message, then the question, the only part that varies. Even the compact prompt has a system
+    message: without one, chat templates insert their own default (SmolLM2's and Qwen2.5's do)."""
     if kind not in PROMPT_KINDS:
         raise ValueError(f"unknown planner prompt kind {kind!r}; known: {', '.join(PROMPT_KINDS)}")
     if kind == "compact":
@@ -115,12 +112,8 @@ def planner_messages(question: str, tools: Mapping[str, str], kind: PromptKind) 
 
 def solver_messages(question: str, steps: Sequence, evidence: Sequence) -> list[dict]:
     """Plan steps with their evidence (by id), then the task; steps with no evidence say so."""
-    by_id = {e.id if hasattr(e, "id") else e["id"]: e for e in evidence}
-    blocks = []
-    for step in steps:
-        ev = by_id.get(step.id)
-        out = (ev.output if hasattr(ev, "output") else ev["output"]) if ev is not None else NO_EVIDENCE
-        blocks.append(f"Plan: {step.description}\nEvidence: {out}")
+    outputs = dict((e["id"], e["output"]) if isinstance(e, Mapping) else (e.id, e.output) for e in evidence)
+    blocks = [f"Plan: {step.description}\nEvidence: {outputs.get(step.id, NO_EVIDENCE)}" for step in steps]
     body = "\n\n".join(blocks) if blocks else "(no plan was made)"
     content = f"{SOLVER_INSTRUCTIONS}\n\n{body}\n\n{SOLVER_SUFFIX}\n\nQuestion: {question.strip()}"
     return [{"role": "user", "content": content}]
@@ -148,10 +141,8 @@ def replan_messages(
     """The Planner's own prompt continued with its plan so far, each step's evidence and what went wrong,
     asking for the steps that remain. Continuing the first prompt keeps its prefix cacheable and serves the
     student the prompt it was trained on."""
-    blocks = []
-    for ev in evidence:
-        note = "" if ev.status == "ok" else f" ({ev.status}: {ev.error})"
-        blocks.append(f"Evidence {ev.id} from {ev.tool}[{ev.input}]{note}: {ev.output}")
+    notes = ["" if ev.status == "ok" else f" ({ev.status}: {ev.error})" for ev in evidence]
+    blocks = [f"Evidence {ev.id} from {ev.tool}[{ev.input}]{note}: {ev.output}" for ev, note in zip(evidence, notes)]
     content = (
         "Evidence so far:\n\n" + "\n\n".join(blocks) + "\n\n"
         f"Step {trigger['step']} gave no usable evidence ({trigger['kind']}). Write a new plan for what the "
@@ -159,8 +150,5 @@ def replan_messages(
         f"evidence of {', '.join(dict.fromkeys(s.id for s in steps))} by its id. Do not repeat a step that "
         "already gave evidence."
     )
-    return [
-        *planner_messages,
-        {"role": "assistant", "content": render_plan(Plan(tuple(steps), ())).strip()},
-        {"role": "user", "content": content},
-    ]
+    plan_so_far = {"role": "assistant", "content": render_plan(Plan(tuple(steps), ())).strip()}
+    return [*planner_messages, plan_so_far, {"role": "user", "content": content}]

@@ -57,18 +57,13 @@ class Evidence:
 
 def truncate(text: str, max_chars: int) -> str:
     """Cap `text` at max_chars characters in all, the last being a visible cut mark."""
-    if len(text) <= max_chars:
-        return text
-    return text[: max(max_chars - len(TRUNCATION_MARK), 0)] + TRUNCATION_MARK
+    return text if len(text) <= max_chars else text[: max(max_chars - len(TRUNCATION_MARK), 0)] + TRUNCATION_MARK
 
 
 def dependency_indices(steps: Sequence[Step]) -> list[list[int]]:
-    """For each step, the indices of the earlier steps it waits for.
-
-    A ref resolves to the latest *earlier* step with that id, so duplicate ids behave like reassignment, and
-    refs to later steps or to itself are left in the text as written: the graph is always acyclic, and built
-    in one pass (linear whatever a runaway plan holds).
-    """
+    """For each step, the indices of the earlier steps it waits for. A ref resolves to the latest *earlier*
+    step with that id (a duplicate id acts as reassignment) and refs to later steps or to itself are left in
+    the text as written, so the graph is always acyclic, and built in one pass whatever a runaway plan holds."""
     latest: dict[str, int] = {}
     deps: list[list[int]] = []
     for index, step in enumerate(steps):
@@ -78,11 +73,8 @@ def dependency_indices(steps: Sequence[Step]) -> list[list[int]]:
 
 
 async def run_plan(
-    plan: Plan,
-    tools: Mapping[str, Tool],
-    config: WorkerConfig | None = None,
-    known: Mapping[str, str] | None = None,
-    t0: float | None = None,
+    plan: Plan, tools: Mapping[str, Tool], config: WorkerConfig | None = None,
+    known: Mapping[str, str] | None = None, t0: float | None = None,
 ) -> list[Evidence]:
     """Run every step of `plan` (valid or not) and return its evidence in step order.
 

@@ -1,9 +1,6 @@
-"""Exact arithmetic over a whitelisted AST, because planner inputs are untrusted text.
-
-`eval` would run anything a model writes; here only number literals and arithmetic operators are
-accepted, and every power and every intermediate result is bounded *before* it is computed, so an input
-like `9**9**9` is refused at once instead of hanging the Worker.
-"""
+"""Exact arithmetic over a whitelisted AST, because planner inputs are untrusted text: `eval` would run
+anything a model writes. Every power and every intermediate result is bounded *before* it is computed, so
+an input like `9**9**9` is refused at once instead of hanging the Worker."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Tool names, their one-line planner descriptions, and construction from a list of names.
-
-The descriptions are listed verbatim in the planner prompt, so they live in one place: changing one
-changes what the teacher saw and what the student is trained on.
-"""
+"""Tool names, their planner descriptions and construction from a list of names. The descriptions are
+listed verbatim in the planner prompt: changing one changes what the teacher saw and the student learns."""
 
 from __future__ import annotations
 
