@@ -197,6 +197,7 @@ def make_tools_for(cfg, llm_tool_model, cache=None, wiki=None, wrap=None) -> Cal
 
     names = list(tool_descriptions(cfg.tools))
     wiki = wiki if wiki is not None else build_wikipedia(cfg, names)
+    llm_max_tokens = (cfg.llm_tool or cfg.solver).max_tokens
 
     def tools_for(example) -> dict:
         w, scope = wiki, ""
@@ -209,9 +210,7 @@ def make_tools_for(cfg, llm_tool_model, cache=None, wiki=None, wrap=None) -> Cal
                 scope = f"question:{example.id}"
             elif wiki is None:
                 raise DistillError(f"example {example.id} has no context and no wikipedia_corpus is set")
-        tools = build_tools(
-            names, wikipedia=w, llm_model=llm_tool_model, llm_max_tokens=(cfg.llm_tool or cfg.solver).max_tokens
-        )
+        tools = build_tools(names, wikipedia=w, llm_model=llm_tool_model, llm_max_tokens=llm_max_tokens)
         if cache is not None:
             tools = {
                 name: CachedTool(t, cache, scope=scope if name == "Wikipedia" else "") if name != "LLM" else t
