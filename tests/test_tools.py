@@ -14,17 +14,11 @@ import pytest
 
 from distill.errors import DistillError
 from distill.llm.base import Completion, Usage
-from distill.tools import (
-    TOOL_DESCRIPTIONS,
-    Calculator,
-    LLMTool,
-    LocalWikipedia,
-    ScopedWikipedia,
-    Tool,
-    build_tools,
-)
-from distill.tools.calculator import evaluate
-from distill.tools.wikipedia import Paragraph, format_paragraphs
+from distill.tools.base import Tool
+from distill.tools.calculator import Calculator, evaluate
+from distill.tools.llm_tool import LLMTool
+from distill.tools.registry import TOOL_DESCRIPTIONS, build_tools
+from distill.tools.wikipedia import LocalWikipedia, Paragraph, ScopedWikipedia, format_paragraphs
 
 FIXTURE = Path(__file__).parent / "fixtures" / "mini_corpus.jsonl"
 

@@ -24,7 +24,7 @@ from distill.errors import DistillError
 from distill.filter import FilterConfig, first_failure
 from distill.rewoo.plan import parse_plan
 from distill.rewoo.worker import NO_EVIDENCE, WorkerConfig, run_plan
-from distill.tools import OnlineWikipedia
+from distill.tools.wikipedia import OnlineWikipedia
 from distill.retry import retry_after_s
 
 PAGES = {

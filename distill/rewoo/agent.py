@@ -12,6 +12,7 @@ import json
 import time
 import zlib
 from dataclasses import KW_ONLY, asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Sequence
 
 from distill.config import AgentConfig, add_config_args, load_config
@@ -21,6 +22,7 @@ from distill.metrics import evidence_recall, gold_titles, score
 from distill.rewoo import prompts
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS, Plan, parse_plan
 from distill.rewoo.worker import SURPRISES, Evidence, WorkerConfig, run_plan
+from distill.tools.registry import build_tools, tool_descriptions
 
 FORMAT_VERSION = 1
 
@@ -43,13 +45,8 @@ def sample_seed(example_id: str, sample: int, base: int = 0) -> int:
 
 def call_record(messages: list[dict], out: Completion) -> dict:
     return {
-        "model": out.model,
-        "messages": messages,
-        "output": out.text,
-        "usage": asdict(out.usage),
-        "latency_s": round(out.latency_s, 4),
-        "cost_usd": out.cost_usd,
-        "cached": out.cached,
+        "model": out.model, "messages": messages, "output": out.text, "usage": asdict(out.usage),
+        "latency_s": round(out.latency_s, 4), "cost_usd": out.cost_usd, "cached": out.cached,
     }
 
 
@@ -62,7 +59,9 @@ def make_record(
     A method without a plan has no steps and validity not applicable (None, not False); `recall` is off for
     one that never retrieves, so its records do not enter the evidence-recall mean."""
     tool_calls = [c for t in tools.values() for c in getattr(t, "calls", [])]
-    p_usage, s_usage, t_usage = (sum((c.usage for c in cs), Usage()) for cs in (planner_calls, solver_calls, tool_calls))
+    by_role = {"planner": planner_calls, "solver": solver_calls, "tools": tool_calls}
+    usage = {role: sum((c.usage for c in cs), Usage()) for role, cs in by_role.items()}
+    tokens = {role: u.total_tokens for role, u in usage.items()}
     calls = [*planner_calls, *solver_calls, *tool_calls]
     record = {
         "format_version": FORMAT_VERSION,
@@ -78,13 +77,8 @@ def make_record(
         "solver": solver,
         "prediction": prediction,
         "scores": dict(score(example.dataset, prediction, example.answers)) if example.answers else {},
-        "tool_usage": asdict(t_usage),
-        "tokens": {
-            "planner": p_usage.total_tokens,
-            "solver": s_usage.total_tokens,
-            "tools": t_usage.total_tokens,
-            "total": p_usage.total_tokens + s_usage.total_tokens + t_usage.total_tokens,
-        },
+        "tool_usage": asdict(usage["tools"]),
+        "tokens": tokens | {"total": sum(tokens.values())},
         "llm_calls": len(calls),
         "tool_calls": len(evidence),
         "cost_usd": sum(c.cost_usd for c in calls),
@@ -116,8 +110,7 @@ class ReWOOAgent:
     replan_on: Collection[str] = SURPRISES
 
     def __post_init__(self) -> None:
-        unknown = set(self.replan_on) - set(SURPRISES)
-        if unknown:
+        if unknown := set(self.replan_on) - set(SURPRISES):
             raise DistillError(f"replan_on: unknown surprise {sorted(unknown)[0]!r}; known: {', '.join(SURPRISES)}")
 
     async def plan(self, messages: list[dict], seed: int | None = None) -> Completion:
@@ -159,9 +152,7 @@ class ReWOOAgent:
         """ReWOO plans blind; this is its one chance to change course. When a step of the newest plan meets a
         configured surprise, the Planner is asked once more with the plan and evidence so far, and only its
         new steps run (finished evidence is reused by id, never fetched again), up to `max_replans` times.
-        Returns the whole plan, all evidence in step order, the replan records and their completions; with no
-        surprise, that is the first plan and its evidence unchanged, and no model call was made. `work_t0` is
-        the clock origin of the first plan's evidence, so every step's times share it."""
+        `work_t0` is the clock origin of the first plan's evidence, so every step's times share it."""
         steps, errors, evidence, fresh = list(plan.steps), list(plan.errors), list(evidence), list(evidence)
         replans: list[dict] = []
         outs: list[Completion] = []
@@ -188,14 +179,10 @@ def build_wikipedia(cfg, tools: Mapping[str, str]):
     """The shared Wikipedia backend; per-question scoping happens in `tools_for`."""
     if "Wikipedia" not in tools:
         return None
+    from distill.tools.wikipedia import LocalWikipedia, OnlineWikipedia
+
     if cfg.wikipedia_backend == "online":
-        from distill.tools.wikipedia import OnlineWikipedia
-
         return OnlineWikipedia.from_config(cfg)
-    from pathlib import Path
-
-    from distill.tools.wikipedia import LocalWikipedia
-
     if cfg.wikipedia_scope == "question" and not cfg.wikipedia_corpus:
         return None
     if not cfg.wikipedia_corpus or not Path(cfg.wikipedia_corpus).exists():
@@ -205,14 +192,12 @@ def build_wikipedia(cfg, tools: Mapping[str, str]):
 
 def make_tools_for(cfg, llm_tool_model, cache=None, wiki=None, wrap=None) -> Callable[[Any], dict]:
     """A per-question tool set: fresh LLM-tool call log, and Wikipedia scoped to the question when asked.
-
-    `wrap(tools, example)` is applied last, outside the call cache, so what it does (eval's injected
-    failures) is never cached as a tool's answer."""
+    `wrap(tools, example)` is applied outside the call cache, so eval's injected failures are never cached."""
     from distill.llm.cached import CachedTool
-    from distill.tools.registry import build_tools, tool_descriptions
 
     names = list(tool_descriptions(cfg.tools))
     wiki = wiki if wiki is not None else build_wikipedia(cfg, names)
+    llm_max_tokens = (cfg.llm_tool or cfg.solver).max_tokens
 
     def tools_for(example) -> dict:
         w, scope = wiki, ""
@@ -225,9 +210,7 @@ def make_tools_for(cfg, llm_tool_model, cache=None, wiki=None, wrap=None) -> Cal
                 scope = f"question:{example.id}"
             elif wiki is None:
                 raise DistillError(f"example {example.id} has no context and no wikipedia_corpus is set")
-        tools = build_tools(
-            names, wikipedia=w, llm_model=llm_tool_model, llm_max_tokens=(cfg.llm_tool or cfg.solver).max_tokens
-        )
+        tools = build_tools(names, wikipedia=w, llm_model=llm_tool_model, llm_max_tokens=llm_max_tokens)
         if cache is not None:
             tools = {
                 name: CachedTool(t, cache, scope=scope if name == "Wikipedia" else "") if name != "LLM" else t
@@ -239,33 +222,17 @@ def make_tools_for(cfg, llm_tool_model, cache=None, wiki=None, wrap=None) -> Cal
 
 
 def build_agent(
-    cfg,
-    cache=None,
-    *,
-    kind: str = "rewoo",
-    planner=None,
-    planner_prompt: str | None = None,
-    method: str = "rewoo",
-    seed: int = 0,
-    wrap_tools: Callable[[dict, Any], dict] | None = None,
-    react_max_steps: int = 6,
-    react_max_tokens: int = 256,
-    replan: bool | None = None,
+    cfg, cache=None, *, kind: str = "rewoo", planner=None, planner_prompt: str | None = None, method: str = "rewoo",
+    seed: int = 0, wrap_tools: Callable[[dict, Any], dict] | None = None, react_max_steps: int = 6,
+    react_max_tokens: int = 256, replan: bool | None = None,
 ):
-    """The one factory from an AgentConfig to an agent, for generate, eval and ask.
-
-    `kind` is rewoo, or one of the baselines (react, direct) that eval measures it against, so every method
-    gets its Solver, tools and tool list wired the same way. `planner` (a ModelSpec) and `planner_prompt`
-    override the config's own (eval has one per row); `wrap_tools` alters each question's tools (eval's
-    injected failures). `replan` overrides the config's switch for re-planning on surprise (eval's
-    `replan: true` rows).
-    """
+    """The one factory from an AgentConfig to an agent (rewoo, or a baseline eval measures it against), so
+    every method gets its Solver and tools wired the same way. `planner`, `planner_prompt` and `replan`
+    override the config's own (eval has one per row); `wrap_tools` is eval's injected failures."""
+    from distill.baselines import DirectAgent, ReActAgent  # here: baselines imports this module
     from distill.llm import build_chat
-    from distill.tools.registry import tool_descriptions
 
     if kind == "direct":
-        from distill.baselines import DirectAgent
-
         solver = build_chat(cfg.solver, cfg.prices, cache)
         return _with_endpoints(DirectAgent(solver, max_tokens=cfg.solver.max_tokens, method=method, seed=seed), solver)
     descriptions = tool_descriptions(cfg.tools)
@@ -275,8 +242,6 @@ def build_agent(
     tools_for = make_tools_for(cfg, llm_tool_model, cache, wiki, wrap_tools)
     worker = WorkerConfig(cfg.worker_max_concurrency, cfg.tool_timeout_s, cfg.evidence_max_chars)
     if kind == "react":
-        from distill.baselines import ReActAgent
-
         react = ReActAgent(
             solver, tools_for, descriptions, max_steps=react_max_steps, max_tokens=react_max_tokens,
             worker=worker, method=method, seed=seed,
@@ -287,22 +252,11 @@ def build_agent(
     spec = planner or cfg.planner
     planner_model = build_chat(spec, cfg.prices, cache)
     agent = ReWOOAgent(
-        planner_model,
-        solver,
-        tools_for,
-        descriptions,
-        planner_prompt=planner_prompt or cfg.planner_prompt,
-        planner_temperature=spec.temperature,
-        planner_max_tokens=spec.max_tokens,
-        planner_stop=spec.stop,
-        solver_max_tokens=cfg.solver.max_tokens,
-        worker=worker,
-        method=method,
-        seed=seed,
-        max_plan_chars=cfg.max_plan_chars,
-        max_plan_steps=cfg.max_plan_steps,
-        max_replans=cfg.max_replans if (cfg.replan if replan is None else replan) else 0,
-        replan_on=cfg.replan_on,
+        planner_model, solver, tools_for, descriptions, planner_prompt=planner_prompt or cfg.planner_prompt,
+        planner_temperature=spec.temperature, planner_max_tokens=spec.max_tokens, planner_stop=spec.stop,
+        solver_max_tokens=cfg.solver.max_tokens, worker=worker, method=method, seed=seed,
+        max_plan_chars=cfg.max_plan_chars, max_plan_steps=cfg.max_plan_steps,
+        max_replans=cfg.max_replans if (cfg.replan if replan is None else replan) else 0, replan_on=cfg.replan_on,
     )
     return _with_endpoints(agent, planner_model, solver, llm_tool_model, wiki)
 

@@ -8,15 +8,13 @@ The canonical form is the one the paper's Planner writes::
     #E2 = LLM[In what year was the director named in #E1 born?]
 
 Real models (half-trained students above all) wander from it, so the parser is lenient about decoration
-(markdown bold, numbering, code fences, `#E1:` for `#E1 =`) and strict about meaning: the input runs to the
-bracket that closes the first `[`, `#E1` never matches inside `#E10`, and a damaged step (`E2 = Tool[x]`,
+(markdown, numbering, code fences, `#E1:` for `#E1 =`) and strict about meaning: a damaged step (`E2 = Tool[x]`,
 `#E0`, a control character in front) is a `malformed_step`, never folded into Plan text, because the filter
 trusts `Plan.valid`. Parsing never raises: every fault is a `PlanError` with a stable `code`.
 
-Model output is untrusted and parsed inside the agent's event loop, so parsing is linear in its length:
-every regex quantifier is possessive (or can never give back what it took), regexes run on positions rather
-than copied slices, and text is joined once. `max_plan_chars` bounds the text read and `max_plan_steps` the
-steps kept (the Worker runs every step it is given, so a runaway plan is cut here, not after its tool calls).
+Model output is untrusted and parsed inside the agent's event loop, so parsing is linear in its length: every
+regex quantifier is possessive (or can never give back what it took) and regexes run on positions rather than
+copied slices. The Worker runs every step it is given, so a runaway plan is cut here (`max_plan_steps`).
 """
 
 from __future__ import annotations
@@ -44,6 +42,7 @@ DEFAULT_MAX_PLAN_CHARS = 8000
 # A reference is a whole token: `#E1` must not match the start of `#E10`.
 REF_RE = re.compile(r"#E\d+(?!\d)")
 _VALID_ID_RE = re.compile(r"#E[1-9][0-9]*+")
+_ID_FORM = "an id of the form #E<n> with n a positive integer"
 
 # Markdown decoration a model may put in front of a line: a heading, a bullet or a number, then bold/code.
 _DECORATION = r"(?:#{1,6}+[ \t]++)?(?:(?:[-*+]|\d++[.)])[ \t]++)?"
@@ -56,9 +55,7 @@ _PLAN_RE = re.compile(
     re.IGNORECASE,
 )
 _STEP_HEAD_RE = re.compile(_LEAD + r"(?:\*\*|__|`)?(?P<id>#E\d++)(?:\*\*|__|`)?[ \t]*+[=:][ \t]*+")
-_TOOL_NAME = r"[^\W\d][\w.-]*+"
-_TOOL_RE = re.compile(r"(?P<tool>" + _TOOL_NAME + r")[ \t]*+\[")
-_TOOL_CALL = _TOOL_NAME + r"[ \t]*+\["  # the same, with nothing captured
+_TOOL_RE = re.compile(r"(?P<tool>[^\W\d][\w.-]*+)[ \t]*+\[")
 # A full step (header and the start of a tool call), used where a looser match would misfire.
 _FULL_STEP_RE = re.compile(_STEP_HEAD_RE.pattern + _TOOL_RE.pattern)
 # The rest of an id as a damaged model writes it: `E2`, `#E-1`, `#Ex`, `#e1`. It holds no `#`, so searches
@@ -66,12 +63,12 @@ _FULL_STEP_RE = re.compile(_STEP_HEAD_RE.pattern + _TOOL_RE.pattern)
 _ID_TAIL = r"[^\s=:\[\]`*#]*+"
 _LOOSE_ID = r"(?P<id>#?E" + _ID_TAIL + ")"
 # A step written on the same line as its Plan text: "Plan: look it up. #E1 = Wikipedia[x]".
-_INLINE_STEP_RE = re.compile(r"#E" + _ID_TAIL + r"[ \t]*+=[ \t]*+" + _TOOL_CALL)
+_INLINE_STEP_RE = re.compile(r"#E" + _ID_TAIL + r"[ \t]*+=[ \t]*+" + _TOOL_RE.pattern)
 # Characters that may hide in front of a step: whitespace, C0/C1 controls and invisible format characters.
 _JUNK = r"[ \t\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff]*+"
 _LOOSE_STEP_RE = re.compile(
     _JUNK + _DECORATION + r"(?:\*\*|__|`)?" + _LOOSE_ID + r"(?:\*\*|__|`)?[ \t]*+(?P<sep>[=:])[ \t]*+"
-    + r"(?P<call>" + _TOOL_CALL + ")?",
+    + r"(?P<call>" + _TOOL_RE.pattern + ")?",
     re.IGNORECASE,
 )
 _FENCE_RE = re.compile(r"[ \t]*+(?:```|~~~)")
@@ -135,17 +132,11 @@ def parse_plan(
 ) -> Plan:
     """Read the steps out of a Planner's output and validate them; never raises.
 
-    `tools` (names, or objects with a `.name`, or a mapping keyed by name) turns on the unknown_tool check
-    and normalises tool names to the registered spelling. A malformed step is reported but left out of
-    `steps`; a duplicate id is reported and kept, so the record shows what the model wrote.
-
-    Text past `max_plan_chars` is not read (`too_long`); steps past `max_plan_steps` are reported
-    (`too_many_steps`) and left out, so the Worker runs at most that many. None lifts a bound; the step
-    bound is off by default because it is a policy of the agent's config, not a property of a plan.
-
-    `known_ids` are ids whose evidence already exists (a re-plan continues a plan that ran): refs to them
-    are valid, and a step that redefines one is a `duplicate_id` left out of `steps`, so finished evidence
-    is never run again nor shadowed; refs to that id keep meaning the finished evidence.
+    `tools` (names, or objects with a `.name`) turns on the unknown_tool check and normalises tool names to
+    the registered spelling. A duplicate id is reported and kept, so the record shows what the model wrote.
+    The step bound is off by default: it is a policy of the agent's config, not a property of a plan.
+    `known_ids` have evidence already (a re-plan continues a plan that ran): refs to them are valid, and a
+    step that redefines one is a `duplicate_id` left out, so finished evidence is never run again nor shadowed.
     """
     errors: list[tuple[int, PlanError]] = []
     if max_plan_chars is not None and len(text) > max_plan_chars:
@@ -157,21 +148,18 @@ def parse_plan(
     errors.extend(scanner.errors)
     scanned = scanner.steps
     finished = frozenset(known_ids)
-    if finished:
-        for pos, step in scanned:
-            if step.id in finished:
-                msg = f"{step.id} already holds evidence from the plan so far; this step is not run"
-                errors.append((pos, PlanError("duplicate_id", step.id, msg)))
-        scanned = [(pos, step) for pos, step in scanned if step.id not in finished]
+    for pos, step in scanned:
+        if step.id in finished:
+            msg = f"{step.id} already holds evidence from the plan so far; this step is not run"
+            errors.append((pos, PlanError("duplicate_id", step.id, msg)))
+    scanned = [(pos, step) for pos, step in scanned if step.id not in finished]
     kept = scanned if max_plan_steps is None else scanned[: max(max_plan_steps, 0)]
     if len(kept) < len(scanned):
         pos, first_cut = scanned[len(kept)]
-        msg = (
-            f"the plan has {len(scanned)} steps, over max_plan_steps={max_plan_steps};"
-            f" {first_cut.id} and later are not run"
-        )
-        errors.append((pos, PlanError("too_many_steps", first_cut.id, msg)))
-    registry = _tool_registry(tools)
+        over = f"the plan has {len(scanned)} steps, over max_plan_steps={max_plan_steps}"
+        errors.append((pos, PlanError("too_many_steps", first_cut.id, f"{over}; {first_cut.id} and later are not run")))
+    names = None if tools is None else [str(getattr(t, "name", t)) for t in tools]  # a str has no .name
+    registry = None if names is None else {name.casefold(): name for name in names}
     known = ", ".join(sorted(set(registry.values()))) if registry is not None else ""
     steps: list[tuple[int, Step]] = []
     for pos, step in kept:
@@ -190,21 +178,12 @@ def parse_plan(
     return Plan(tuple(s for _, s in steps), tuple(e for _, e in errors))
 
 
-def _tool_registry(tools: Iterable[Any] | None) -> dict[str, str] | None:
-    """Map casefolded tool names to their registered spelling; None means 'do not check'."""
-    if tools is None:
-        return None
-    names = [t if isinstance(t, str) else str(getattr(t, "name", t)) for t in tools]
-    return {name.casefold(): name for name in names}
-
-
 def _reference_errors(
-    steps: list[tuple[int, Step]], checked: int, malformed_ids: set[str], known: frozenset[str] = frozenset()
+    steps: list[tuple[int, Step]], checked: int, malformed_ids: set[str], known: frozenset[str]
 ) -> list[tuple[int, PlanError]]:
-    """duplicate_id, undefined_ref and forward_ref of the first `checked` steps, judged against the first
-    definition of each id among all steps (a ref to a step past max_plan_steps is a forward ref, not an
-    undefined one). A ref to a malformed step is undefined too (no evidence will exist), but the message
-    says why. A ref to a `known` id (evidence that already exists) is always valid."""
+    """Errors of the first `checked` steps, judged against the first definition of each id among all steps
+    (a ref to a step past max_plan_steps is a forward ref, not an undefined one). A ref to a malformed step
+    is undefined too (no evidence will exist), but the message says why."""
     first: dict[str, int] = {}
     for index, (_, step) in enumerate(steps):
         first.setdefault(step.id, index)
@@ -239,11 +218,8 @@ def _step_like(match: re.Match[str] | None) -> bool:
 
 class _Scanner:
     """One left-to-right pass over the text, position based so that an input may span several lines.
-
-    Plan descriptions wait in a queue and each step takes the oldest one, which pairs them correctly both
-    when Plan and step lines alternate and when a model lists all plans first and all steps after. A
-    description is a list of line parts, joined when a step takes it.
-    """
+    Plan descriptions (lists of line parts) wait in a queue and each step takes the oldest, which pairs them
+    both when Plan and step lines alternate and when a model lists all plans first and all steps after."""
 
     def __init__(self, text: str) -> None:
         self.text = text
@@ -266,27 +242,20 @@ class _Scanner:
 
     def _line(self, start: int, end: int) -> int:
         """Handle the line text[start:end]; return where scanning resumes (always past `start`)."""
-        text = self.text
+        text, continuing = self.text, self.continuing
+        self.continuing = False
         if _FENCE_RE.match(text, start, end):
-            self.continuing = False
             return end + 1
-        head = _STEP_HEAD_RE.match(text, start, end)
-        if head:
-            self.continuing = False
+        if head := _STEP_HEAD_RE.match(text, start, end):
             return self._step(start, head.group("id"), head.end(), end)
-        plan = _PLAN_RE.match(text, start, end)
-        if plan:
+        if plan := _PLAN_RE.match(text, start, end):
             return self._plan_line(start, plan, end)
         loose = _LOOSE_STEP_RE.match(text, start, end)
         if _step_like(loose):
-            self.continuing = False
             self._malformed_line(start, loose.group("id"), end)  # type: ignore[union-attr]
-            return end + 1
-        part = text[start:end].strip() if self.continuing else ""
-        if part:
+        elif continuing and (part := text[start:end].strip()):
             self.pending[-1].append(part)
-        else:
-            self.continuing = False
+            self.continuing = True
         return end + 1
 
     def _plan_line(self, start: int, match: re.Match[str], end: int) -> int:
@@ -297,11 +266,8 @@ class _Scanner:
         if bold and not (match.group("b2") or match.group("b3")) and desc.endswith(bold):
             desc = desc[: -len(bold)].rstrip()  # "**Plan: text**"
         self.pending.append([desc] if desc else [])
-        if inline:
-            self.continuing = False
-            return inline.start()  # rescan from the inline step
-        self.continuing = True
-        return end + 1
+        self.continuing = inline is None
+        return inline.start() if inline else end + 1  # an inline step is scanned again from its start
 
     def _take_description(self) -> str:
         return " ".join(self.pending.popleft()) if self.pending else ""
@@ -315,10 +281,8 @@ class _Scanner:
         self._take_description()
         found = self.text[start:end].strip()
         step_id = written[:20] if written.startswith("#") else "#" + written[:19]
-        if _VALID_ID_RE.fullmatch(step_id):
-            why = "is preceded by an invisible or control character"
-        else:
-            why = "does not have an id of the form #E<n> with n a positive integer"
+        valid_id = _VALID_ID_RE.fullmatch(step_id)
+        why = "is preceded by an invisible or control character" if valid_id else f"does not have {_ID_FORM}"
         self._malformed(start, step_id, f"{written[:20]!r} looks like a step but {why}: {found[:80]!r}")
 
     def _step(self, start: int, step_id: str, call: int, line_end: int) -> int:
@@ -332,8 +296,7 @@ class _Scanner:
             self._malformed(start, step_id, f"{step_id} {why}: {found[:80]!r}")
             return line_end + 1
         if not _VALID_ID_RE.fullmatch(step_id):
-            msg = f"{step_id} is not an id of the form #E<n> with n a positive integer"
-            self._malformed(start, step_id, msg)
+            self._malformed(start, step_id, f"{step_id} is not {_ID_FORM}")
             return close + 1
         raw = self.text[tool.end() : close].strip()
         self.steps.append((start, Step(step_id, description, tool.group("tool"), raw, tuple(find_refs(raw)))))
@@ -371,11 +334,8 @@ DEFAULT_TOOLS = "Wikipedia,LLM,Calculator"
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", nargs="?", default="-", metavar="FILE", help="plan text file; '-' or none reads stdin")
-    parser.add_argument(
-        "--tools",
-        default=DEFAULT_TOOLS,
-        help=f"comma-separated tool names the plan may use (default {DEFAULT_TOOLS}); '' skips the tool check",
-    )
+    tools_help = f"comma-separated tool names the plan may use (default {DEFAULT_TOOLS}); '' skips the tool check"
+    parser.add_argument("--tools", default=DEFAULT_TOOLS, help=tools_help)
     parser.add_argument("--json", action="store_true", help="print the parsed plan as JSON")
 
 
@@ -383,10 +343,7 @@ def main(args: argparse.Namespace) -> int:
     text = read_text(args.file)
     tools = [name.strip() for name in args.tools.split(",") if name.strip()]
     plan = parse_plan(text, tools=tools or None)
-    if args.json:
-        print(json.dumps(plan.to_dict()))
-    else:
-        print(format_plan(plan))
+    print(json.dumps(plan.to_dict()) if args.json else format_plan(plan))
     return 0 if plan.valid else 1
 
 
@@ -394,23 +351,18 @@ def read_text(file: str) -> str:
     """The plan as text, read as bytes first: a planner's output or a pasted file can hold any bytes, and
     bytes that are not UTF-8 are one line naming where, not a traceback from the text layer."""
     if file == "-":
-        stream = getattr(sys.stdin, "buffer", None)
-        if stream is None:  # stdin replaced by a text stream (an embedding program, a test): already text
+        if not hasattr(sys.stdin, "buffer"):  # stdin replaced by a text stream (an embedding program, a test)
             return sys.stdin.read()
-        return _decode(stream.read(), "plan on stdin")
-    path = Path(file)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise DistillError(f"plan file not found: {path}") from None
-    except IsADirectoryError:
-        raise DistillError(f"plan file is a directory: {path}") from None
-    except OSError as exc:
-        raise DistillError(f"cannot read plan file {path}: {exc.strerror or exc}") from None
-    return _decode(data, f"plan file {path}")
-
-
-def _decode(data: bytes, what: str) -> str:
+        data, what = sys.stdin.buffer.read(), "plan on stdin"
+    else:
+        path = Path(file)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise DistillError(f"plan file not found: {path}") from None
+        except OSError as exc:  # a directory, no permission: strerror names which
+            raise DistillError(f"cannot read plan file {path}: {exc.strerror or exc}") from None
+        what = f"plan file {path}"
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -422,8 +374,7 @@ def format_plan(plan: Plan) -> str:
     """Steps as canonical lines with their Plan text and deps underneath, then errors, then a verdict."""
     lines: list[str] = []
     for step in plan.steps:
-        lines.append(f"{step.id} = {step.tool}[{step.input}]")
-        lines.append(f"    plan: {step.description or '(none)'}")
+        lines += [f"{step.id} = {step.tool}[{step.input}]", f"    plan: {step.description or '(none)'}"]
         if step.deps:
             lines.append(f"    deps: {', '.join(step.deps)}")
     if plan.errors:

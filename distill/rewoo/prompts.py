@@ -20,8 +20,6 @@ from distill.rewoo.worker import NO_EVIDENCE
 #            what fine-tuning taught it, so sending them again costs prompt tokens on every call
 PromptKind = Literal["fewshot", "full", "compact"]
 PROMPT_KINDS: tuple[str, ...] = get_args(PromptKind)
-# `zeroshot` was the name of `full` before `compact` existed: configs and records written then keep working.
-PROMPT_KIND_ALIASES = {"zeroshot": "full"}
 
 PLANNER_INSTRUCTIONS = (
     "For the following task, make plans that can solve the problem step by step. For each plan, indicate "
@@ -83,53 +81,39 @@ SOLVER_SUFFIX = (
 )
 
 
+_TOOL_USE = re.compile(r"= (\w+)\[")
+
+
 def tool_list(tools: Mapping[str, str]) -> str:
     return "\n".join(f"({i}) {name}[input]: {desc}" for i, (name, desc) in enumerate(tools.items(), 1))
 
 
 def canonical_prompt_kind(kind):
-    """The kind an alias stands for; anything else unchanged (validation says what is wrong with it)."""
-    return PROMPT_KIND_ALIASES.get(kind, kind) if isinstance(kind, str) else kind
-
-
-def planner_system_prompt(tools: Mapping[str, str], kind: PromptKind) -> str:
-    if kind not in PROMPT_KINDS:
-        raise ValueError(f"unknown planner prompt kind {kind!r}; known: {', '.join(PROMPT_KINDS)}")
-    if kind == "compact":
-        return "Tools: " + ", ".join(tools)
-    parts = [PLANNER_INSTRUCTIONS, "Tools can be one of the following:\n" + tool_list(tools), PLANNER_FORMAT]
-    if kind == "fewshot":
-        allowed = set(tools)
-        shots = [
-            f"Question: {q}\n{plan}"
-            for q, plan in FEWSHOT_EXEMPLARS
-            if set(re.findall(r"= (\w+)\[", plan)) <= allowed
-        ]
-        if shots:
-            parts.append("For example:\n\n" + "\n\n".join(shots))
-    return "\n\n".join(parts)
+    """The kind an alias stands for; anything else unchanged (validation says what is wrong with it).
+    `zeroshot` was the name of `full` before `compact` existed: configs and records written then keep working."""
+    return {"zeroshot": "full"}.get(kind, kind) if isinstance(kind, str) else kind
 
 
 def planner_messages(question: str, tools: Mapping[str, str], kind: PromptKind) -> list[dict]:
-    """The planner prompt of every kind: a system message, then the question, the only part that varies.
-
-    Even the compact prompt has its system message: without one, chat templates insert their own default
-    (SmolLM2's and Qwen2.5's do), which would cost tokens and tell the planner nothing.
-    """
-    return [
-        {"role": "system", "content": planner_system_prompt(tools, kind)},
-        {"role": "user", "content": f"Question: {question.strip()}"},
-    ]
+    """A system message, then the question, the only part that varies. Even the compact prompt has a system
+    message: without one, chat templates insert their own default (SmolLM2's and Qwen2.5's do)."""
+    if kind not in PROMPT_KINDS:
+        raise ValueError(f"unknown planner prompt kind {kind!r}; known: {', '.join(PROMPT_KINDS)}")
+    if kind == "compact":
+        system = "Tools: " + ", ".join(tools)
+    else:
+        parts = [PLANNER_INSTRUCTIONS, "Tools can be one of the following:\n" + tool_list(tools), PLANNER_FORMAT]
+        shots = [f"Question: {q}\n{p}" for q, p in FEWSHOT_EXEMPLARS if set(_TOOL_USE.findall(p)) <= set(tools)]
+        if kind == "fewshot" and shots:
+            parts.append("For example:\n\n" + "\n\n".join(shots))
+        system = "\n\n".join(parts)
+    return [{"role": "system", "content": system}, {"role": "user", "content": f"Question: {question.strip()}"}]
 
 
 def solver_messages(question: str, steps: Sequence, evidence: Sequence) -> list[dict]:
     """Plan steps with their evidence (by id), then the task; steps with no evidence say so."""
-    by_id = {e.id if hasattr(e, "id") else e["id"]: e for e in evidence}
-    blocks = []
-    for step in steps:
-        ev = by_id.get(step.id)
-        out = (ev.output if hasattr(ev, "output") else ev["output"]) if ev is not None else NO_EVIDENCE
-        blocks.append(f"Plan: {step.description}\nEvidence: {out}")
+    outputs = dict((e["id"], e["output"]) if isinstance(e, Mapping) else (e.id, e.output) for e in evidence)
+    blocks = [f"Plan: {step.description}\nEvidence: {outputs.get(step.id, NO_EVIDENCE)}" for step in steps]
     body = "\n\n".join(blocks) if blocks else "(no plan was made)"
     content = f"{SOLVER_INSTRUCTIONS}\n\n{body}\n\n{SOLVER_SUFFIX}\n\nQuestion: {question.strip()}"
     return [{"role": "user", "content": content}]
@@ -154,15 +138,11 @@ def extract_answer(text: str) -> str:
 def replan_messages(
     planner_messages: Sequence[dict], steps: Sequence, evidence: Sequence, trigger: Mapping[str, str], next_id: int
 ) -> list[dict]:
-    """The Planner's own prompt continued: its plan so far (every step that ran, canonical), then each
-    step's evidence and what went wrong, asking for the steps that remain. Continuing the first prompt keeps
-    its prefix cacheable and serves the student the prompt it was trained on; new ids start at `next_id`
-    and the earlier ones stay usable, because their evidence is kept.
-    """
-    blocks = []
-    for ev in evidence:
-        note = "" if ev.status == "ok" else f" ({ev.status}: {ev.error})"
-        blocks.append(f"Evidence {ev.id} from {ev.tool}[{ev.input}]{note}: {ev.output}")
+    """The Planner's own prompt continued with its plan so far, each step's evidence and what went wrong,
+    asking for the steps that remain. Continuing the first prompt keeps its prefix cacheable and serves the
+    student the prompt it was trained on."""
+    notes = ["" if ev.status == "ok" else f" ({ev.status}: {ev.error})" for ev in evidence]
+    blocks = [f"Evidence {ev.id} from {ev.tool}[{ev.input}]{note}: {ev.output}" for ev, note in zip(evidence, notes)]
     content = (
         "Evidence so far:\n\n" + "\n\n".join(blocks) + "\n\n"
         f"Step {trigger['step']} gave no usable evidence ({trigger['kind']}). Write a new plan for what the "
@@ -170,8 +150,5 @@ def replan_messages(
         f"evidence of {', '.join(dict.fromkeys(s.id for s in steps))} by its id. Do not repeat a step that "
         "already gave evidence."
     )
-    return [
-        *planner_messages,
-        {"role": "assistant", "content": render_plan(Plan(tuple(steps), ())).strip()},
-        {"role": "user", "content": content},
-    ]
+    plan_so_far = {"role": "assistant", "content": render_plan(Plan(tuple(steps), ())).strip()}
+    return [*planner_messages, plan_so_far, {"role": "user", "content": content}]

@@ -1,13 +1,11 @@
 """The ReWOO Worker: run a plan's tool calls as a dependency graph.
 
-Each step is its own asyncio task that waits for exactly the steps it references and then for a slot of a
-shared semaphore, so a step starts the moment its inputs exist (not when a whole "level" is done) and
-independent steps overlap, up to `max_concurrency` tool calls at once. Waiting happens before taking a
-slot, so a step blocked on its dependencies never holds one and the graph cannot deadlock.
+Each step is an asyncio task that waits for exactly the steps it references, then for a semaphore slot, so
+a step starts the moment its inputs exist (not when a whole "level" is done). Waiting happens before taking
+a slot, so a step blocked on its dependencies never holds one and the graph cannot deadlock.
 
-A tool failure is data, not an exception: a tool that raises, times out, returns nothing or does not exist
-yields the evidence `No evidence found` with its status and error recorded, and the steps after it still
-run. That keeps every trajectory complete, so the filter can judge it.
+A tool failure is data, not an exception: it yields `No evidence found` with its status and error
+recorded, and the steps after it still run, so every trajectory is complete and the filter can judge it.
 """
 
 from __future__ import annotations
@@ -41,11 +39,6 @@ class WorkerConfig:
     tool_timeout_s: float | dict[str, float] = DEFAULT_TOOL_TIMEOUT_S  # a dict: tool name -> s, others default
     evidence_max_chars: int = 1500
 
-    def timeout_for(self, tool: str) -> float:
-        if isinstance(self.tool_timeout_s, Mapping):
-            return float(self.tool_timeout_s.get(tool, DEFAULT_TOOL_TIMEOUT_S))
-        return float(self.tool_timeout_s)
-
 
 @dataclass
 class Evidence:
@@ -64,19 +57,13 @@ class Evidence:
 
 def truncate(text: str, max_chars: int) -> str:
     """Cap `text` at max_chars characters in all, the last being a visible cut mark."""
-    if len(text) <= max_chars:
-        return text
-    return text[: max(max_chars - len(TRUNCATION_MARK), 0)] + TRUNCATION_MARK
+    return text if len(text) <= max_chars else text[: max(max_chars - len(TRUNCATION_MARK), 0)] + TRUNCATION_MARK
 
 
 def dependency_indices(steps: Sequence[Step]) -> list[list[int]]:
-    """For each step, the indices of the earlier steps it waits for.
-
-    A ref resolves to the latest *earlier* step with that id, so duplicate ids behave like reassignment, and
-    refs to later steps or to itself are ignored (left in the text as written): the graph is always acyclic,
-    whatever an invalid plan says. One pass with a running map of ids, so the cost is linear in the steps
-    and their refs, whatever a runaway plan holds.
-    """
+    """For each step, the indices of the earlier steps it waits for. A ref resolves to the latest *earlier*
+    step with that id (a duplicate id acts as reassignment) and refs to later steps or to itself are left in
+    the text as written, so the graph is always acyclic, and built in one pass whatever a runaway plan holds."""
     latest: dict[str, int] = {}
     deps: list[list[int]] = []
     for index, step in enumerate(steps):
@@ -86,19 +73,14 @@ def dependency_indices(steps: Sequence[Step]) -> list[list[int]]:
 
 
 async def run_plan(
-    plan: Plan,
-    tools: Mapping[str, Tool],
-    config: WorkerConfig | None = None,
-    known: Mapping[str, str] | None = None,
-    t0: float | None = None,
+    plan: Plan, tools: Mapping[str, Tool], config: WorkerConfig | None = None,
+    known: Mapping[str, str] | None = None, t0: float | None = None,
 ) -> list[Evidence]:
     """Run every step of `plan` (valid or not) and return its evidence in step order.
 
-    `known` maps the ids of evidence gathered before this plan (a re-plan continues an earlier one) to
-    their outputs: a ref to such an id is substituted without waiting, and nothing of it runs again. An
-    earlier step of `plan` with the same id wins, as a duplicate id does within one plan. `t0` (a
-    time.perf_counter value) is the origin of the evidence's start_s/end_s, by default this call's start,
-    so the steps of a continued plan can share the clock of the first."""
+    `known` maps ids of evidence gathered before this plan (a re-plan continues an earlier one) to their
+    outputs, substituted without waiting; an earlier step of `plan` with the same id wins. `t0` (a
+    time.perf_counter value, by default now) lets the steps of a continued plan share the first one's clock."""
     config, known = config or WorkerConfig(), known or {}
     if config.max_concurrency < 1:
         raise DistillError(f"worker max_concurrency must be at least 1, got {config.max_concurrency}")
@@ -119,8 +101,10 @@ async def run_plan(
         if tool is None:
             now = clock()
             return _failed(step, query, "error", f"unknown tool {step.tool!r}", now, now)
+        timeout = config.tool_timeout_s
+        if isinstance(timeout, Mapping):
+            timeout = timeout.get(step.tool, DEFAULT_TOOL_TIMEOUT_S)
         async with semaphore:
-            timeout = config.timeout_for(step.tool)
             start = clock()
             try:
                 raw = await asyncio.wait_for(tool.run(query), timeout)

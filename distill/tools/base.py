@@ -1,8 +1,5 @@
-"""The one interface every tool offers the Worker.
-
-A Protocol rather than a base class, so a test double or a third-party tool only needs the three members;
-the Worker never inspects anything else.
-"""
+"""The one interface every tool offers the Worker: a Protocol rather than a base class, so a test double or
+a third-party tool only needs the three members."""
 
 from __future__ import annotations
 
@@ -11,11 +8,8 @@ from typing import Protocol, runtime_checkable
 
 @runtime_checkable
 class Tool(Protocol):
-    """A named async function from a query string to evidence text.
-
-    `run` may raise or return empty text: the Worker turns both into `No evidence found` plus a recorded
-    error, so tools report failure honestly instead of inventing evidence.
-    """
+    """`run` may raise or return empty text: the Worker turns both into `No evidence found` plus a recorded
+    error, so tools report failure honestly instead of inventing evidence."""
 
     name: str
     description: str

@@ -1,9 +1,6 @@
-"""Exact arithmetic over a whitelisted AST, because planner inputs are untrusted text.
-
-`eval` would run anything a model writes; here only number literals and arithmetic operators are
-accepted, and every power and every intermediate result is bounded *before* it is computed, so an input
-like `9**9**9` is refused at once instead of hanging the Worker.
-"""
+"""Exact arithmetic over a whitelisted AST, because planner inputs are untrusted text: `eval` would run
+anything a model writes. Every power and every intermediate result is bounded *before* it is computed, so
+an input like `9**9**9` is refused at once instead of hanging the Worker."""
 
 from __future__ import annotations
 
@@ -22,13 +19,8 @@ MAX_EXPONENT = 1000
 MAX_DIGITS = 1000  # integer results stay below 10**MAX_DIGITS, far under Python's str() limit
 
 _BINARY: dict[type[ast.operator], Callable[[Number, Number], Number]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
 }
 _UNARY: dict[type[ast.unaryop], Callable[[Number], Number]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
@@ -36,9 +28,14 @@ _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
 def evaluate(expression: str) -> Number:
     """Evaluate `expression` or raise ValueError saying what is not allowed."""
-    text = _normalise(expression)
+    text = expression.strip()
+    if len(text) > MAX_INPUT_CHARS:
+        raise ValueError(f"expression longer than {MAX_INPUT_CHARS} characters")
+    text = text.rstrip("=").strip()
+    if not text:
+        raise ValueError("empty expression")
     try:
-        tree = ast.parse(text, mode="eval")
+        tree = ast.parse(_THOUSANDS.sub("", text), mode="eval")
     except (SyntaxError, ValueError) as exc:  # ValueError: over-long integer literals, null bytes
         raise ValueError(f"not an arithmetic expression: {expression.strip()!r}") from exc
     return _eval(tree.body)
@@ -59,16 +56,6 @@ class Calculator:
 
     async def run(self, query: str) -> str:
         return format_number(evaluate(query))
-
-
-def _normalise(expression: str) -> str:
-    text = expression.strip()
-    if len(text) > MAX_INPUT_CHARS:
-        raise ValueError(f"expression longer than {MAX_INPUT_CHARS} characters")
-    text = text.rstrip("=").strip()
-    if not text:
-        raise ValueError("empty expression")
-    return _THOUSANDS.sub("", text)
 
 
 def _eval(node: ast.expr) -> Number:

@@ -1,8 +1,7 @@
 """The `LLM` tool: one user message to a chat model, its reply as evidence.
 
-Every completion is kept in `calls` so the agent can charge the tool's tokens and cost to the run;
-the agent builds a fresh tool per question (see `build_tools`), so the list is that question's calls.
-"""
+Every completion is kept in `calls` so the agent can charge the tool's tokens and cost to the run (the agent
+builds a fresh tool per question, so the list is that question's calls)."""
 
 from __future__ import annotations
 

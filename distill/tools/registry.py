@@ -1,8 +1,5 @@
-"""Tool names, their one-line planner descriptions, and construction from a list of names.
-
-The descriptions are listed verbatim in the planner prompt, so they live in one place: changing one
-changes what the teacher saw and what the student is trained on.
-"""
+"""Tool names, their planner descriptions and construction from a list of names. The descriptions are
+listed verbatim in the planner prompt: changing one changes what the teacher saw and the student learns."""
 
 from __future__ import annotations
 
@@ -26,12 +23,9 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
 
 
 def tool_descriptions(names: Iterable[str]) -> dict[str, str]:
-    """Name -> description, in the order given and spelled as the registry spells them.
-
-    The only place tool names become the planner prompt's tool list: generation, sft-data, eval and ask all
-    come through here, so the student is served exactly the list it was trained on. Case is fixed (configs
-    are written by hand); a repeat or an empty list is refused, since either would change the prompt.
-    """
+    """Name -> description, in the order given, spelled as the registry spells them (configs are written by
+    hand). Every stage's prompt tool list comes through here, so the student is served the list it was
+    trained on; a repeat or an empty list is refused, since either would change the prompt."""
     by_key = {known.lower(): known for known in TOOL_DESCRIPTIONS}
     out: dict[str, str] = {}
     for raw in names:
@@ -49,11 +43,8 @@ def tool_descriptions(names: Iterable[str]) -> dict[str, str]:
 def build_tools(
     names: Iterable[str], *, wikipedia: Tool | None, llm_model: Any = None, llm_max_tokens: int = 256
 ) -> dict[str, Tool]:
-    """Build the named tools, keyed by canonical name in the order given.
-
-    The Wikipedia backend is passed in already built because choosing it (online, local corpus, per-question
-    scope) is the caller's decision; the LLM tool is built here around `llm_model` (a ChatModel).
-    """
+    """The named tools, keyed by canonical name in the order given. The Wikipedia backend comes built because
+    choosing it (online, local corpus, per-question scope) is the caller's decision."""
     from distill.tools.calculator import Calculator
     from distill.tools.llm_tool import LLMTool
 
