@@ -33,7 +33,7 @@ class TransformersChat:
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         """The exact token ids the model sees: the chat template with the generation prompt appended."""
         out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
 
     async def chat(self, messages, *, temperature=0.0, max_tokens=512, stop=None, seed=None) -> Completion:
         t0 = time.perf_counter()
