@@ -142,9 +142,6 @@ class LocalWikipedia(ScopedWikipedia):
         return await asyncio.to_thread(self._search, query)
 
 
-# ------------------------------------------------------------------------------------------- online API
-
-
 @dataclass(kw_only=True, eq=False)
 class OnlineWikipedia:
     """Search the MediaWiki API, then return the plain-text intro of the best pages.
