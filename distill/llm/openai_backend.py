@@ -14,6 +14,8 @@ import os
 import time
 from collections import Counter
 
+import httpx
+
 from distill.errors import DistillError, ServerUnreachable, clip
 from distill.llm.base import Completion, Price, Usage, weights_fingerprint
 from distill.retry import Fault, bind, retry_after_s, with_retries
@@ -26,9 +28,9 @@ class ServerError(DistillError):
     """A model server failed for good; `retryable` tells a caller whether it was the server's fault (and
     might pass) or a refusal of the request (4xx)."""
 
-    def __init__(self, message: str, kind: str, retryable: bool):
+    def __init__(self, message: str, retryable: bool):
         super().__init__(message)
-        self.kind, self.retryable = kind, retryable
+        self.retryable = retryable
 
 
 class ServerDown(ServerError, ServerUnreachable):
@@ -104,8 +106,6 @@ class OpenAIChat:
         return min(range(n), key=lambda i: (self._inflight[i], (i - start) % n))
 
     async def _attempt(self, i: int, method: str, path: str, body: dict | None, parse):
-        import httpx
-
         url = self._urls[i]
         async with self._sem:
             self._inflight[i] += 1
@@ -141,7 +141,7 @@ class OpenAIChat:
         except Fault as fault:
             stops_run = fault.retry or fault.kind in RUN_STOPPING_STATUS
             raise (ServerDown if stops_run else ServerError)(
-                f"model server {self._urls[tried[-1]]} (model {self.name}): {fault.describe()}", fault.kind, fault.retry
+                f"model server {self._urls[tried[-1]]} (model {self.name}): {fault.describe()}", fault.retry
             ) from None
 
     def _count(self, text: str) -> int:

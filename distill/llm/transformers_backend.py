@@ -10,15 +10,15 @@ import asyncio
 import threading
 import time
 
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from distill.llm.base import Completion, Price, Usage
 from distill.llm.embedded import resolve_model_path
 
 
 class TransformersChat:
     def __init__(self, model: str, price: Price = Price(), dtype: str = "float32", device: str = "cpu"):
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         path = resolve_model_path(model)
         self.name = model
         self.price = price
@@ -26,7 +26,6 @@ class TransformersChat:
         self.model = AutoModelForCausalLM.from_pretrained(
             path, dtype=getattr(torch, dtype), device_map=None if device == "cpu" else device
         )
-        self.model.eval()
         self._pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self._lock = threading.Lock()  # torch's global seed and one model: one generate at a time
 
@@ -42,8 +41,6 @@ class TransformersChat:
         return Completion(text, usage, time.perf_counter() - t0, self.price.cost(usage), self.name)
 
     def _generate(self, ids: list[int], temperature: float, max_tokens: int, stop, seed) -> tuple[str, Usage]:
-        import torch
-
         kwargs = dict(max_new_tokens=max_tokens, pad_token_id=self._pad)
         if temperature > 0:
             kwargs.update(do_sample=True, temperature=temperature, top_p=1.0, top_k=0)
