@@ -24,7 +24,7 @@ from distill.tools import (
     build_tools,
 )
 from distill.tools.calculator import evaluate
-from distill.tools.wikipedia import Paragraph, format_paragraphs
+from distill.tools.wikipedia import format_paragraphs
 
 FIXTURE = Path(__file__).parent / "fixtures" / "mini_corpus.jsonl"
 
@@ -227,7 +227,7 @@ def test_scoped_wikipedia_top_k_and_empty_context() -> None:
 
 
 def test_format_paragraphs_cuts_at_a_word() -> None:
-    text = format_paragraphs([Paragraph("T", "one two three four five six seven")], 20)
+    text = format_paragraphs([("T", "one two three four five six seven")], 20)
     assert text == "T: one two three…"
 
 

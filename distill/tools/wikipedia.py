@@ -42,15 +42,9 @@ def _bm25s():
     return bm25s
 
 
-@dataclass(frozen=True)
-class Paragraph:
-    title: str
-    text: str
-
-
-def format_paragraphs(paragraphs: Sequence[Paragraph], max_chars: int | None) -> str:
-    """Join the best paragraphs and cap the total, cutting at a word boundary with an ellipsis."""
-    text = "\n\n".join(f"{p.title}: {p.text}" for p in paragraphs)
+def format_paragraphs(paragraphs: Sequence[tuple[str, str]], max_chars: int | None) -> str:
+    """Join the best (title, text) paragraphs and cap the total, cutting at a word boundary with an ellipsis."""
+    text = "\n\n".join(f"{title}: {body}" for title, body in paragraphs)
     if max_chars is None or len(text) <= max_chars:
         return text
     cut = text[: max(max_chars - 1, 0)]
@@ -79,15 +73,15 @@ class ScopedWikipedia:
             raise DistillError("a scoped Wikipedia needs at least one (title, text) paragraph")
         if top_k < 1:
             raise DistillError(f"wikipedia top_k must be at least 1, got {top_k}")
-        self.paragraphs = [Paragraph(title, text) for title, text in paragraphs]
+        self.paragraphs = list(paragraphs)
         self.top_k, self.max_chars = top_k, max_chars
         self._stemmer = Stemmer.Stemmer("english")
         self._lock = threading.Lock()
         self._by_title: dict[str, int] = {}
-        for i, p in enumerate(self.paragraphs):
-            self._by_title.setdefault(_title_key(p.title), i)
+        for i, (title, _) in enumerate(self.paragraphs):
+            self._by_title.setdefault(_title_key(title), i)
         # The title goes into the indexed text so that a query naming the page finds it.
-        docs = [f"{p.title}. {p.text}" for p in self.paragraphs]
+        docs = [f"{title}. {text}" for title, text in self.paragraphs]
         self._retriever = _bm25s().BM25()
         self._retriever.index(_bm25s().tokenize(docs, stopwords="en", stemmer=self._stemmer, show_progress=False),
                               show_progress=False)
@@ -125,7 +119,7 @@ class LocalWikipedia(ScopedWikipedia):
         path, start = Path(corpus_path), time.perf_counter()
         paragraphs = []
         for n, record in enumerate(read_jsonl(path), 1):
-            if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("title", "text")):
+            if not all(isinstance(record.get(k), str) for k in ("title", "text")):  # read_jsonl gives only objects
                 raise DistillError(f"{path}: record {n}: a corpus record needs string fields 'title' and 'text'")
             paragraphs.append((record["title"], record["text"]))
         if not paragraphs:
@@ -173,15 +167,11 @@ class OnlineWikipedia:
 
     def __post_init__(self) -> None:
         if self.max_concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0:
-            raise DistillError(
-                "online Wikipedia needs max_concurrency >= 1, max_retries >= 0 and timeout_s > 0, got "
-                f"{self.max_concurrency}, {self.max_retries}, {self.timeout_s}"
-            )
+            raise DistillError("online Wikipedia needs max_concurrency >= 1, max_retries >= 0 and timeout_s > 0, "
+                               f"got {self.max_concurrency}, {self.max_retries}, {self.timeout_s}")
         if not self.contact:
-            log.warning(
-                "online Wikipedia without a contact: set wikipedia_contact to a URL or email, as the Wikimedia "
-                "User-Agent policy asks (https://meta.wikimedia.org/wiki/User-Agent_policy)"
-            )
+            log.warning("online Wikipedia without a contact: set wikipedia_contact to a URL or email, as the "
+                        "Wikimedia User-Agent policy asks (https://meta.wikimedia.org/wiki/User-Agent_policy)")
         about = "ReWOO planner distillation" + (f"; {self.contact}" if self.contact else "")
         self.user_agent = f"distill/{__version__} ({about}) httpx/{httpx.__version__}"
 
@@ -218,7 +208,7 @@ class OnlineWikipedia:
             page = pages.get(renamed.get(title, title))
             extract = page.get("extract") if page and not page.get("missing") else None
             if isinstance(extract, str) and extract.strip():
-                found.append(Paragraph(page["title"], " ".join(extract.split())))
+                found.append((page["title"], " ".join(extract.split())))
         return format_paragraphs(found, self.max_chars)
 
     async def _get(self, params: dict[str, str]) -> dict[str, Any]:
@@ -231,8 +221,7 @@ class OnlineWikipedia:
                 raise Fault("timeout", f"no answer within {self.timeout_s:g}s", retry=True) from None
             except httpx.TransportError as exc:
                 raise Fault("connect", f"connection failed ({one_line(exc, 200)})", retry=True) from None
-        status = response.status_code
-        if status != 200:
+        if (status := response.status_code) != 200:
             retry = status == 429 or status >= 500
             wait = retry_after_s(response.headers.get("Retry-After")) if retry else None
             raise Fault(str(status), f"HTTP {status} {response.reason_phrase}", retry=retry, wait_s=wait)
