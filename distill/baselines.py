@@ -83,9 +83,6 @@ _BARE_FINISH_RE = re.compile(r"\bFinish[ \t]*\[", re.IGNORECASE)
 _REF = "#E1"  # the id the action is parsed under; its deps and ref errors are ignored
 
 
-# ------------------------------------------------------------------------------------------------ Direct
-
-
 def direct_messages(question: str) -> list[dict]:
     return [{"role": "user", "content": f"{DIRECT_INSTRUCTIONS}\n\nQuestion: {question.strip()}"}]
 
@@ -111,9 +108,6 @@ class DirectAgent:
         )
 
 
-# ------------------------------------------------------------------------------------------------- ReAct
-
-
 @dataclass(frozen=True)
 class Action:
     """What one ReAct turn asked for: a tool call, `Finish[answer]`, or nothing usable (`error` says why)."""
@@ -129,13 +123,9 @@ class Action:
 
 
 def parse_action(text: str, tools) -> Action:
-    """Read `Thought: ...` and `Action: Tool[input]` from one model turn; never raises.
-
-    The call is parsed by `parse_plan` as if it were the step `#E1 = Tool[input]`, so tool names are matched
-    case-insensitively against the registry and the input runs to the bracket that closes the first `[`,
-    across lines if need be, exactly as in plans. A bare `Finish[answer]` without `Action:` is accepted,
-    because small models often drop the label on the last turn.
-    """
+    """Read `Thought: ...` and `Action: Tool[input]` from one model turn; never raises. The call is parsed as
+    the plan step `#E1 = Tool[input]`, so tool names and brackets mean exactly what they do in plans. A bare
+    `Finish[answer]` without `Action:` is accepted: small models often drop the label on the last turn."""
     label = _ACTION_RE.search(text)
     match = label or _BARE_FINISH_RE.search(text)
     if match is None:
@@ -166,9 +156,8 @@ def react_system_prompt(tools: Mapping[str, str]) -> str:
 
 
 def react_messages(question: str, tools: Mapping[str, str], turns: list[tuple[str, str | None]]) -> list[dict]:
-    """A chat: static instructions and exemplars (prefix-cacheable), the question, then one assistant message
-    per earlier turn (its Thought and Action) answered by a user message with its Observation. Every call
-    resends the whole history, which is what makes ReAct's prompt grow with each hop."""
+    """A chat: static instructions and exemplars first (prefix-cacheable), the question, then one assistant
+    message per earlier turn (its Thought and Action) answered by a user message with its Observation."""
     messages = [
         {"role": "system", "content": react_system_prompt(tools)},
         {"role": "user", "content": f"Question: {question.strip()}"},
@@ -182,11 +171,8 @@ def react_messages(question: str, tools: Mapping[str, str], turns: list[tuple[st
 
 @dataclass
 class ReActAgent:
-    """Thought/Action/Observation with the Solver model, at most `max_steps` model calls.
-
-    The loop ends at `Finish[answer]`; at the step cap the answer is empty (as in the original ReAct code,
-    which gives up rather than guessing), and `react.stop_reason` says which happened.
-    """
+    """Thought/Action/Observation with the Solver model, at most `max_steps` model calls. At the step cap the
+    answer is empty, as in the original ReAct code, which gives up rather than guessing."""
 
     model: Any
     tools_for: Callable[[Any], Mapping[str, Any]]
@@ -218,26 +204,28 @@ class ReActAgent:
             outs.append(out)
             action = parse_action(out.text, self.tool_descriptions)
             observation, evidence_id = None, None
-            if not action.finish:
-                observation, evidence_id = await self._observe(action, tools, evidence, t0)
+            if action.tool is None:  # an unusable action gets a hint instead, and no evidence
+                names = ", ".join([*self.tool_descriptions, FINISH])
+                observation = f"Invalid action ({action.error}). Write Action: Tool[input] with a tool from: {names}."
+            elif not action.finish:  # through the Worker, so a tool fails exactly as it would for ReWOO
+                evidence_id = f"#E{len(evidence) + 1}"
+                plan = Plan((Step(evidence_id, action.thought, action.tool, action.input, ()),), ())
+                (found,) = await run_plan(plan, tools, self.worker, t0=t0)
+                evidence.append(found.to_dict())
+                observation = found.output
             # The history shows canonical Thought/Action lines, whatever decoration the model wrote.
             act = f"{action.tool}[{action.input}]" if action.tool is not None else "(invalid)"
             turns.append((f"Thought: {action.thought}\nAction: {act}", observation))
             steps.append({
-                "output": out.text,
-                "thought": action.thought,
+                "output": out.text, "thought": action.thought,
                 "action": {"tool": action.tool, "input": action.input, "error": action.error},
-                "observation": observation,
-                "evidence_id": evidence_id,
-                "usage": asdict(out.usage),
-                "latency_s": round(out.latency_s, 4),
-                "cost_usd": out.cost_usd,
-                "cached": out.cached,
+                "observation": observation, "evidence_id": evidence_id, "usage": asdict(out.usage),
+                "latency_s": round(out.latency_s, 4), "cost_usd": out.cost_usd, "cached": out.cached,
             })
             if action.finish:
                 break
-        finished = steps[-1]["action"]["tool"] == FINISH
-        prediction = prompts.extract_answer(steps[-1]["action"]["input"]) if finished else ""
+        finished = action.finish
+        prediction = prompts.extract_answer(action.input) if finished else ""
         # The solver's usage, latency and cost are those of all its turns; the messages those of the last.
         total = Completion(
             outs[-1].text, sum((o.usage for o in outs), Usage()), sum(o.latency_s for o in outs),
@@ -249,18 +237,3 @@ class ReActAgent:
             example, self.method, sample, t0, evidence=evidence, prediction=prediction, solver_calls=outs,
             solver=call_record(messages, total) | {"calls": len(outs)}, tools=tools, react=react,
         )
-
-    async def _observe(
-        self, action: Action, tools: Mapping[str, Any], evidence: list[dict], t0: float
-    ) -> tuple[str, str | None]:
-        """(observation, evidence id): the tool runs through the Worker, so it fails exactly as it would for
-        ReWOO; an unusable action gets a hint instead and no evidence."""
-        if action.tool is None:
-            names = ", ".join([*self.tool_descriptions, FINISH])
-            return f"Invalid action ({action.error}). Write Action: Tool[input] with a tool from: {names}.", None
-        step_id = f"#E{len(evidence) + 1}"
-        plan = Plan((Step(step_id, action.thought, action.tool, action.input, ()),), ())
-        (found,) = await run_plan(plan, tools, self.worker, t0=t0)
-        evidence.append(found.to_dict())
-        return found.output, step_id
-

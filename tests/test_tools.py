@@ -18,7 +18,7 @@ from distill.tools.base import Tool
 from distill.tools.calculator import Calculator, evaluate
 from distill.tools.llm_tool import LLMTool
 from distill.tools.registry import TOOL_DESCRIPTIONS, build_tools
-from distill.tools.wikipedia import LocalWikipedia, Paragraph, ScopedWikipedia, format_paragraphs
+from distill.tools.wikipedia import LocalWikipedia, ScopedWikipedia, format_paragraphs
 
 FIXTURE = Path(__file__).parent / "fixtures" / "mini_corpus.jsonl"
 
@@ -221,7 +221,7 @@ def test_scoped_wikipedia_top_k_and_empty_context() -> None:
 
 
 def test_format_paragraphs_cuts_at_a_word() -> None:
-    text = format_paragraphs([Paragraph("T", "one two three four five six seven")], 20)
+    text = format_paragraphs([("T", "one two three four five six seven")], 20)
     assert text == "T: one two three…"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from distill.llm.base import ChatModel, Price
+from distill.llm.cached import CachedChat
 
 
 def price_for(spec, prices: dict[str, dict[str, float]] | None = None) -> Price:
@@ -34,9 +35,5 @@ def build_chat(spec, prices: dict | None = None, cache=None) -> ChatModel:
             spec.model, spec.base_urls, spec.api_key_env, price, spec.max_concurrency, spec.timeout_s, spec.max_retries,
             spec.tokenizer, spec.max_retry_after_s,
         )
-    if cache is not None:
-        from distill.llm.cached import CachedChat
-
-        model = CachedChat(model, cache)
-    return model
+    return model if cache is None else CachedChat(model, cache)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,13 +48,8 @@ class ChatModel(Protocol):
     name: str
 
     async def chat(
-        self,
-        messages: list[dict],
-        *,
-        temperature: float = 0.0,
-        max_tokens: int = 512,
-        stop: list[str] | None = None,
-        seed: int | None = None,
+        self, messages: list[dict], *, temperature: float = 0.0, max_tokens: int = 512,
+        stop: list[str] | None = None, seed: int | None = None,
     ) -> Completion: ...
 
 
@@ -62,24 +58,18 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
 # Past this size a file is fingerprinted by its size, mtime and both ends: hashing a 15 GB merged 7B model
 # would cost half a minute per run, while a retrained file of the same name never keeps all four.
 FULL_HASH_MAX_BYTES = 2 << 30
-_FINGERPRINTS: dict[tuple, str] = {}
 
 
-def _file_digest(path: Path) -> str:
-    stat = path.stat()
-    key = (str(path), stat.st_size, stat.st_mtime_ns)
-    if key not in _FINGERPRINTS:
-        with path.open("rb") as f:
-            if stat.st_size <= FULL_HASH_MAX_BYTES:
-                digest = hashlib.file_digest(f, "sha256")
-            else:
-                digest = hashlib.sha256()
-                digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
-                digest.update(f.read(16 << 20))
-                f.seek(-(16 << 20), 2)
-                digest.update(f.read())
-        _FINGERPRINTS[key] = digest.hexdigest()
-    return _FINGERPRINTS[key]
+@functools.cache
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    with open(path, "rb") as f:
+        if size <= FULL_HASH_MAX_BYTES:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+        digest = hashlib.sha256(f"{size}:{mtime_ns}".encode())
+        digest.update(f.read(16 << 20))
+        f.seek(-(16 << 20), 2)
+        digest.update(f.read())
+        return digest.hexdigest()
 
 
 def weights_fingerprint(location: str | None) -> str | None:
@@ -94,7 +84,8 @@ def weights_fingerprint(location: str | None) -> str | None:
             return None
         digest = hashlib.sha256()
         for p in files:
-            digest.update(f"{p.name}:{_file_digest(p)}\n".encode())
+            stat = p.stat()
+            digest.update(f"{p.name}:{_file_digest(str(p), stat.st_size, stat.st_mtime_ns)}\n".encode())
         return digest.hexdigest()
     except OSError:
         return None

@@ -1,8 +1,6 @@
 """Cache wrappers: a model or tool call seen before (same model, messages, sampling, seed) is not paid twice.
-
-A model's key holds its identity (`identity_of`: the server, and the adapter and weights served there), not
-just its name, so a retrained adapter served again under the same name is never answered from the old cache.
-"""
+A model's key holds its identity (`identity_of`), not just its name, so a retrained adapter served again under
+the same name is never answered from the old cache."""
 
 from __future__ import annotations
 
@@ -14,17 +12,14 @@ from distill.store import CallCache, stable_hash
 
 
 class CachedChat:
+    """Forwards every other member (`name`, the `retries` a run's summary reads) to the model it caches."""
+
     def __init__(self, inner, cache: CallCache):
         self.inner = inner
-        self.name = inner.name
         self.cache = cache
         self.calls = 0  # calls that reached the model
         self._identity: dict | None = None
         self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
-
-    @property
-    def retries(self) -> int:
-        return getattr(self.inner, "retries", 0)
 
     async def identity(self) -> dict:
         """Computed once (it may ask the server and hash weights); concurrent first calls wait for one."""
@@ -49,6 +44,9 @@ class CachedChat:
         out = await self.inner.chat(messages, temperature=temperature, max_tokens=max_tokens, stop=stop, seed=seed)
         self.cache.put(key, asdict(out), kind="model")
         return out
+
+    def __getattr__(self, item):
+        return getattr(self.inner, item)
 
 
 class CachedTool:

@@ -14,6 +14,8 @@ import os
 import time
 from collections import Counter
 
+import httpx
+
 from distill.errors import DistillError, ServerUnreachable, clip
 from distill.llm.base import Completion, Price, Usage, weights_fingerprint
 from distill.retry import Fault, bind, retry_after_s, with_retries
@@ -26,9 +28,9 @@ class ServerError(DistillError):
     """A model server failed for good; `retryable` tells a caller whether it was the server's fault (and
     might pass) or a refusal of the request (4xx)."""
 
-    def __init__(self, message: str, kind: str, retryable: bool):
+    def __init__(self, message: str, retryable: bool):
         super().__init__(message)
-        self.kind, self.retryable = kind, retryable
+        self.retryable = retryable
 
 
 class ServerDown(ServerError, ServerUnreachable):
@@ -53,11 +55,9 @@ def _error_message(resp) -> str:
     try:
         err = resp.json().get("error")
         msg = err.get("message") if isinstance(err, dict) else err
-        if isinstance(msg, str) and msg:
-            return clip(msg, 200)
     except (ValueError, AttributeError):
-        pass
-    return clip(resp.text, 200)
+        msg = None
+    return clip(msg if isinstance(msg, str) and msg else resp.text, 200)
 
 
 def _parse_json(resp):
@@ -67,7 +67,7 @@ def _parse_json(resp):
         raise Fault("malformed body", f"malformed body (not JSON: {clip(resp.text, 80)!r})", retry=True) from None
 
 
-def _parse_chat(resp) -> tuple[str, dict | None]:
+def _parse_chat(resp) -> tuple[str, object]:
     """The reply text and usage from a 200; a body that is not a chat completion is a retryable fault."""
     body = _parse_json(resp)
     choices = body.get("choices") if isinstance(body, dict) else None
@@ -77,49 +77,35 @@ def _parse_chat(resp) -> tuple[str, dict | None]:
     content = message.get("content") if isinstance(message, dict) else None
     if not isinstance(content, str):
         raise Fault("null content", "the reply's message has no text content", retry=True)
-    usage = body.get("usage")
-    return content, usage if isinstance(usage, dict) else None
+    return content, body.get("usage")  # chat() counts the tokens itself when this is missing or malformed
 
 
 class OpenAIChat:
     def __init__(
-        self,
-        model: str,
-        base_urls: list[str] | None = None,
-        api_key_env: str | None = None,
-        price: Price = Price(),
-        max_concurrency: int = 8,
-        timeout_s: float = 120.0,
-        max_retries: int = 5,
-        tokenizer: str | None = None,
-        max_retry_after_s: float = 60.0,
-        backoff_s: float = 0.5,
+        self, model: str, base_urls: list[str] | None = None, api_key_env: str | None = None, price: Price = Price(),
+        max_concurrency: int = 8, timeout_s: float = 120.0, max_retries: int = 5, tokenizer: str | None = None,
+        max_retry_after_s: float = 60.0, backoff_s: float = 0.5,
     ):
         self._key = _api_key(api_key_env)  # read now, so a missing key fails before any work starts
         default_url = os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1")
         self._urls = [u.rstrip("/") for u in (base_urls or [default_url])]
         self._timeout_s, self.max_concurrency = timeout_s, max_concurrency
         self.max_retries, self.max_wait_s, self.backoff_s = max_retries, max_retry_after_s, backoff_s
-        self.name = model
-        self.price = price
+        self.name, self.price = model, price
         self._next = itertools.cycle(range(len(self._urls)))
         self._inflight = [0] * len(self._urls)
         self.sent = [0] * len(self._urls)  # requests per base URL, to see the load spread
         self.retries = 0  # attempts beyond the first, for a run's summary
         self.faults: Counter[str] = Counter()  # failed attempts by kind ("503", "timeout", "no choices", ...)
-        self._identity: dict | None = None
         self._tokenizer_name = tokenizer
         self._tokenizer = None
 
     def _pick(self) -> int:
         """Least-loaded server, ties broken round-robin, so one slow server does not stall the run."""
-        start = next(self._next)
-        order = [(start + i) % len(self._urls) for i in range(len(self._urls))]
-        return min(order, key=lambda i: self._inflight[i])
+        start, n = next(self._next), len(self._urls)
+        return min(range(n), key=lambda i: (self._inflight[i], (i - start) % n))
 
     async def _attempt(self, i: int, method: str, path: str, body: dict | None, parse):
-        import httpx
-
         url = self._urls[i]
         async with self._sem:
             self._inflight[i] += 1
@@ -135,8 +121,7 @@ class OpenAIChat:
                 raise Fault("dropped", f"connection dropped ({detail})", retry=True) from None
             finally:
                 self._inflight[i] -= 1
-        if resp.status_code != 200:
-            status = resp.status_code
+        if (status := resp.status_code) != 200:
             retry = status in RETRY_STATUS or status >= 500
             wait = retry_after_s(resp.headers.get("retry-after")) if retry else None
             raise Fault(str(status), f"HTTP {status}: {_error_message(resp)}", retry=retry, wait_s=wait)
@@ -156,7 +141,7 @@ class OpenAIChat:
         except Fault as fault:
             stops_run = fault.retry or fault.kind in RUN_STOPPING_STATUS
             raise (ServerDown if stops_run else ServerError)(
-                f"model server {self._urls[tried[-1]]} (model {self.name}): {fault.describe()}", fault.kind, fault.retry
+                f"model server {self._urls[tried[-1]]} (model {self.name}): {fault.describe()}", fault.retry
             ) from None
 
     def _count(self, text: str) -> int:
@@ -184,25 +169,23 @@ class OpenAIChat:
         return Completion(text, used, latency, self.price.cost(used), self.name)
 
     async def identity(self) -> dict:
-        """The servers and what they serve under this name, computed once. vLLM's /v1/models gives each
-        model's `root` (a LoRA module's adapter folder); where that folder is readable here, a hash of its
+        """The servers and what they serve under this name (CachedChat asks once per run). vLLM's /v1/models gives
+        each model's `root` (a LoRA module's adapter folder); where that folder is readable here, a hash of its
         weights goes in too, so an adapter retrained and served again as `planner` gets new cache keys."""
-        if self._identity is None:
-            served = []
-            for url in sorted(set(self._urls)):
-                entry = {"base_url": url}
-                try:
-                    models = await self._call("GET", "/models", None, _parse_json, self._urls.index(url))
-                except ServerError as exc:
-                    if exc.retryable:
-                        raise  # the server is down: the chat call would fail the same way
-                    models = None  # a server without /models: its URL and the name are all we know
-                data = models.get("data") if isinstance(models, dict) else None
-                for m in data if isinstance(data, list) else []:
-                    if isinstance(m, dict) and m.get("id") == self.name:
-                        root = m.get("root") if isinstance(m.get("root"), str) else None
-                        weights = await asyncio.to_thread(weights_fingerprint, root)
-                        entry |= {"root": root, "parent": m.get("parent"), "weights": weights}
-                served.append(entry)
-            self._identity = {"model": self.name, "servers": served}
-        return self._identity
+        served = []
+        for url in sorted(set(self._urls)):
+            entry = {"base_url": url}
+            try:
+                models = await self._call("GET", "/models", None, _parse_json, self._urls.index(url))
+            except ServerError as exc:
+                if exc.retryable:
+                    raise  # the server is down: the chat call would fail the same way
+                models = None  # a server without /models: its URL and the name are all we know
+            data = models.get("data") if isinstance(models, dict) else None
+            for m in data if isinstance(data, list) else []:
+                if isinstance(m, dict) and m.get("id") == self.name:
+                    root = m.get("root") if isinstance(m.get("root"), str) else None
+                    weights = await asyncio.to_thread(weights_fingerprint, root)
+                    entry |= {"root": root, "parent": m.get("parent"), "weights": weights}
+            served.append(entry)
+        return {"model": self.name, "servers": served}

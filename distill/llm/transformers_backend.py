@@ -10,15 +10,15 @@ import asyncio
 import threading
 import time
 
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from distill.llm.base import Completion, Price, Usage
 from distill.llm.embedded import resolve_model_path
 
 
 class TransformersChat:
     def __init__(self, model: str, price: Price = Price(), dtype: str = "float32", device: str = "cpu"):
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         path = resolve_model_path(model)
         self.name = model
         self.price = price
@@ -26,14 +26,13 @@ class TransformersChat:
         self.model = AutoModelForCausalLM.from_pretrained(
             path, dtype=getattr(torch, dtype), device_map=None if device == "cpu" else device
         )
-        self.model.eval()
         self._pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self._lock = threading.Lock()  # torch's global seed and one model: one generate at a time
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         """The exact token ids the model sees: the chat template with the generation prompt appended."""
         out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
 
     async def chat(self, messages, *, temperature=0.0, max_tokens=512, stop=None, seed=None) -> Completion:
         t0 = time.perf_counter()
@@ -42,8 +41,6 @@ class TransformersChat:
         return Completion(text, usage, time.perf_counter() - t0, self.price.cost(usage), self.name)
 
     def _generate(self, ids: list[int], temperature: float, max_tokens: int, stop, seed) -> tuple[str, Usage]:
-        import torch
-
         kwargs = dict(max_new_tokens=max_tokens, pad_token_id=self._pad)
         if temperature > 0:
             kwargs.update(do_sample=True, temperature=temperature, top_p=1.0, top_k=0)

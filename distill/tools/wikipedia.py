@@ -1,11 +1,6 @@
-"""The `Wikipedia` tool, with three backends behind the one `Tool` interface.
-
-- `OnlineWikipedia`: the MediaWiki API (search, then the intro extract of the best pages), as in the ReWOO
-  paper. Needs the internet.
-- `LocalWikipedia`: BM25 (bm25s) over a JSONL corpus of `{title, text}` paragraphs, so runs are offline and
-  reproducible. The index is built in memory each run.
-- `ScopedWikipedia`: BM25 over one question's own paragraphs (the HotpotQA
-  distractor setting), in memory.
+"""The `Wikipedia` tool: the MediaWiki API as in the ReWOO paper (`OnlineWikipedia`), or BM25 over a JSONL
+corpus of `{title, text}` paragraphs so that runs are offline and reproducible (`LocalWikipedia`), or over one
+question's own paragraphs, the HotpotQA distractor setting (`ScopedWikipedia`).
 
 Every backend returns `Title: text` paragraphs, best first, or "" when nothing matches (the Worker records
 that as empty evidence rather than the tool inventing something).
@@ -20,7 +15,7 @@ import os
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -47,18 +42,9 @@ def _bm25s():
     return bm25s
 
 
-@dataclass(frozen=True)
-class Paragraph:
-    title: str
-    text: str
-
-    def render(self) -> str:
-        return f"{self.title}: {self.text}"
-
-
-def format_paragraphs(paragraphs: Sequence[Paragraph], max_chars: int | None) -> str:
-    """Join the best paragraphs and cap the total, cutting at a word boundary with an ellipsis."""
-    text = "\n\n".join(p.render() for p in paragraphs)
+def format_paragraphs(paragraphs: Sequence[tuple[str, str]], max_chars: int | None) -> str:
+    """Join the best (title, text) paragraphs and cap the total, cutting at a word boundary with an ellipsis."""
+    text = "\n\n".join(f"{title}: {body}" for title, body in paragraphs)
     if max_chars is None or len(text) <= max_chars:
         return text
     cut = text[: max(max_chars - 1, 0)]
@@ -73,11 +59,7 @@ def _title_key(text: str) -> str:
 
 class ScopedWikipedia:
     """BM25 over a handful of given paragraphs (one HotpotQA question's context); in memory, never saved.
-
-    Queries are tokenized to strings and mapped through the index vocabulary, so a query word the corpus
-    never used is simply ignored. A lock serialises searches because PyStemmer objects are not thread-safe
-    and searches run in worker threads.
-    """
+    A lock serialises tokenizing because PyStemmer objects are not thread-safe and searches run in threads."""
 
     name = "Wikipedia"
     description = TOOL_DESCRIPTIONS["Wikipedia"]
@@ -91,15 +73,15 @@ class ScopedWikipedia:
             raise DistillError("a scoped Wikipedia needs at least one (title, text) paragraph")
         if top_k < 1:
             raise DistillError(f"wikipedia top_k must be at least 1, got {top_k}")
-        self.paragraphs = [Paragraph(title, text) for title, text in paragraphs]
+        self.paragraphs = list(paragraphs)
         self.top_k, self.max_chars = top_k, max_chars
         self._stemmer = Stemmer.Stemmer("english")
         self._lock = threading.Lock()
         self._by_title: dict[str, int] = {}
-        for i, p in enumerate(self.paragraphs):
-            self._by_title.setdefault(_title_key(p.title), i)
+        for i, (title, _) in enumerate(self.paragraphs):
+            self._by_title.setdefault(_title_key(title), i)
         # The title goes into the indexed text so that a query naming the page finds it.
-        docs = [f"{p.title}. {p.text}" for p in self.paragraphs]
+        docs = [f"{title}. {text}" for title, text in self.paragraphs]
         self._retriever = _bm25s().BM25()
         self._retriever.index(_bm25s().tokenize(docs, stopwords="en", stemmer=self._stemmer, show_progress=False),
                               show_progress=False)
@@ -113,7 +95,7 @@ class ScopedWikipedia:
                                        show_progress=False)[0]
         exact = self._by_title.get(_title_key(query))
         ranked: list[int] = [] if exact is None else [exact]
-        known = [t for t in tokens if t in self._retriever.vocab_dict]
+        known = [t for t in tokens if t in self._retriever.vocab_dict]  # a word the corpus never used: ignored
         if known:
             scores = self._retriever.get_scores(known)
             order = np.argsort(-scores, kind="stable")[: self.top_k + 1]
@@ -137,7 +119,7 @@ class LocalWikipedia(ScopedWikipedia):
         path, start = Path(corpus_path), time.perf_counter()
         paragraphs = []
         for n, record in enumerate(read_jsonl(path), 1):
-            if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("title", "text")):
+            if not all(isinstance(record.get(k), str) for k in ("title", "text")):  # read_jsonl gives only objects
                 raise DistillError(f"{path}: record {n}: a corpus record needs string fields 'title' and 'text'")
             paragraphs.append((record["title"], record["text"]))
         if not paragraphs:
@@ -154,76 +136,53 @@ class LocalWikipedia(ScopedWikipedia):
         return await asyncio.to_thread(self._search, query)
 
 
-# ------------------------------------------------------------------------------------------- online API
-
-
+@dataclass(kw_only=True, eq=False)
 class OnlineWikipedia:
     """Search the MediaWiki API, then return the plain-text intro of the best pages.
 
-    A teacher run makes thousands of these calls, so the API's rate limits are a matter of course, not an
-    accident: 429, 5xx, timeouts, dropped connections and the API's own `ratelimited`/`maxlag` errors are
-    retried (distill.retry), waiting as long as `Retry-After` asks (up to `max_wait_s`).
-    When the retries run out the call raises one `DistillError` line naming the API and the fault, which the
-    Worker records as a tool error, so the filter drops that trajectory instead of keeping one built on a
-    silent "No evidence found". `budget_s` bounds one `run` (retries and waits included) and ends it the same
-    way; built from a config it sits just inside the Worker's tool timeout, so the record names the fault
-    rather than a bare timeout. At most `max_concurrency` requests are in flight, as the API etiquette asks.
+    A teacher run makes thousands of these calls, so rate limits are a matter of course: 429, 5xx, timeouts,
+    dropped connections and the API's `ratelimited`/`maxlag` errors are retried (distill.retry). When retries
+    run out, one `DistillError` line names the API and the fault; the Worker records it as a tool error, so the
+    filter drops that trajectory instead of keeping one built on a silent "No evidence found". `budget_s`
+    bounds one `run`, waits included. At most `max_concurrency` requests are in flight, as the API etiquette asks.
     """
 
     name = "Wikipedia"
     description = TOOL_DESCRIPTIONS["Wikipedia"]
-    API_URL = "https://en.wikipedia.org/w/api.php"
     RETRY_API_CODES = frozenset({"ratelimited", "maxlag"})
 
-    def __init__(
-        self,
-        *,
-        contact: str | None = None,
-        timeout_s: float = 10.0,
-        max_retries: int = 5,
-        max_concurrency: int = 4,
-        backoff_s: float = 0.5,
-        max_wait_s: float = 20.0,
-        budget_s: float | None = None,
-        top_k: int = 1,
-        sentences: int | None = None,
-        max_chars: int | None = DEFAULT_MAX_CHARS,
-        api_url: str = API_URL,
-    ):
-        if max_concurrency < 1 or max_retries < 0 or timeout_s <= 0:
-            raise DistillError(
-                "online Wikipedia needs max_concurrency >= 1, max_retries >= 0 and timeout_s > 0, got "
-                f"{max_concurrency}, {max_retries}, {timeout_s}"
-            )
-        if not contact:
-            log.warning(
-                "online Wikipedia without a contact: set wikipedia_contact to a URL or email, as the Wikimedia "
-                "User-Agent policy asks (https://meta.wikimedia.org/wiki/User-Agent_policy)"
-            )
-        about = f"ReWOO planner distillation; {contact}" if contact else "ReWOO planner distillation"
+    contact: str | None = None
+    timeout_s: float = 10.0
+    max_retries: int = 5
+    max_concurrency: int = 4
+    backoff_s: float = 0.5
+    max_wait_s: float = 20.0
+    budget_s: float | None = None
+    top_k: int = 1
+    sentences: int | None = None
+    max_chars: int | None = DEFAULT_MAX_CHARS
+    api_url: str = "https://en.wikipedia.org/w/api.php"
+    retries: int = field(default=0, init=False)
+    faults: Counter[str] = field(default_factory=Counter, init=False)
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0:
+            raise DistillError("online Wikipedia needs max_concurrency >= 1, max_retries >= 0 and timeout_s > 0, "
+                               f"got {self.max_concurrency}, {self.max_retries}, {self.timeout_s}")
+        if not self.contact:
+            log.warning("online Wikipedia without a contact: set wikipedia_contact to a URL or email, as the "
+                        "Wikimedia User-Agent policy asks (https://meta.wikimedia.org/wiki/User-Agent_policy)")
+        about = "ReWOO planner distillation" + (f"; {self.contact}" if self.contact else "")
         self.user_agent = f"distill/{__version__} ({about}) httpx/{httpx.__version__}"
-        self.timeout_s, self.max_retries, self.max_concurrency = timeout_s, max_retries, max_concurrency
-        self.backoff_s, self.max_wait_s, self.budget_s = backoff_s, max_wait_s, budget_s
-        self.top_k = top_k
-        self.sentences = sentences
-        self.max_chars = max_chars
-        self.api_url = api_url
-        self.retries = 0
-        self.faults: Counter[str] = Counter()
 
     @classmethod
     def from_config(cls, cfg: Any) -> "OnlineWikipedia":
-        """Built from an AgentConfig's `wikipedia_*` settings."""
+        """Built from an AgentConfig's `wikipedia_*` settings; the budget sits a little inside the Worker's own
+        tool timeout, so that a call which runs out names its fault rather than a bare timeout."""
         return cls(
-            contact=cfg.wikipedia_contact,
-            timeout_s=cfg.wikipedia_timeout_s,
-            max_retries=cfg.wikipedia_max_retries,
-            max_concurrency=cfg.wikipedia_max_concurrency,
-            max_wait_s=cfg.wikipedia_max_wait_s,
-            # A little inside the Worker's own timeout, so that a call which runs out names its fault.
-            budget_s=0.9 * cfg.tool_timeout_s,
-            top_k=cfg.wikipedia_top_k,
-            max_chars=cfg.wikipedia_max_chars,
+            contact=cfg.wikipedia_contact, timeout_s=cfg.wikipedia_timeout_s, max_retries=cfg.wikipedia_max_retries,
+            max_concurrency=cfg.wikipedia_max_concurrency, max_wait_s=cfg.wikipedia_max_wait_s,
+            budget_s=0.9 * cfg.tool_timeout_s, top_k=cfg.wikipedia_top_k, max_chars=cfg.wikipedia_max_chars,
         )
 
     async def run(self, query: str) -> str:
@@ -249,7 +208,7 @@ class OnlineWikipedia:
             page = pages.get(renamed.get(title, title))
             extract = page.get("extract") if page and not page.get("missing") else None
             if isinstance(extract, str) and extract.strip():
-                found.append(Paragraph(page["title"], " ".join(extract.split())))
+                found.append((page["title"], " ".join(extract.split())))
         return format_paragraphs(found, self.max_chars)
 
     async def _get(self, params: dict[str, str]) -> dict[str, Any]:
@@ -262,8 +221,7 @@ class OnlineWikipedia:
                 raise Fault("timeout", f"no answer within {self.timeout_s:g}s", retry=True) from None
             except httpx.TransportError as exc:
                 raise Fault("connect", f"connection failed ({one_line(exc, 200)})", retry=True) from None
-        status = response.status_code
-        if status != 200:
+        if (status := response.status_code) != 200:
             retry = status == 429 or status >= 500
             wait = retry_after_s(response.headers.get("Retry-After")) if retry else None
             raise Fault(str(status), f"HTTP {status} {response.reason_phrase}", retry=retry, wait_s=wait)
