@@ -92,11 +92,10 @@ def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
             "planned_records": len(items),
             "questions": len(examples),
             "wall_s_this_run": round(time.perf_counter() - t0, 2),
-            "retries": retries_of(agent),
             "cache": None if cache is None else {
                 "hits": cache.hits, "misses": cache.misses, "model_misses": cache.misses_by_kind.get("model", 0),
             },
-        }
+        } | retries_of(agent)
         manifest.update(totals=summary)
         write_json(out / "summary.json", summary)
     return summary

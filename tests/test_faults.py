@@ -277,10 +277,15 @@ def test_generation_through_a_faulty_proxy_keeps_every_record(tmp_path: Path) ->
     assert sorted(r["id"] for r in records) == sorted({r["id"] for r in records}) and len(records) == 6
     injected = sum(proxy.injected.values())
     print(f"\nproxy: {proxy.chat_requests} chat requests, {proxy.forwarded} answered, {injected} faults injected "
-          f"{dict(sorted(proxy.injected.items()))}, retries {proxy.chat_requests - proxy.forwarded}, records {len(records)}/6, "
+          f"{dict(sorted(proxy.injected.items()))}, retries {summary['retries']} {summary['faults']}, records {len(records)}/6, "
           f"generate wall {wall:.0f}s")
     assert set(proxy.injected) == set(PROXY_FAULTS)  # every kind, at the set rate of one request in two
-    assert injected == proxy.chat_requests // proxy.every
-    # every injected fault cost exactly one retry, and every call that reached the model got through
-    retries = proxy.chat_requests - proxy.forwarded
-    assert retries == injected and proxy.forwarded == summary["cache"]["model_misses"]
+    assert injected == proxy.chat_requests // proxy.every and proxy.chat_requests - proxy.forwarded == injected
+    # Every answer the client received reached the cache. On a loaded machine the server can also answer after
+    # the client's timeout_s: the proxy forwarded it, the client saw a timeout and asked again ("late").
+    late = proxy.forwarded - summary["cache"]["model_misses"]
+    # every retry was an injected fault or a late answer, and the client named each fault by its kind
+    assert summary["retries"] == injected + late
+    client_kind = {"429 retry-after": "429", "slow": "timeout", "html": "malformed body"}
+    expected = Counter(client_kind.get(k, k) for k in proxy.injected.elements()) + Counter(timeout=late)
+    assert summary["faults"] == dict(expected), (summary["faults"], dict(proxy.injected), late)

@@ -11,6 +11,7 @@ import asyncio
 import json
 import time
 import zlib
+from collections import Counter
 from dataclasses import KW_ONLY, asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Sequence
@@ -267,10 +268,13 @@ def _with_endpoints(agent, *endpoints):
     return agent
 
 
-def retries_of(agent) -> int:
-    """Retries the agent's model servers and online tools made in this process (a run summary's figure: a
-    rate-limited API shows here before it shows as failed steps)."""
-    return sum(getattr(e, "retries", 0) for e in getattr(agent, "endpoints", ()))
+def retries_of(agent) -> dict:
+    """Retries the agent's model servers and online tools made in this process, and their failed attempts by
+    kind ("429", "timeout", ...): a run summary's figures, where a rate-limited API shows before it shows as
+    failed steps, and where a timeout set below the server's real latency shows as timeouts."""
+    endpoints = getattr(agent, "endpoints", ())
+    faults = sum((getattr(e, "faults", Counter()) for e in endpoints), Counter())
+    return {"retries": sum(getattr(e, "retries", 0) for e in endpoints), "faults": dict(sorted(faults.items()))}
 
 
 # ------------------------------------------------------------------------------------------ command line
