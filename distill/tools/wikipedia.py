@@ -25,6 +25,7 @@ from distill import __version__
 from distill.errors import DistillError, clip, one_line
 from distill.retry import Fault, bind, retry_after_s, with_retries
 from distill.store import read_jsonl
+from distill.text import title_key
 from distill.tools.registry import TOOL_DESCRIPTIONS
 
 log = logging.getLogger(__name__)
@@ -53,10 +54,6 @@ def format_paragraphs(paragraphs: Sequence[tuple[str, str]], max_chars: int | No
     return cut.rstrip() + "…"
 
 
-def _title_key(text: str) -> str:
-    return " ".join(text.casefold().split())
-
-
 class ScopedWikipedia:
     """BM25 over a handful of given paragraphs (one HotpotQA question's context); in memory, never saved.
     A lock serialises tokenizing because PyStemmer objects are not thread-safe and searches run in threads."""
@@ -79,7 +76,7 @@ class ScopedWikipedia:
         self._lock = threading.Lock()
         self._by_title: dict[str, int] = {}
         for i, (title, _) in enumerate(self.paragraphs):
-            self._by_title.setdefault(_title_key(title), i)
+            self._by_title.setdefault(title_key(title), i)
         # The title goes into the indexed text so that a query naming the page finds it.
         docs = [f"{title}. {text}" for title, text in self.paragraphs]
         self._retriever = _bm25s().BM25()
@@ -93,7 +90,7 @@ class ScopedWikipedia:
         with self._lock:
             tokens = _bm25s().tokenize([query], return_ids=False, stopwords="en", stemmer=self._stemmer,
                                        show_progress=False)[0]
-        exact = self._by_title.get(_title_key(query))
+        exact = self._by_title.get(title_key(query))
         ranked: list[int] = [] if exact is None else [exact]
         known = [t for t in tokens if t in self._retriever.vocab_dict]  # a word the corpus never used: ignored
         if known:
