@@ -19,18 +19,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import httpx
-
 from distill import __version__
 from distill.errors import DistillError, clip, one_line
 from distill.retry import Fault, bind, retry_after_s, with_retries
 from distill.store import read_jsonl
 from distill.text import title_key
-from distill.tools.registry import TOOL_DESCRIPTIONS
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CHARS = 800
+# What the Planner is told of every Wikipedia backend: the same line whichever one answers.
+DESCRIPTION = (
+    "Worker that searches for similar page contents from Wikipedia. Useful when you need to get holistic "
+    "knowledge about people, places, companies, historical events, or other subjects. "
+    "Input should be a search query."
+)
 
 
 @functools.cache
@@ -59,7 +62,7 @@ class ScopedWikipedia:
     A lock serialises tokenizing because PyStemmer objects are not thread-safe and searches run in threads."""
 
     name = "Wikipedia"
-    description = TOOL_DESCRIPTIONS["Wikipedia"]
+    description = DESCRIPTION
 
     def __init__(
         self, paragraphs: Sequence[tuple[str, str]], *, top_k: int = 1, max_chars: int | None = DEFAULT_MAX_CHARS
@@ -145,7 +148,7 @@ class OnlineWikipedia:
     """
 
     name = "Wikipedia"
-    description = TOOL_DESCRIPTIONS["Wikipedia"]
+    description = DESCRIPTION
     RETRY_API_CODES = frozenset({"ratelimited", "maxlag"})
 
     contact: str | None = None
@@ -169,6 +172,8 @@ class OnlineWikipedia:
         if not self.contact:
             log.warning("online Wikipedia without a contact: set wikipedia_contact to a URL or email, as the "
                         "Wikimedia User-Agent policy asks (https://meta.wikimedia.org/wiki/User-Agent_policy)")
+        import httpx  # here: the registry imports this module, and only the online backend needs httpx
+
         about = "ReWOO planner distillation" + (f"; {self.contact}" if self.contact else "")
         self.user_agent = f"distill/{__version__} ({about}) httpx/{httpx.__version__}"
 
@@ -210,6 +215,8 @@ class OnlineWikipedia:
 
     async def _get(self, params: dict[str, str]) -> dict[str, Any]:
         """One attempt; every failure is a `Fault` that says whether another attempt may help."""
+        import httpx
+
         params = {"format": "json", "formatversion": "2", **params}
         async with self._sem:
             try:
