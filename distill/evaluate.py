@@ -34,11 +34,18 @@ from pydantic import Field, field_validator, model_validator
 from distill.config import AgentConfig, ModelSpec, PlannerPrompt, Strict, add_config_args, load_config
 from distill.data import DatasetSource
 from distill.errors import DistillError
-from distill.report import RECORDS_DIR
 
+# An evaluation's output: one JSONL of records per method under RECORDS_DIR, a record keyed by `record_key`;
+# the report reads them back through these two names.
+RECORDS_DIR = "records"
 ERRORS = "errors.jsonl"  # failed attempts of every method, keyed (method, id); a rerun retries them
 BASELINE_NAMES = ("react", "direct")
 _METHOD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")  # it becomes a file name
+
+
+def record_key(rec: dict) -> tuple[str, str]:
+    """One record per (method, question): a resumed run and the report both keep the first."""
+    return (rec["method"], rec["id"])
 
 
 class PlannerEntry(Strict):
@@ -244,10 +251,6 @@ def build_method(cfg: EvalConfig, method: Method, cache=None):
         replan=method.replan,
         wrap_tools=lambda tools, ex: with_tool_failures(tools, method.tool_failure_rate, cfg.tool_failure_seed, ex.id),
     )
-
-
-def record_key(rec: dict) -> tuple[str, str]:
-    return (rec["method"], rec["id"])
 
 
 def check_resumable(records: list[dict], cfg: EvalConfig, method: Method, path: Path) -> None:

@@ -28,6 +28,7 @@ import numpy as np
 
 from distill.baselines import FINISH
 from distill.errors import DistillError
+from distill.evaluate import RECORDS_DIR, record_key
 from distill.metrics import bootstrap_ci, evidence_recall, paired_bootstrap, score
 from distill.store import dedupe, read_jsonl, write_json
 
@@ -35,7 +36,6 @@ RESULTS_VERSION = 1
 # The compact student's goal (issue 14): at least the few-shot teacher's evidence recall at a fifth or less of its
 # planner prompt tokens.
 PROMPT_GOAL_FRACTION = 0.2
-RECORDS_DIR = "records"
 PLOT_CAPTIONS = {"accuracy_vs_tokens": "F1 against tokens per question",
                  "tokens_by_hops": "Tokens per question by hops", "latency": "Latency per question",
                  "recall_vs_prompt": "Evidence recall against planner prompt tokens"}
@@ -51,8 +51,6 @@ ROBUSTNESS_FIELDS = ("n", "em", "f1", "judge", "n_evidence", "evidence_recall", 
 def load_records(output_dir: str | Path) -> dict[str, list[dict]]:
     """Records grouped by their `method` field, in file order, the first per key kept (as the run's own store
     keeps it), so a question answered twice is counted once; the file name is not trusted."""
-    from distill.evaluate import record_key  # here: evaluate imports this module
-
     folder = Path(output_dir) / RECORDS_DIR
     files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
     if not files:
