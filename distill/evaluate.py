@@ -34,6 +34,7 @@ from pydantic import Field, field_validator, model_validator
 from distill.config import AgentConfig, ModelSpec, PlannerPrompt, Strict, add_config_args, load_config
 from distill.data import DatasetSource
 from distill.errors import DistillError
+from distill.rewoo.worker import InjectedToolFailure
 
 # An evaluation's output: one JSONL of records per method under RECORDS_DIR, a record keyed by `record_key`;
 # the report reads them back through these two names.
@@ -165,10 +166,6 @@ def methods_of(cfg: EvalConfig) -> list[Method]:
         for r in cfg.robustness.rates
     ]
     return methods + sweep
-
-
-class InjectedToolFailure(RuntimeError):
-    """Raised instead of calling a tool; the Worker records it and answers `No evidence found`."""
 
 
 def tool_fails(rate: float, seed: int, example_id: str, tool: str, query: str) -> bool:

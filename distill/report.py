@@ -148,7 +148,7 @@ def _tool_failures(records: list[dict]) -> dict | None:
     if not evidence:
         return None
     failed = [e for e in evidence if e.get("status") != "ok"]
-    injected = sum(str(e.get("error") or "").startswith("InjectedToolFailure") for e in failed)
+    injected = sum(bool(e.get("injected")) for e in failed)  # absent in records made before the field: not counted
     return {"rate": len(failed) / len(evidence), "failed": len(failed), "injected": injected, "calls": len(evidence)}
 
 

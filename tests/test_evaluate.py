@@ -251,7 +251,7 @@ def test_rate_one_makes_every_evidence_no_evidence_found():
     evidence = asyncio.run(run_plan(PLAN, tools))
     assert len(evidence) == 4
     assert all(e.output == NO_EVIDENCE and e.status == "error" for e in evidence)
-    assert all(e.error.startswith("InjectedToolFailure") for e in evidence)
+    assert all(e.injected and e.to_dict()["injected"] is True for e in evidence)  # the record's field
     assert tools["LLM"].calls == []  # delegated attribute; the model was never called
     assert sum(t.injected for t in tools.values()) == 4
 
@@ -260,8 +260,10 @@ def test_rate_zero_leaves_the_tools_alone():
     tools = real_tools()
     wrapped = with_tool_failures(tools, 0.0, 0, "q1")
     assert all(wrapped[name] is tools[name] for name in tools)
-    out = asyncio.run(run_plan(parse_plan("Plan: x\n#E1 = Calculator[6 * 7]"), wrapped))
-    assert out[0].output == "42" and out[0].status == "ok"
+    plan = parse_plan("Plan: x\n#E1 = Calculator[6 * 7]\nPlan: y\n#E2 = Calculator[1 / 0]")
+    out = asyncio.run(run_plan(plan, wrapped))
+    assert out[0].output == "42" and out[0].status == "ok" and not out[0].injected
+    assert out[1].status == "error" and not out[1].injected  # the tool's own failure is not an injected one
 
 
 def test_rate_point_three_is_deterministic_and_about_right():

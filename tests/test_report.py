@@ -109,6 +109,9 @@ def test_method_metrics_cost_latency_judge_validity():
     assert m["latency_s"]["p50"] == pytest.approx(2.0)
     assert m["latency_s"]["p95"] == pytest.approx(float(np.percentile([1.0, 2.0, 10.0], 95)))
     assert m["tool_failures"]["rate"] == pytest.approx(2 / 6)
+    records[2]["evidence"][0]["injected"] = True  # eval's made failure; the other one is the tool's own
+    assert method_metrics(records)["tool_failures"] == {"rate": pytest.approx(2 / 6), "failed": 2, "injected": 1,
+                                                        "calls": 6}
     assert m["planner_prompt_tokens_mean"] == 50
     none_right = method_metrics([rec("m", "a", "Rome", "Paris", cost=0.5)])
     assert none_right["cost_per_correct_usd"] is None
