@@ -79,6 +79,26 @@ class RobustnessSweep(Strict):
         return self
 
 
+class PromptBudget(Strict):
+    """A comparison the report makes only when asked: each of `methods` (ReWOO planners, e.g. students on
+    shorter prompts) against the `reference` planner, met when it keeps at least the reference's evidence
+    recall with at most `max_prompt_fraction` of its planner prompt tokens."""
+
+    reference: str
+    methods: list[str]
+    max_prompt_fraction: float = Field(gt=0.0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "PromptBudget":
+        if not self.methods:
+            raise ValueError("prompt_budget.methods: name at least one planner to set against the reference")
+        if len(set(self.methods)) < len(self.methods):
+            raise ValueError("prompt_budget.methods repeats a value")
+        if self.reference in self.methods:
+            raise ValueError(f"prompt_budget: {self.reference!r} is the reference; drop it from methods")
+        return self
+
+
 class EvalDatasetSource(DatasetSource):
     """A DatasetSource whose split defaults to the hub's evaluation split rather than `train`."""
 
@@ -103,6 +123,7 @@ class EvalConfig(AgentConfig):
     judge: ModelSpec | None = None
     bootstrap_samples: int = Field(default=1000, ge=1)
     robustness: RobustnessSweep | None = None
+    prompt_budget: PromptBudget | None = None  # off unless set; the report reads it from the manifest
 
     @field_validator("planners", mode="before")
     @classmethod
@@ -128,6 +149,11 @@ class EvalConfig(AgentConfig):
             raise ValueError(f"planner name {clash[0]!r} is reserved for the baseline of that name")
         if dupes := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"method names must be unique; repeated: {', '.join(dupes)}")
+        if self.prompt_budget is not None:
+            planners = [p.name for p in self.planners]
+            if unknown := [m for m in [self.prompt_budget.reference, *self.prompt_budget.methods] if m not in planners]:
+                raise ValueError(f"prompt_budget: {unknown[0]!r} is not a planner of this config (only ReWOO "
+                                 "planners have a planner prompt)")
         if self.robustness is not None:
             if unknown := [m for m in self.robustness.methods if m not in names]:
                 raise ValueError(f"robustness.methods: {unknown[0]!r} is not a planner or baseline of this config")
@@ -329,6 +355,7 @@ def evaluate(cfg: EvalConfig, config_path: str | None = None) -> dict:
         "reference": methods[0].name,
         "bootstrap_samples": cfg.bootstrap_samples,
         "seed": cfg.seed,
+        "prompt_budget": cfg.prompt_budget.model_dump() if cfg.prompt_budget else None,
         "examples": [[ex.dataset, ex.id] for ex in examples],
     }
     with run_lifecycle(out, manifest, check=lambda: preflight(cfg, methods, out)), JsonlStore(out / ERRORS) as errors:
