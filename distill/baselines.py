@@ -18,8 +18,8 @@ from typing import Any, Callable, Mapping
 from distill.errors import DistillError
 from distill.llm.base import Completion, Usage
 from distill.rewoo import prompts
-from distill.rewoo.agent import call_record, make_record, sample_seed
 from distill.rewoo.plan import Plan, Step, parse_plan
+from distill.rewoo.record import call_record, make_record, sample_seed
 from distill.rewoo.worker import WorkerConfig, run_plan
 
 FINISH = "Finish"

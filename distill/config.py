@@ -16,6 +16,7 @@ from distill.errors import DistillError
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS
 from distill.rewoo.prompts import PromptKind, canonical_prompt_kind
 from distill.rewoo.worker import SURPRISES, Surprise
+from distill.tools.registry import DEFAULT_TOOLS
 
 C = TypeVar("C", bound=BaseModel)
 # A planner prompt kind in a config (fewshot | full | compact); the old name `zeroshot` reads as `full`.
@@ -73,7 +74,7 @@ class AgentConfig(Strict):
     solver: ModelSpec = Field(default_factory=lambda: ModelSpec(max_tokens=64))
     llm_tool: ModelSpec | None = None  # the LLM tool's model; defaults to the solver's
     planner_prompt: PlannerPrompt = "fewshot"
-    tools: list[str] = Field(default_factory=lambda: ["Wikipedia", "LLM", "Calculator"])
+    tools: list[str] = Field(default_factory=lambda: list(DEFAULT_TOOLS))
     wikipedia_backend: Literal["local", "online"] = "local"
     wikipedia_corpus: str | None = "data/demo/corpus.jsonl"
     wikipedia_scope: Literal["corpus", "question"] = "corpus"  # question: only the example's own paragraphs

@@ -34,11 +34,19 @@ from pydantic import Field, field_validator, model_validator
 from distill.config import AgentConfig, ModelSpec, PlannerPrompt, Strict, add_config_args, load_config
 from distill.data import DatasetSource
 from distill.errors import DistillError
-from distill.report import RECORDS_DIR
+from distill.rewoo.worker import InjectedToolFailure
 
+# An evaluation's output: one JSONL of records per method under RECORDS_DIR, a record keyed by `record_key`;
+# the report reads them back through these two names.
+RECORDS_DIR = "records"
 ERRORS = "errors.jsonl"  # failed attempts of every method, keyed (method, id); a rerun retries them
 BASELINE_NAMES = ("react", "direct")
 _METHOD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")  # it becomes a file name
+
+
+def record_key(rec: dict) -> tuple[str, str]:
+    """One record per (method, question): a resumed run and the report both keep the first."""
+    return (rec["method"], rec["id"])
 
 
 class PlannerEntry(Strict):
@@ -71,6 +79,26 @@ class RobustnessSweep(Strict):
         return self
 
 
+class PromptBudget(Strict):
+    """A comparison the report makes only when asked: each of `methods` (ReWOO planners, e.g. students on
+    shorter prompts) against the `reference` planner, met when it keeps at least the reference's evidence
+    recall with at most `max_prompt_fraction` of its planner prompt tokens."""
+
+    reference: str
+    methods: list[str]
+    max_prompt_fraction: float = Field(gt=0.0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "PromptBudget":
+        if not self.methods:
+            raise ValueError("prompt_budget.methods: name at least one planner to set against the reference")
+        if len(set(self.methods)) < len(self.methods):
+            raise ValueError("prompt_budget.methods repeats a value")
+        if self.reference in self.methods:
+            raise ValueError(f"prompt_budget: {self.reference!r} is the reference; drop it from methods")
+        return self
+
+
 class EvalDatasetSource(DatasetSource):
     """A DatasetSource whose split defaults to the hub's evaluation split rather than `train`."""
 
@@ -95,6 +123,7 @@ class EvalConfig(AgentConfig):
     judge: ModelSpec | None = None
     bootstrap_samples: int = Field(default=1000, ge=1)
     robustness: RobustnessSweep | None = None
+    prompt_budget: PromptBudget | None = None  # off unless set; the report reads it from the manifest
 
     @field_validator("planners", mode="before")
     @classmethod
@@ -120,6 +149,11 @@ class EvalConfig(AgentConfig):
             raise ValueError(f"planner name {clash[0]!r} is reserved for the baseline of that name")
         if dupes := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"method names must be unique; repeated: {', '.join(dupes)}")
+        if self.prompt_budget is not None:
+            planners = [p.name for p in self.planners]
+            if unknown := [m for m in [self.prompt_budget.reference, *self.prompt_budget.methods] if m not in planners]:
+                raise ValueError(f"prompt_budget: {unknown[0]!r} is not a planner of this config (only ReWOO "
+                                 "planners have a planner prompt)")
         if self.robustness is not None:
             if unknown := [m for m in self.robustness.methods if m not in names]:
                 raise ValueError(f"robustness.methods: {unknown[0]!r} is not a planner or baseline of this config")
@@ -158,10 +192,6 @@ def methods_of(cfg: EvalConfig) -> list[Method]:
         for r in cfg.robustness.rates
     ]
     return methods + sweep
-
-
-class InjectedToolFailure(RuntimeError):
-    """Raised instead of calling a tool; the Worker records it and answers `No evidence found`."""
 
 
 def tool_fails(rate: float, seed: int, example_id: str, tool: str, query: str) -> bool:
@@ -246,10 +276,6 @@ def build_method(cfg: EvalConfig, method: Method, cache=None):
     )
 
 
-def record_key(rec: dict) -> tuple[str, str]:
-    return (rec["method"], rec["id"])
-
-
 def check_resumable(records: list[dict], cfg: EvalConfig, method: Method, path: Path) -> None:
     """Refuse to resume a record file made under other settings (say, `--set tool_failure_rate=1.0` into the
     directory of a clean run): its records would be kept as if they answered the new question."""
@@ -329,6 +355,7 @@ def evaluate(cfg: EvalConfig, config_path: str | None = None) -> dict:
         "reference": methods[0].name,
         "bootstrap_samples": cfg.bootstrap_samples,
         "seed": cfg.seed,
+        "prompt_budget": cfg.prompt_budget.model_dump() if cfg.prompt_budget else None,
         "examples": [[ex.dataset, ex.id] for ex in examples],
     }
     with run_lifecycle(out, manifest, check=lambda: preflight(cfg, methods, out)), JsonlStore(out / ERRORS) as errors:

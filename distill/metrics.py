@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import re
 import string
-import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ import numpy as np
 
 from distill.errors import DistillError
 from distill.store import iter_jsonl, write_jsonl
+from distill.text import title_key
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _HOTPOT_PUNCT = frozenset(string.punctuation)
@@ -98,12 +98,6 @@ def score(dataset: str, prediction: str | None, answers: str | Sequence[str]) ->
 
 RETRIEVAL_TOOLS = ("Wikipedia",)
 _TITLE_HEAD = 300  # a paragraph's title sits before its first ": "-like colon, well within this many characters
-
-
-def title_key(title: str) -> str:
-    """Page titles compare after NFKC, case folding, underscores as spaces and folded whitespace, so
-    `Ed_Wood`, `ed wood` and the resolved online title `Ed Wood` are one page."""
-    return " ".join(unicodedata.normalize("NFKC", title).replace("_", " ").casefold().split())
 
 
 def retrieved_titles(evidence: Sequence[dict]) -> set[str]:

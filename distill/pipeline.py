@@ -275,10 +275,10 @@ class Pipeline:
 
     def report(self) -> dict:
         """The report from the evaluation's records, at the run folder's root, with the stage timings."""
-        from distill.report import prompt_goal_summary, summary_lines
+        from distill.report import prompt_budget_summary, summary_lines
 
         results = self.entry("report")(self.run / "eval", self.run)
-        print("\n".join(summary_lines(results) + prompt_goal_summary(results)))
+        print("\n".join(summary_lines(results) + prompt_budget_summary(results)))
         timings = {s: json.loads((self.run / s / "DONE.json").read_text())["seconds"] for s in STAGES[:-1]}
         write_json(self.run / "pipeline.json", {"stage_seconds": timings, "config_file": self.config_path})
         return {"stage_seconds": timings}

@@ -3,7 +3,7 @@
 The report stage (`distill report EVAL_DIR [--out DIR]`, the pipeline's `report`): evaluation only writes
 records, so a report can be rebuilt, or written elsewhere, without any model, and deleting results.json loses
 nothing (a test checks it). Every prediction is rescored; `manifest.json` only supplies bookkeeping (method
-order, the reference, the questions covered, the bootstrap settings).
+order, the reference, the questions covered, the bootstrap settings, eval's optional `prompt_budget`).
 
 The Planner is also measured apart from the Solver, whose answers a small model gets wrong whatever the
 plan (evidence recall, steps per plan, plans cut at `max_plan_steps`). Without gold pages (TriviaQA, Direct)
@@ -22,20 +22,17 @@ import math
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
 from distill.baselines import FINISH
 from distill.errors import DistillError
+from distill.evaluate import RECORDS_DIR, record_key
 from distill.metrics import bootstrap_ci, evidence_recall, paired_bootstrap, score
 from distill.store import dedupe, read_jsonl, write_json
 
 RESULTS_VERSION = 1
-# The compact student's goal (issue 14): at least the few-shot teacher's evidence recall at a fifth or less of its
-# planner prompt tokens.
-PROMPT_GOAL_FRACTION = 0.2
-RECORDS_DIR = "records"
 PLOT_CAPTIONS = {"accuracy_vs_tokens": "F1 against tokens per question",
                  "tokens_by_hops": "Tokens per question by hops", "latency": "Latency per question",
                  "recall_vs_prompt": "Evidence recall against planner prompt tokens"}
@@ -51,8 +48,6 @@ ROBUSTNESS_FIELDS = ("n", "em", "f1", "judge", "n_evidence", "evidence_recall", 
 def load_records(output_dir: str | Path) -> dict[str, list[dict]]:
     """Records grouped by their `method` field, in file order, the first per key kept (as the run's own store
     keeps it), so a question answered twice is counted once; the file name is not trusted."""
-    from distill.evaluate import record_key  # here: evaluate imports this module
-
     folder = Path(output_dir) / RECORDS_DIR
     files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
     if not files:
@@ -150,7 +145,7 @@ def _tool_failures(records: list[dict]) -> dict | None:
     if not evidence:
         return None
     failed = [e for e in evidence if e.get("status") != "ok"]
-    injected = sum(str(e.get("error") or "").startswith("InjectedToolFailure") for e in failed)
+    injected = sum(bool(e.get("injected")) for e in failed)  # absent in records made before the field: not counted
     return {"rate": len(failed) / len(evidence), "failed": len(failed), "injected": injected, "calls": len(evidence)}
 
 
@@ -251,39 +246,41 @@ def tokens_by(records: list[dict], hops: Callable[[dict], Any]) -> dict[str, dic
             for h, recs in _groups(records, hops).items()}
 
 
-def prompt_goal(per_method: dict[str, dict], reference: str, by_method: dict[str, list[dict]], samples: int = 1000,
-                seed: int = 0) -> dict | None:
-    """Every zero-shot (student-style) ReWOO planner against the teacher (the first few-shot ReWOO planner, else the
-    reference): the compact prompt earns its place only if it keeps the teacher's evidence recall at a fraction of
-    its prompt tokens. The recall difference is paired, so an unfinished row is not set against more questions than
-    it answered; `goal_met` judges its point estimate, and is None where a number is missing, never False."""
-    rewoo = [m for m, pm in per_method.items() if pm["kind"] == "rewoo"]
-    teacher = next((m for m in rewoo if per_method[m]["planner_prompt"] == "fewshot"), reference)
-    if teacher not in rewoo:
+def prompt_budget(budget: Mapping[str, Any] | None, per_method: dict[str, dict], by_method: dict[str, list[dict]],
+                  samples: int = 1000, seed: int = 0) -> dict | None:
+    """Eval's `prompt_budget` setting, measured: each named ReWOO planner against the reference planner, met when it
+    keeps at least the reference's evidence recall with at most `max_prompt_fraction` of its planner prompt tokens.
+    The recall difference is paired, so an unfinished row is not set against more questions than it answered;
+    `met` judges its point estimate, and is None where a number is missing, never False. None when no budget is
+    set or its reference has no ReWOO records here."""
+    if not budget:
         return None
-    t_recall = _ci_mean(per_method[teacher]["evidence_recall"])
-    t_tokens = per_method[teacher]["planner_prompt_tokens_mean"]
+    reference, max_fraction = budget["reference"], float(budget["max_prompt_fraction"])
+    if (per_method.get(reference) or {}).get("kind") != "rewoo":
+        return None
+    r_recall = _ci_mean(per_method[reference]["evidence_recall"])
+    r_tokens = per_method[reference]["planner_prompt_tokens_mean"]
     rows = {}
-    for m in rewoo:
-        pm = per_method[m]
-        if m == teacher or pm["planner_prompt"] == "fewshot":
+    for m in budget["methods"]:
+        pm = per_method.get(m)
+        if pm is None or pm["kind"] != "rewoo" or m == reference:
             continue
         tokens = pm["planner_prompt_tokens_mean"]
-        fraction = tokens / t_tokens if tokens is not None and t_tokens else None
-        pair = _paired_on(by_method[m], by_method[teacher], recall_of, ("recall",), samples, seed)
+        fraction = tokens / r_tokens if tokens is not None and r_tokens else None
+        pair = _paired_on(by_method[m], by_method[reference], recall_of, ("recall",), samples, seed)
         diff = pair["recall"] if pair else None
         measured = diff is not None and fraction is not None
-        met = (round(diff["diff"], 9) >= 0 and fraction <= PROMPT_GOAL_FRACTION) if measured else None
+        met = (round(diff["diff"], 9) >= 0 and fraction <= max_fraction) if measured else None
         rows[m] = {
             "prompt": pm["planner_prompt"], "planner_prompt_tokens": tokens, "prompt_fraction": fraction,
             "evidence_recall": _ci_mean(pm["evidence_recall"]), "n_paired": pair["n"] if pair else 0,
             "recall_diff": diff and diff["diff"], "recall_diff_ci": diff, "plan_valid_rate": pm["plan_valid_rate"],
-            "em": _ci_mean(pm["em"]), "f1": _ci_mean(pm["f1"]), "goal_met": met,
+            "em": _ci_mean(pm["em"]), "f1": _ci_mean(pm["f1"]), "met": met,
         }
     if not rows:
         return None
-    return {"teacher": teacher, "teacher_evidence_recall": t_recall, "teacher_planner_prompt_tokens": t_tokens,
-            "max_prompt_fraction": PROMPT_GOAL_FRACTION, "rows": rows}
+    return {"reference": reference, "reference_evidence_recall": r_recall, "reference_planner_prompt_tokens": r_tokens,
+            "max_prompt_fraction": max_fraction, "rows": rows}
 
 
 def robustness(main: dict[str, list[dict]], sweep: dict[str, list[dict]], samples: int = 1000, seed: int = 0) -> dict:
@@ -319,8 +316,9 @@ def _rounded(value: Any) -> Any:
 
 
 def compute(by_method: dict[str, list[dict]], *, methods: list[str] | None = None, reference: str | None = None,
-            samples: int = 1000, seed: int = 0) -> dict:
-    """The results dict from records grouped by method (the pure core of `recompute`)."""
+            samples: int = 1000, seed: int = 0, budget: Mapping[str, Any] | None = None) -> dict:
+    """The results dict from records grouped by method (the pure core of `recompute`); `budget` is eval's
+    `prompt_budget` setting, or None for no such comparison."""
     sweep = {m: recs for m, recs in by_method.items() if recs and recs[0].get("robustness_of")}
     by_method = {m: recs for m, recs in by_method.items() if m not in sweep}
     if not by_method:
@@ -343,7 +341,7 @@ def compute(by_method: dict[str, list[dict]], *, methods: list[str] | None = Non
         "tool_failure_rate": rates[0] if len(rates) == 1 else rates,
         "per_method": per_method,
         "paired": paired,
-        "prompt_goal": prompt_goal(per_method, reference, by_method, samples, seed),
+        "prompt_budget": prompt_budget(budget, per_method, by_method, samples, seed),
         "tokens_by_hops": {m: tokens_by(by_method[m], hops_of) for m in methods},
         "tokens_by_gold_hops": {m: tokens_by(by_method[m], lambda r: r.get("gold_hops")) for m in methods},
         "plots": dict(PLOTS),
@@ -372,7 +370,8 @@ def _load(output_dir: str | Path) -> tuple[dict, dict[str, list[dict]]]:
     if not selected:
         raise DistillError("no records match the questions listed in manifest.json")
     results = compute(selected, methods=list(selected), reference=manifest.get("reference"),
-                      samples=int(manifest.get("bootstrap_samples", 1000)), seed=int(manifest.get("seed", 0)))
+                      samples=int(manifest.get("bootstrap_samples", 1000)), seed=int(manifest.get("seed", 0)),
+                      budget=manifest.get("prompt_budget"))
     # A report of a run that stopped must say so: its methods may cover fewer questions than the others.
     unfinished = [m["name"] for m in manifest.get("methods", []) if m["name"] not in selected]
     if manifest.get("status", "complete") != "complete" or unfinished:
@@ -497,41 +496,41 @@ def _hops_table(results: dict, key: str) -> list[str]:
     return _table(["method"] + [f"{h} hop" + ("" if h == 1 else "s") for h in columns], rows)
 
 
-def _prompt_goal_lines(goal: dict | None) -> list[str]:
-    """The compact-vs-full comparison: each student-style planner's recall and prompt size against the teacher's."""
-    if not goal:
+def _prompt_budget_lines(budget: dict | None) -> list[str]:
+    """Eval's `prompt_budget`: each named planner's recall and prompt size against the reference's."""
+    if not budget:
         return []
+    ref = budget["reference"]
     return [
-        "## Compact vs full student: the prompt goal",
+        f"## Prompt budget: evidence recall against {ref} at a fraction of its prompt",
         "",
-        f"Goal: at least the evidence recall of **{goal['teacher']}** ({_f(goal['teacher_evidence_recall'])}) with at "
-        f"most {goal['max_prompt_fraction']:g} of its planner prompt tokens "
-        f"({_f(goal['teacher_planner_prompt_tokens'], 0)}). Every ReWOO planner with a zero-shot prompt (`full` or "
-        "`compact`) is set against it. Δ recall is paired (the questions both have gold pages for, n) with its "
-        "95% bootstrap CI; \"goal met\" judges its point estimate, so read it with the CI. \"–\" where a number "
-        "is missing.",
+        f"Met: at least the evidence recall of **{ref}** ({_f(budget['reference_evidence_recall'])}) with at most "
+        f"{budget['max_prompt_fraction']:g} of its planner prompt tokens "
+        f"({_f(budget['reference_planner_prompt_tokens'], 0)}), for each planner eval's `prompt_budget` names. "
+        "Δ recall is paired (the questions both have gold pages for, n) with its 95% bootstrap CI; \"met\" judges "
+        "its point estimate, so read it with the CI. \"–\" where a number is missing.",
         "",
         *_table(
-            ["planner", "prompt", "planner prompt tok", "× teacher's", "evidence recall", "n",
-             "Δ recall vs teacher [95% CI]", "plan valid", "EM", "F1", "goal met"],
+            ["planner", "prompt", "planner prompt tok", f"× {ref}'s", "evidence recall", "n",
+             f"Δ recall vs {ref} [95% CI]", "plan valid", "EM", "F1", "met"],
             [[m, r["prompt"] or "–", _f(r["planner_prompt_tokens"], 0), _f(r["prompt_fraction"], 2),
               r["evidence_recall"], r["n_paired"], _ci_text(r["recall_diff_ci"]), r["plan_valid_rate"], r["em"],
-              r["f1"], r["goal_met"]] for m, r in goal["rows"].items()],
+              r["f1"], r["met"]] for m, r in budget["rows"].items()],
         ),
     ]
 
 
-def prompt_goal_summary(results: dict) -> list[str]:
-    """One terminal line per student-style planner: the goal's two numbers and whether it is met."""
-    goal = results.get("prompt_goal")
-    if not goal:
+def prompt_budget_summary(results: dict) -> list[str]:
+    """One terminal line per planner the prompt budget names: its two numbers and whether it is met."""
+    budget = results.get("prompt_budget")
+    if not budget:
         return []
     return [
-        f"prompt goal vs {goal['teacher']}: {m:<16} recall {_f(r['evidence_recall'])} vs "
-        f"{_f(goal['teacher_evidence_recall'])} (paired Δ {_ci_text(r['recall_diff_ci'])}), prompt tokens "
-        f"x{_f(r['prompt_fraction'], 2)} of the teacher's (goal: >= and <= {goal['max_prompt_fraction']:g}): "
-        f"{_f(r['goal_met'])}"
-        for m, r in goal["rows"].items()
+        f"prompt budget vs {budget['reference']}: {m:<16} recall {_f(r['evidence_recall'])} vs "
+        f"{_f(budget['reference_evidence_recall'])} (paired Δ {_ci_text(r['recall_diff_ci'])}), prompt tokens "
+        f"x{_f(r['prompt_fraction'], 2)} of the reference's (met: >= and <= {budget['max_prompt_fraction']:g}): "
+        f"{_f(r['met'])}"
+        for m, r in budget["rows"].items()
     ]
 
 
@@ -651,7 +650,7 @@ def render_markdown(results: dict) -> str:
             [[m, pm["planner_prompt"] or "–", str(pm["planner_model"]), _f(pm["planner_prompt_tokens_mean"], 0),
               _f(pm["tokens_mean"]["planner"], 0)] for m, pm in per_method.items() if pm["kind"] == "rewoo"],
         ),
-        *_prompt_goal_lines(results.get("prompt_goal")),
+        *_prompt_budget_lines(results.get("prompt_budget")),
         "## By dataset",
         "",
         *_table(
@@ -704,7 +703,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     results = write_report(args.eval_dir, args.out)
     out = Path(args.out or args.eval_dir)
-    print("\n".join(summary_lines(results) + prompt_goal_summary(results)))
+    print("\n".join(summary_lines(results) + prompt_budget_summary(results)))
     print(f"report: {out / 'report.md'}")
     print(f"results: {out / 'results.json'}")
     return 0

@@ -25,7 +25,7 @@ from distill.errors import DistillError
 from distill.rewoo.plan import parse_plan, render_plan
 from distill.rewoo.prompts import PromptKind, planner_messages
 from distill.store import read_jsonl, write_json, write_jsonl
-from distill.tools.registry import tool_descriptions
+from distill.tools.registry import DEFAULT_TOOLS, tool_descriptions
 
 PREVIEW_ROWS = 20
 
@@ -36,7 +36,7 @@ class SftDataConfig(Strict):
 
     kept: str | None = None  # kept trajectory records (JSONL); the pipeline fills it in
     out: str | None = None  # dataset folder to write; the pipeline fills it in
-    tools: list[str] = Field(default_factory=lambda: ["Wikipedia", "LLM", "Calculator"])
+    tools: list[str] = Field(default_factory=lambda: list(DEFAULT_TOOLS))
     student_prompt: PlannerPrompt = "full"
     val_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
     seed: int = 0
@@ -223,7 +223,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("kept", metavar="KEPT.jsonl", help="kept trajectory records (output of `distill filter`)")
     parser.add_argument("--out", required=True, help="dataset folder to write")
     parser.add_argument("--tools",
-                        help="comma-separated tools of the student prompt (default Wikipedia,LLM,Calculator)")
+                        help=f"comma-separated tools of the student prompt (default {','.join(DEFAULT_TOOLS)})")
     parser.add_argument("--student-prompt",
                         help="planner prompt kind the student is trained on and served: full (default) or compact")
     parser.add_argument("--val-fraction", type=float, help="share of questions held out for validation (default 0.1)")

@@ -74,3 +74,12 @@ def test_the_7b_pipeline_runs_its_stage_configs(monkeypatch):
     assert list(pipeline.cfg.eval["planners"]) == [p.name for p in evaluation.planners]
     assert pipeline.cfg.eval["planners"]["student"]["spec"]["base_url"] == "@server"
     assert pipeline.cfg.generate == read_yaml(CONFIGS / "generate_teacher.yaml")
+
+
+def test_the_demo_report_sets_its_zero_shot_planners_against_the_teacher_at_a_fifth_of_its_prompt(monkeypatch):
+    """The demo's prompt budget names the rows its report compared before it was a setting: every ReWOO planner
+    on a zero-shot prompt, against the few-shot teacher."""
+    monkeypatch.chdir(ROOT)
+    ev = load_pipeline(CONFIGS / "demo_smollm2_cpu.yaml").eval_config("http://127.0.0.1:1/v1")
+    zero_shot = [p.name for p in ev.planners if p.prompt != "fewshot"]
+    assert ev.prompt_budget.model_dump() == {"reference": "teacher", "methods": zero_shot, "max_prompt_fraction": 0.2}

@@ -38,6 +38,8 @@ TRIVIA = ROOT / "tests" / "fixtures" / "data" / "trivia.jsonl"
 
 PLANNER = {"backend": "transformers", "model": "smollm2-135m-instruct", "max_tokens": 16}
 BASE = {"datasets": [{"name": "hotpotqa", "source": str(MINI), "split": "dev", "n": 2}], "baselines": ["direct"]}
+TWO = {"planners": [{"name": "teacher", "prompt": "fewshot", "spec": PLANNER},
+                    {"name": "student", "prompt": "compact", "spec": PLANNER}]}
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -76,6 +78,19 @@ def test_config_accepts_a_list_or_a_mapping_of_planners():
         ({"robustness": {"rates": [0.3], "methods": ["react"], "every": 2}}, "robustness.every"),
         ({"tool_failure_rate": 1.0, "robustness": {"rates": [0.3, 1.0], "methods": ["react"]}},
          "1 is the main run's tool_failure_rate"),
+        (TWO | {"prompt_budget": {"reference": "teacher", "methods": ["react"], "max_prompt_fraction": 0.2}},
+         "'react' is not a planner of this config"),
+        (TWO | {"prompt_budget": {"reference": "gone", "methods": ["student"], "max_prompt_fraction": 0.2}},
+         "'gone' is not a planner"),
+        (TWO | {"prompt_budget": {"reference": "teacher", "methods": [], "max_prompt_fraction": 0.2}},
+         "name at least one planner"),
+        (TWO | {"prompt_budget": {"reference": "teacher", "methods": ["student"] * 2, "max_prompt_fraction": 0.2}},
+         "prompt_budget.methods repeats"),
+        (TWO | {"prompt_budget": {"reference": "teacher", "methods": ["teacher"], "max_prompt_fraction": 0.2}},
+         "'teacher' is the reference"),
+        (TWO | {"prompt_budget": {"reference": "teacher", "methods": ["student"], "max_prompt_fraction": 0}},
+         "prompt_budget.max_prompt_fraction"),
+        (TWO | {"prompt_budget": {"reference": "teacher", "methods": ["student"]}}, "max_prompt_fraction: Field"),
     ],
 )
 def test_config_errors_are_one_line_distill_errors(extra, message):
@@ -196,6 +211,29 @@ def test_the_same_file_twice_is_refused_because_ids_key_the_records():
         load_eval_examples(validate(EvalConfig, BASE | {"datasets": [ds, ds]}))
 
 
+def test_the_prompt_budget_is_off_by_default_and_the_manifest_carries_it_to_the_report(tmp_path, monkeypatch):
+    import distill.evaluate as ev
+    from distill.report import recompute
+
+    assert validate(EvalConfig, BASE | TWO).prompt_budget is None
+    budget = {"reference": "teacher", "methods": ["student"], "max_prompt_fraction": 0.25}
+    cfg = validate(EvalConfig, BASE | TWO | {"output_dir": str(tmp_path / "eval"), "prompt_budget": budget})
+    monkeypatch.setattr(ev, "run_method", lambda *args: None)  # the manifest, not the models, is under test
+    assert ev.evaluate(cfg)["prompt_budget"] == budget
+    manifest = json.loads((tmp_path / "eval" / "manifest.json").read_text())
+    assert manifest["prompt_budget"] == budget
+
+    from test_report import planner_rows
+    from distill.store import write_jsonl
+
+    write_jsonl(tmp_path / "eval" / "records" / "teacher.jsonl", planner_rows("teacher", "fewshot", 400, ("Alpha",)))
+    write_jsonl(tmp_path / "eval" / "records" / "student.jsonl", planner_rows("student", "compact", 100, ("Alpha",)))
+    manifest["examples"] = [["hotpotqa", f"q{i}"] for i in range(4)]
+    (tmp_path / "eval" / "manifest.json").write_text(json.dumps(manifest))
+    got = recompute(tmp_path / "eval")["prompt_budget"]
+    assert got["max_prompt_fraction"] == 0.25 and got["rows"]["student"]["met"] is True
+
+
 def test_resuming_into_a_run_made_with_other_settings_is_refused_before_any_model_loads(tmp_path):
     from distill.evaluate import evaluate
     from distill.store import write_jsonl
@@ -251,7 +289,7 @@ def test_rate_one_makes_every_evidence_no_evidence_found():
     evidence = asyncio.run(run_plan(PLAN, tools))
     assert len(evidence) == 4
     assert all(e.output == NO_EVIDENCE and e.status == "error" for e in evidence)
-    assert all(e.error.startswith("InjectedToolFailure") for e in evidence)
+    assert all(e.injected and e.to_dict()["injected"] is True for e in evidence)  # the record's field
     assert tools["LLM"].calls == []  # delegated attribute; the model was never called
     assert sum(t.injected for t in tools.values()) == 4
 
@@ -260,8 +298,10 @@ def test_rate_zero_leaves_the_tools_alone():
     tools = real_tools()
     wrapped = with_tool_failures(tools, 0.0, 0, "q1")
     assert all(wrapped[name] is tools[name] for name in tools)
-    out = asyncio.run(run_plan(parse_plan("Plan: x\n#E1 = Calculator[6 * 7]"), wrapped))
-    assert out[0].output == "42" and out[0].status == "ok"
+    plan = parse_plan("Plan: x\n#E1 = Calculator[6 * 7]\nPlan: y\n#E2 = Calculator[1 / 0]")
+    out = asyncio.run(run_plan(plan, wrapped))
+    assert out[0].output == "42" and out[0].status == "ok" and not out[0].injected
+    assert out[1].status == "error" and not out[1].injected  # the tool's own failure is not an injected one
 
 
 def test_rate_point_three_is_deterministic_and_about_right():
@@ -330,6 +370,7 @@ def write_eval_config(tmp_path: Path) -> Path:
         "react_max_tokens": 24,
         "tool_failure_rate": 0.3,
         "bootstrap_samples": 200,
+        "prompt_budget": {"reference": "teacher", "methods": ["base"], "max_prompt_fraction": 0.9},
     }
     path = tmp_path / "eval.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -376,6 +417,7 @@ def test_distill_eval_end_to_end_recomputes_and_resumes(tmp_path, capsys):
     assert set(results["paired"]) == {"base", "react", "direct"}
     assert all({"em", "f1", "n"} <= set(p) for p in results["paired"].values())
     assert results["per_method"]["teacher"]["planner_prompt_tokens_mean"] == sum(prompt_tokens["teacher"]) / 2
+    assert list(results["prompt_budget"]["rows"]) == ["base"]  # eval's setting, through the manifest
     assert set(results["tokens_by_hops"]) == set(methods) and results["tokens_by_gold_hops"]["react"]["2"]["n"] == 2
     for name in results["plots"].values():
         assert (out / name).stat().st_size > 1000

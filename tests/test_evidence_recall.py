@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from distill.metrics import evidence_recall, gold_titles, retrieved_titles, title_key
 
 
@@ -39,3 +41,26 @@ def test_linear_on_hostile_output():
     t0 = time.perf_counter()
     retrieved_titles([ev(out)])
     assert time.perf_counter() - t0 < 2.0
+
+
+@pytest.mark.parametrize("page, query", [
+    ("Ed_Wood", "Ed Wood"),  # a dump title with underscores, a planner's query with spaces
+    ("Ed Wood", "ed_wood"),
+    ("Ｅｄ　Ｗｏｏｄ", "Ed Wood"),  # full-width letters and space: one page after NFKC
+    ("Cafe\u0301 Society", "Café Society"),  # a combining accent against the precomposed letter
+])
+def test_a_page_recall_counts_as_found_is_the_one_an_exact_title_query_finds(tmp_path, page, query):
+    """The Wikipedia tool's exact-title lookup and evidence recall share one title key: were they to differ, a
+    query naming a gold page could get another page while recall counts the gold one as found."""
+    import asyncio
+
+    from distill.store import write_jsonl
+    from distill.tools.wikipedia import LocalWikipedia
+
+    corpus = tmp_path / "corpus.jsonl"
+    # the decoy says the query's words more often, so BM25 alone would rank it first
+    write_jsonl(corpus, [{"title": "Decoy", "text": f"{query} {query} {query}, and {query} again."},
+                         {"title": page, "text": "An American filmmaker."}])
+    out = asyncio.run(LocalWikipedia(corpus, top_k=1).run(query))
+    assert out == f"{page}: An American filmmaker."
+    assert evidence_recall([query], [ev(out)])["all"] is True

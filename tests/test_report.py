@@ -16,7 +16,7 @@ from distill.report import (
     hops_of,
     method_metrics,
     paired_vs_reference,
-    prompt_goal_summary,
+    prompt_budget_summary,
     recompute,
     render_markdown,
     summary_lines,
@@ -109,6 +109,9 @@ def test_method_metrics_cost_latency_judge_validity():
     assert m["latency_s"]["p50"] == pytest.approx(2.0)
     assert m["latency_s"]["p95"] == pytest.approx(float(np.percentile([1.0, 2.0, 10.0], 95)))
     assert m["tool_failures"]["rate"] == pytest.approx(2 / 6)
+    records[2]["evidence"][0]["injected"] = True  # eval's made failure; the other one is the tool's own
+    assert method_metrics(records)["tool_failures"] == {"rate": pytest.approx(2 / 6), "failed": 2, "injected": 1,
+                                                        "calls": 6}
     assert m["planner_prompt_tokens_mean"] == 50
     none_right = method_metrics([rec("m", "a", "Rome", "Paris", cost=0.5)])
     assert none_right["cost_per_correct_usd"] is None
@@ -282,7 +285,11 @@ def planner_rows(name: str, prompt: str, prompt_tokens: int, titles: tuple[str, 
     return rows
 
 
-def test_prompt_goal_sets_each_zero_shot_planner_against_the_few_shot_teacher():
+BUDGET = {"reference": "teacher", "methods": ["student", "student_compact", "base_compact", "trivia", "direct"],
+          "max_prompt_fraction": 0.2}
+
+
+def test_prompt_budget_sets_each_named_planner_against_the_reference():
     by_method = {
         "direct": [rec("direct", f"q{i}", "x", "x", kind="direct", steps=0) for i in range(4)],
         "teacher": planner_rows("teacher", "fewshot", 500, ("Alpha",)),  # recall 0.5
@@ -291,30 +298,31 @@ def test_prompt_goal_sets_each_zero_shot_planner_against_the_few_shot_teacher():
         "base_compact": planner_rows("base_compact", "compact", 90, ()),  # tiny prompt, recall 0
         "trivia": [dict(r, planner_prompt="compact") for r in
                    (rec("trivia", f"t{i}", "x", "x", dataset="triviaqa", planner_prompt_tokens=80) for i in range(2))],
-        "teacher2": planner_rows("teacher2", "fewshot", 400, ("Alpha", "Beta")),  # a later few-shot row: no student
+        "teacher2": planner_rows("teacher2", "fewshot", 400, ("Alpha", "Beta")),  # not named: no row
     }
     methods = list(by_method)
-    results = compute(by_method, methods=methods, reference="direct", samples=50)
-    goal = results["prompt_goal"]
-    assert goal["teacher"] == "teacher"  # the first few-shot ReWOO row, though the paired reference is Direct
-    assert (goal["teacher_evidence_recall"], goal["teacher_planner_prompt_tokens"]) == (0.5, 500)
-    assert goal["max_prompt_fraction"] == 0.2
-    assert list(goal["rows"]) == ["student", "student_compact", "base_compact", "trivia"]
-    rows = goal["rows"]
+    results = compute(by_method, methods=methods, reference="direct", samples=50, budget=BUDGET)
+    budget = results["prompt_budget"]
+    assert budget["reference"] == "teacher"  # the budget's own reference, though the paired one is Direct
+    assert (budget["reference_evidence_recall"], budget["reference_planner_prompt_tokens"]) == (0.5, 500)
+    assert budget["max_prompt_fraction"] == 0.2
+    assert list(budget["rows"]) == ["student", "student_compact", "base_compact", "trivia"]  # Direct has no prompt
+    rows = budget["rows"]
     assert rows["student"] == {"prompt": "full", "planner_prompt_tokens": 300, "prompt_fraction": 0.6,
                                "evidence_recall": 1.0, "n_paired": 4, "recall_diff": 0.5,
                                "recall_diff_ci": rows["student"]["recall_diff_ci"], "plan_valid_rate": 1.0, "em": 1.0,
-                               "f1": 1.0, "goal_met": False}
+                               "f1": 1.0, "met": False}
     assert rows["student"]["recall_diff_ci"]["lo"] == rows["student"]["recall_diff_ci"]["hi"] == 0.5  # no spread
     assert (rows["student_compact"]["prompt_fraction"], rows["student_compact"]["recall_diff"]) == (0.2, 0.0)
-    assert rows["student_compact"]["goal_met"] is True  # equal recall at exactly a fifth meets it
+    assert rows["student_compact"]["met"] is True  # equal recall at exactly a fifth meets it
     assert rows["base_compact"]["prompt_fraction"] == 0.18 and rows["base_compact"]["recall_diff"] == -0.5
-    assert rows["base_compact"]["goal_met"] is False
-    assert rows["trivia"]["evidence_recall"] is None and rows["trivia"]["goal_met"] is None  # unmeasured, not missed
+    assert rows["base_compact"]["met"] is False
+    assert rows["trivia"]["evidence_recall"] is None and rows["trivia"]["met"] is None  # unmeasured, not missed
 
     text = render_markdown(results)
-    assert "## Compact vs full student: the prompt goal" in text
+    assert "## Prompt budget: evidence recall against teacher at a fraction of its prompt" in text
     assert "evidence recall of **teacher** (0.500) with at most 0.2 of its planner prompt tokens (500)" in text
+    assert "| planner | prompt | planner prompt tok | × teacher's | evidence recall | n | Δ recall vs teacher" in text
     assert ("| student | full | 300 | 0.60 | 1.000 | 4 | +0.500 [+0.500, +0.500] | 1.000 | 1.000 | 1.000 | no |"
             in text)
     assert ("| student_compact | compact | 100 | 0.20 | 0.500 | 4 | +0.000 [+0.000, +0.000] | 1.000 | 1.000 | 1.000 "
@@ -322,39 +330,47 @@ def test_prompt_goal_sets_each_zero_shot_planner_against_the_few_shot_teacher():
     assert ("| base_compact | compact | 90 | 0.18 | 0.000 | 4 | -0.500 [-0.500, -0.500] | 1.000 | 1.000 | 1.000 "
             "| no |" in text)
     assert "| trivia | compact | 80 | 0.16 | – | 0 | – | 1.000 | 1.000 | 1.000 | – |" in text
-    lines = prompt_goal_summary(results)
+    lines = prompt_budget_summary(results)
     assert len(lines) == 4 and lines[1].endswith(": yes") and "recall 0.500 vs 0.500" in lines[1]
     assert "x0.20" in lines[1] and lines[0].endswith(": no") and lines[3].endswith(": –")
 
+    # the fraction is the setting's, not the report's: at 0.6 the full student, which beats the recall, meets it
+    wider = compute(by_method, methods=methods, reference="direct", samples=50,
+                    budget=BUDGET | {"max_prompt_fraction": 0.6})
+    assert wider["prompt_budget"]["max_prompt_fraction"] == 0.6 and wider["prompt_budget"]["rows"]["student"]["met"]
+    assert "with at most 0.6 of its planner prompt tokens" in render_markdown(wider)
 
-def test_prompt_goal_pairs_an_unfinished_row_on_the_questions_it_answered():
-    """A student that answered 2 of 4 questions is set against the teacher on those 2, not on all 4."""
+
+def test_prompt_budget_pairs_an_unfinished_row_on_the_questions_it_answered():
+    """A student that answered 2 of 4 questions is set against the reference on those 2, not on all 4."""
     by_method = {"teacher": planner_rows("teacher", "fewshot", 500, ("Alpha",)),  # recall 0.5 everywhere
                  "student": planner_rows("student", "compact", 50, ("Alpha", "Beta"), n=2)}
     by_method["teacher"][0]["evidence"] = by_method["teacher"][1]["evidence"] = []  # recall 0 on q0 and q1
-    row = compute(by_method, methods=["teacher", "student"], reference="teacher", samples=50)["prompt_goal"]["rows"][
-        "student"]
+    row = compute(by_method, methods=["teacher", "student"], reference="teacher", samples=50,
+                  budget=BUDGET)["prompt_budget"]["rows"]["student"]
     assert row["n_paired"] == 2 and row["recall_diff"] == 1.0  # 1 - 0 on q0, q1 (unpaired: 1 - 0.25 = 0.75)
-    assert row["goal_met"] is True
+    assert row["met"] is True
 
 
-def test_prompt_goal_falls_back_to_the_reference_and_is_absent_without_a_student():
+def test_no_prompt_budget_unless_one_is_set_and_measurable():
     by_method = {"teacher": planner_rows("teacher", "full", 400, ("Alpha", "Beta")),
                  "student": planner_rows("student", "compact", 50, ("Alpha", "Beta"))}
-    goal = compute(by_method, methods=["teacher", "student"], reference="teacher", samples=50)["prompt_goal"]
-    assert goal["teacher"] == "teacher" and goal["rows"]["student"]["prompt_fraction"] == 0.125
-    assert goal["rows"]["student"]["goal_met"] is True
-    lonely = compute({"teacher": by_method["teacher"]}, samples=50)
-    assert lonely["prompt_goal"] is None and "prompt goal" not in render_markdown(lonely)
-    assert prompt_goal_summary(lonely) == []
+    unset = compute(by_method, methods=["teacher", "student"], reference="teacher", samples=50)
+    assert unset["prompt_budget"] is None and "Prompt budget" not in render_markdown(unset)
+    assert prompt_budget_summary(unset) == []
+    budget = compute(by_method, samples=50, budget=BUDGET)["prompt_budget"]  # a zero-shot reference is fine too
+    assert budget["reference"] == "teacher" and budget["rows"]["student"]["prompt_fraction"] == 0.125
+    assert budget["rows"]["student"]["met"] is True
+    assert compute({"teacher": by_method["teacher"]}, samples=50, budget=BUDGET)["prompt_budget"] is None  # no row
     direct = {"direct": [rec("direct", "q0", "x", "x", kind="direct", steps=0)], "student": by_method["student"]}
-    assert compute(direct, methods=["direct", "student"], reference="direct", samples=50)["prompt_goal"] is None
+    assert compute(direct, samples=50, budget=BUDGET | {"reference": "direct"})["prompt_budget"] is None
+    assert compute(by_method, samples=50, budget=BUDGET | {"reference": "gone"})["prompt_budget"] is None
 
 
 def test_write_report_equals_recompute_and_has_every_section(tmp_path):
     runs = sample_run()
     manifest = {"methods": [{"name": n} for n in ("teacher", "student", "react", "direct")], "reference": "teacher",
-                "bootstrap_samples": 300, "seed": 0,
+                "bootstrap_samples": 300, "seed": 0, "prompt_budget": BUDGET,
                 "examples": [["hotpotqa", r["id"]] for r in runs["teacher"]]}
     out = write_run(tmp_path, runs, manifest)
     results = write_report(out)
@@ -372,12 +388,13 @@ def test_write_report_equals_recompute_and_has_every_section(tmp_path):
     for needle in ("## Accuracy", "EM [95% CI]", "F1 [95% CI]", "plan valid", "LLM calls", "$ / correct (EM)",
                    "latency p95 s", "ΔEM [95% CI]", "by hops taken", "by gold hops", "Planner prompt size",
                    "## The Planner apart from the Solver", "evidence recall [95% CI]", "all gold pages [95% CI]",
-                   "Δrecall [95% CI]", "Δsteps/plan [95% CI]", "too many steps", "Compact vs full student",
+                   "Δrecall [95% CI]", "Δsteps/plan [95% CI]", "too many steps", "## Prompt budget",
                    "](accuracy_vs_tokens.png)", "](tokens_by_hops.png)", "](latency.png)",
                    "](recall_vs_prompt.png)"):
         assert needle in report, needle
     for name in results["methods"]:
         assert f"| {name} |" in report
+    assert list(results["prompt_budget"]["rows"]) == ["student"]  # the manifest's budget: only named planners
 
 
 def test_manifest_selects_questions_and_method_order(tmp_path):
@@ -413,14 +430,15 @@ def test_distill_report_writes_elsewhere_from_the_records_alone(tmp_path, capsys
 
     runs = sample_run()
     manifest = {"methods": [{"name": n} for n in ("teacher", "student", "react", "direct")], "reference": "teacher",
-                "bootstrap_samples": 200, "seed": 1, "examples": [["hotpotqa", r["id"]] for r in runs["teacher"]]}
+                "bootstrap_samples": 200, "seed": 1, "examples": [["hotpotqa", r["id"]] for r in runs["teacher"]],
+                "prompt_budget": BUDGET}
     run = write_run(tmp_path, runs, manifest)
     out = tmp_path / "published"
     assert cli.main(["report", str(run), "--out", str(out)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-2:] == [f"report: {out / 'report.md'}", f"results: {out / 'results.json'}"]
     assert [line.split()[0] for line in lines[:4]] == ["teacher", "student", "react", "direct"]
-    assert [line.split(":")[0] for line in lines[4:-2]] == ["prompt goal vs teacher"] * len(lines[4:-2])
+    assert [line.split(":")[0] for line in lines[4:-2]] == ["prompt budget vs teacher"]  # the one named student
     results = json.loads((out / "results.json").read_text())
     assert results == recompute(run) and results["bootstrap_samples"] == 200
     assert all((out / name).stat().st_size > 1000 for name in results["plots"].values())

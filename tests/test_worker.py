@@ -213,8 +213,9 @@ def test_an_empty_plan_yields_no_evidence() -> None:
 def test_evidence_to_dict_has_the_record_fields() -> None:
     evidence = run_plan_sync(plan_of("#E1 = Calculator[6*7]"), {"Calculator": Calculator()})
     record = evidence[0].to_dict()
-    assert set(record) == {"id", "tool", "input", "output", "status", "error", "start_s", "end_s"}
+    assert set(record) == {"id", "tool", "input", "output", "status", "error", "start_s", "end_s", "injected"}
     assert record["output"] == "42" and record["status"] == "ok" and record["error"] is None
+    assert record["injected"] is False
     assert 0 <= record["start_s"] <= record["end_s"]
 
 

@@ -1,7 +1,7 @@
-"""Plan -> work -> solve, producing one trajectory record.
+"""Plan -> work -> solve, producing one trajectory record (distill.rewoo.record), and `build_agent`, the one
+factory from a config to any agent kind (this one or a baseline), so every method is wired the same way.
 
-The record is the one shape that generation, filtering, training data and evaluation all read, so the
-agent fills every field whether or not the run went well: a failed plan is data for the filter.
+The agent fills every field of the record whether or not the run went well: a failed plan is data for the filter.
 """
 
 from __future__ import annotations
@@ -10,22 +10,20 @@ import argparse
 import asyncio
 import json
 import time
-import zlib
 from collections import Counter
-from dataclasses import KW_ONLY, asdict, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping
 
+from distill.baselines import DirectAgent, ReActAgent
 from distill.config import AgentConfig, add_config_args, load_config
 from distill.errors import DistillError
-from distill.llm.base import Completion, Usage
-from distill.metrics import evidence_recall, gold_titles, score
+from distill.llm.base import Completion
 from distill.rewoo import prompts
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS, Plan, parse_plan
+from distill.rewoo.record import call_record, make_record, sample_seed
 from distill.rewoo.worker import SURPRISES, Evidence, WorkerConfig, run_plan
 from distill.tools.registry import build_tools, tool_descriptions
-
-FORMAT_VERSION = 1
 
 
 @dataclass
@@ -37,57 +35,6 @@ class Question:
     dataset: str = "adhoc"
     answers: list[str] = field(default_factory=list)
     context: list | None = None
-
-
-def sample_seed(example_id: str, sample: int, base: int = 0) -> int:
-    """A stable per-(example, sample) seed: reruns resample identically and hit the call cache."""
-    return (zlib.crc32(f"{example_id}#{sample}".encode()) + base) % (2**31)
-
-
-def call_record(messages: list[dict], out: Completion) -> dict:
-    return {
-        "model": out.model, "messages": messages, "output": out.text, "usage": asdict(out.usage),
-        "latency_s": round(out.latency_s, 4), "cost_usd": out.cost_usd, "cached": out.cached,
-    }
-
-
-def make_record(
-    example, method: str, sample: int, t0: float, *, evidence: list[dict], solver: dict, prediction: str,
-    solver_calls: Sequence[Completion], tools: Mapping[str, Any], planner: dict | None = None,
-    plan: dict | None = None, planner_calls: Sequence[Completion] = (), recall: bool = True, **extra: Any,
-) -> dict:
-    """The trajectory record of every method (ReWOO and the baselines), so the report compares like with like.
-    A method without a plan has no steps and validity not applicable (None, not False); `recall` is off for
-    one that never retrieves, so its records do not enter the evidence-recall mean."""
-    tool_calls = [c for t in tools.values() for c in getattr(t, "calls", [])]
-    by_role = {"planner": planner_calls, "solver": solver_calls, "tools": tool_calls}
-    usage = {role: sum((c.usage for c in cs), Usage()) for role, cs in by_role.items()}
-    tokens = {role: u.total_tokens for role, u in usage.items()}
-    calls = [*planner_calls, *solver_calls, *tool_calls]
-    record = {
-        "format_version": FORMAT_VERSION,
-        "id": example.id,
-        "dataset": example.dataset,
-        "question": example.question,
-        "answers": list(example.answers),
-        "method": method,
-        "sample": sample,
-        "planner": planner,
-        "plan": plan or {"valid": None, "steps": [], "errors": []},
-        "evidence": evidence,
-        "solver": solver,
-        "prediction": prediction,
-        "scores": dict(score(example.dataset, prediction, example.answers)) if example.answers else {},
-        "tool_usage": asdict(usage["tools"]),
-        "tokens": tokens | {"total": sum(tokens.values())},
-        "llm_calls": len(calls),
-        "tool_calls": len(evidence),
-        "cost_usd": sum(c.cost_usd for c in calls),
-        "wall_s": round(time.perf_counter() - t0, 4),
-    }
-    if recall:
-        record["evidence_recall"] = evidence_recall(gold_titles(getattr(example, "supporting_facts", None)), evidence)
-    return record | extra
 
 
 @dataclass
@@ -230,7 +177,6 @@ def build_agent(
     """The one factory from an AgentConfig to an agent (rewoo, or a baseline eval measures it against), so
     every method gets its Solver and tools wired the same way. `planner`, `planner_prompt` and `replan`
     override the config's own (eval has one per row); `wrap_tools` is eval's injected failures."""
-    from distill.baselines import DirectAgent, ReActAgent  # here: baselines imports this module
     from distill.llm import build_chat
 
     if kind == "direct":

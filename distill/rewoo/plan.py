@@ -329,13 +329,13 @@ class _Scanner:
 
 # ------------------------------------------------------------------------------------------ command line
 
-DEFAULT_TOOLS = "Wikipedia,LLM,Calculator"
-
-
 def configure_parser(parser: argparse.ArgumentParser) -> None:
+    from distill.tools.registry import DEFAULT_TOOLS  # here: parsing a plan needs none of the tool modules
+
+    default = ",".join(DEFAULT_TOOLS)
     parser.add_argument("file", nargs="?", default="-", metavar="FILE", help="plan text file; '-' or none reads stdin")
-    tools_help = f"comma-separated tool names the plan may use (default {DEFAULT_TOOLS}); '' skips the tool check"
-    parser.add_argument("--tools", default=DEFAULT_TOOLS, help=tools_help)
+    tools_help = f"comma-separated tool names the plan may use (default {default}); '' skips the tool check"
+    parser.add_argument("--tools", default=default, help=tools_help)
     parser.add_argument("--json", action="store_true", help="print the parsed plan as JSON")
 
 

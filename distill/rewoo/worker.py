@@ -33,6 +33,11 @@ Status = Literal["ok", Surprise]
 SURPRISES: tuple[str, ...] = get_args(Surprise)
 
 
+class InjectedToolFailure(RuntimeError):
+    """A failure made on purpose in place of a tool call (eval's `tool_failure_rate`). Its evidence says
+    `injected`, so the report tells a made failure from a real one by a field, not by the error's text."""
+
+
 @dataclass
 class WorkerConfig:
     max_concurrency: int = 8
@@ -50,6 +55,7 @@ class Evidence:
     error: str | None
     start_s: float  # seconds since the run started (time.perf_counter), when the tool call began
     end_s: float
+    injected: bool = False  # the failure was an InjectedToolFailure, not the tool's own
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,7 +118,8 @@ async def run_plan(
                 return _failed(step, query, "timeout", f"no answer within {timeout:g}s", start, clock())
             except Exception as exc:  # any tool failure becomes recorded evidence, by design
                 log.debug("tool %s failed on %r", step.tool, query, exc_info=True)
-                return _failed(step, query, "error", f"{type(exc).__name__}: {exc}", start, clock())
+                return _failed(step, query, "error", f"{type(exc).__name__}: {exc}", start, clock(),
+                               injected=isinstance(exc, InjectedToolFailure))
             end = clock()
         text = raw.strip() if isinstance(raw, str) else ""
         if not text:
@@ -126,8 +133,9 @@ async def run_plan(
     return [task.result() for task in tasks]
 
 
-def _failed(step: Step, query: str, status: Status, error: str, start: float, end: float) -> Evidence:
-    return Evidence(step.id, step.tool, query, NO_EVIDENCE, status, error, start, end)
+def _failed(step: Step, query: str, status: Status, error: str, start: float, end: float,
+            injected: bool = False) -> Evidence:
+    return Evidence(step.id, step.tool, query, NO_EVIDENCE, status, error, start, end, injected)
 
 
 def run_plan_sync(plan: Plan, tools: Mapping[str, Tool], config: WorkerConfig | None = None) -> list[Evidence]:

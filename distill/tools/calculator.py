@@ -10,8 +10,6 @@ import operator
 import re
 from typing import Callable
 
-from distill.tools.registry import TOOL_DESCRIPTIONS
-
 Number = int | float
 
 MAX_INPUT_CHARS = 500
@@ -52,7 +50,7 @@ class Calculator:
     """The `Calculator` tool: evaluates one arithmetic expression and returns the result as text."""
 
     name = "Calculator"
-    description = TOOL_DESCRIPTIONS["Calculator"]
+    description = "Evaluates an arithmetic expression exactly. Input must be the expression alone, e.g. 12*(3+4)."
 
     async def run(self, query: str) -> str:
         return format_number(evaluate(query))

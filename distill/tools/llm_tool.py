@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from distill.tools.registry import TOOL_DESCRIPTIONS
-
 
 class LLMTool:
     name = "LLM"
-    description = TOOL_DESCRIPTIONS["LLM"]
+    description = (
+        "A pretrained LLM like yourself. Useful when you need to act with general world knowledge and common "
+        "sense. Prioritize it when you are confident in solving the problem yourself. Input can be any instruction."
+    )
 
     def __init__(self, chat_model: Any, max_tokens: int = 256):
         self.model = chat_model

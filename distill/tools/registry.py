@@ -7,19 +7,16 @@ from typing import Any, Iterable
 
 from distill.errors import DistillError
 from distill.tools.base import Tool
+from distill.tools.calculator import Calculator
+from distill.tools.llm_tool import LLMTool
+from distill.tools.wikipedia import DESCRIPTION as WIKIPEDIA_DESCRIPTION
 
+# Each description lives with its tool; this is the one list of them, in the prompt's order.
 TOOL_DESCRIPTIONS: dict[str, str] = {
-    "Wikipedia": (
-        "Worker that searches for similar page contents from Wikipedia. Useful when you need to get holistic "
-        "knowledge about people, places, companies, historical events, or other subjects. "
-        "Input should be a search query."
-    ),
-    "LLM": (
-        "A pretrained LLM like yourself. Useful when you need to act with general world knowledge and common "
-        "sense. Prioritize it when you are confident in solving the problem yourself. Input can be any instruction."
-    ),
-    "Calculator": "Evaluates an arithmetic expression exactly. Input must be the expression alone, e.g. 12*(3+4).",
+    "Wikipedia": WIKIPEDIA_DESCRIPTION, "LLM": LLMTool.description, "Calculator": Calculator.description,
 }
+# The tools every stage gives the Planner unless its config says otherwise.
+DEFAULT_TOOLS: tuple[str, ...] = tuple(TOOL_DESCRIPTIONS)
 
 
 def tool_descriptions(names: Iterable[str]) -> dict[str, str]:
@@ -45,9 +42,6 @@ def build_tools(
 ) -> dict[str, Tool]:
     """The named tools, keyed by canonical name in the order given. The Wikipedia backend comes built because
     choosing it (online, local corpus, per-question scope) is the caller's decision."""
-    from distill.tools.calculator import Calculator
-    from distill.tools.llm_tool import LLMTool
-
     made = {
         "Wikipedia": wikipedia,
         "LLM": None if llm_model is None else LLMTool(llm_model, max_tokens=llm_max_tokens),

@@ -19,17 +19,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import httpx
-
 from distill import __version__
 from distill.errors import DistillError, clip, one_line
 from distill.retry import Fault, bind, retry_after_s, with_retries
 from distill.store import read_jsonl
-from distill.tools.registry import TOOL_DESCRIPTIONS
+from distill.text import title_key
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CHARS = 800
+# What the Planner is told of every Wikipedia backend: the same line whichever one answers.
+DESCRIPTION = (
+    "Worker that searches for similar page contents from Wikipedia. Useful when you need to get holistic "
+    "knowledge about people, places, companies, historical events, or other subjects. "
+    "Input should be a search query."
+)
 
 
 @functools.cache
@@ -53,16 +57,12 @@ def format_paragraphs(paragraphs: Sequence[tuple[str, str]], max_chars: int | No
     return cut.rstrip() + "…"
 
 
-def _title_key(text: str) -> str:
-    return " ".join(text.casefold().split())
-
-
 class ScopedWikipedia:
     """BM25 over a handful of given paragraphs (one HotpotQA question's context); in memory, never saved.
     A lock serialises tokenizing because PyStemmer objects are not thread-safe and searches run in threads."""
 
     name = "Wikipedia"
-    description = TOOL_DESCRIPTIONS["Wikipedia"]
+    description = DESCRIPTION
 
     def __init__(
         self, paragraphs: Sequence[tuple[str, str]], *, top_k: int = 1, max_chars: int | None = DEFAULT_MAX_CHARS
@@ -79,7 +79,7 @@ class ScopedWikipedia:
         self._lock = threading.Lock()
         self._by_title: dict[str, int] = {}
         for i, (title, _) in enumerate(self.paragraphs):
-            self._by_title.setdefault(_title_key(title), i)
+            self._by_title.setdefault(title_key(title), i)
         # The title goes into the indexed text so that a query naming the page finds it.
         docs = [f"{title}. {text}" for title, text in self.paragraphs]
         self._retriever = _bm25s().BM25()
@@ -93,7 +93,7 @@ class ScopedWikipedia:
         with self._lock:
             tokens = _bm25s().tokenize([query], return_ids=False, stopwords="en", stemmer=self._stemmer,
                                        show_progress=False)[0]
-        exact = self._by_title.get(_title_key(query))
+        exact = self._by_title.get(title_key(query))
         ranked: list[int] = [] if exact is None else [exact]
         known = [t for t in tokens if t in self._retriever.vocab_dict]  # a word the corpus never used: ignored
         if known:
@@ -148,7 +148,7 @@ class OnlineWikipedia:
     """
 
     name = "Wikipedia"
-    description = TOOL_DESCRIPTIONS["Wikipedia"]
+    description = DESCRIPTION
     RETRY_API_CODES = frozenset({"ratelimited", "maxlag"})
 
     contact: str | None = None
@@ -172,6 +172,8 @@ class OnlineWikipedia:
         if not self.contact:
             log.warning("online Wikipedia without a contact: set wikipedia_contact to a URL or email, as the "
                         "Wikimedia User-Agent policy asks (https://meta.wikimedia.org/wiki/User-Agent_policy)")
+        import httpx  # here: the registry imports this module, and only the online backend needs httpx
+
         about = "ReWOO planner distillation" + (f"; {self.contact}" if self.contact else "")
         self.user_agent = f"distill/{__version__} ({about}) httpx/{httpx.__version__}"
 
@@ -213,6 +215,8 @@ class OnlineWikipedia:
 
     async def _get(self, params: dict[str, str]) -> dict[str, Any]:
         """One attempt; every failure is a `Fault` that says whether another attempt may help."""
+        import httpx
+
         params = {"format": "json", "formatversion": "2", **params}
         async with self._sem:
             try:
