@@ -74,3 +74,13 @@ def vllm_server(tmp_path_factory, lora_adapter):
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     with VLLMServer(cfg, log_path=log) as server:
         yield server
+
+
+# Fixtures that load the real model or start a real server: a test that takes one is slow whatever it says.
+SLOW_FIXTURES = {"smollm2", "lora_adapter", "vllm_server"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
