@@ -1,4 +1,4 @@
-"""Shared fixtures: the real embedded model (loaded once per session) and paths to shared data."""
+"""Shared fixtures: the real embedded model, one real vLLM server for the session, and the shared data's path."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
+BASE_NAME = "smollm2-135m-instruct"  # the base model's name on the session's vLLM server
 
 
 def shared_data() -> Path:
@@ -21,7 +22,7 @@ def smollm2():
     from distill.config import ModelSpec
     from distill.llm import build_chat
 
-    return build_chat(ModelSpec(backend="transformers", model="smollm2-135m-instruct"))
+    return build_chat(ModelSpec(backend="transformers", model=BASE_NAME))
 
 
 @pytest.fixture
@@ -30,3 +31,56 @@ def shared_data_dir() -> Path:
     if not d.exists():
         pytest.skip(f"shared data not found at {d} (set DISTILL_SHARED_DATA)")
     return d
+
+
+def make_lora_adapter(out: Path, scale: float = 1e-2, seed: int = 0) -> Path:
+    """A real PEFT LoRA (r 8, q/v) on the embedded SmolLM2, lora_B nudged off zero so it changes the outputs;
+    saved with the tokenizer, so the folder carries the chat template as a trained adapter does."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from distill.llm.embedded import resolve_model_path
+
+    base = resolve_model_path(BASE_NAME)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, lora)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * scale)
+    peft_model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(base).save_pretrained(out)  # writes chat_template.jinja too
+    return out
+
+
+@pytest.fixture(scope="session")
+def lora_adapter(tmp_path_factory) -> Path:
+    return make_lora_adapter(tmp_path_factory.mktemp("adapters") / "planner")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory, lora_adapter):
+    """One real vLLM CPU server for every test that needs a server but does not test starting one: the base as
+    `smollm2-135m-instruct`, the test adapter as the LoRA module `planner`. A server start costs about a minute
+    of both cores; the tests of the server's own start/stop and the pipeline's own servers start their own.
+    4096 tokens of context: the seeded-sampling regression needs batches larger than one prefill step."""
+    from distill.serve import ServeConfig, VLLMServer
+
+    cfg = ServeConfig(base_model=BASE_NAME, served_model_name=BASE_NAME, adapters={"planner": str(lora_adapter)},
+                      port=0, max_model_len=4096, health_timeout_s=600)
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    with VLLMServer(cfg, log_path=log) as server:
+        yield server
+
+
+# Fixtures that load the real model or start a real server: a test that takes one is slow whatever it says.
+SLOW_FIXTURES = {"smollm2", "lora_adapter", "vllm_server"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

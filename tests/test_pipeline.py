@@ -28,7 +28,13 @@ def reduced_demo(tmp_path: Path) -> Path:
     gen["solver"]["max_tokens"] = 12
     cfg["filter"] = {"min_f1": 0.0}  # keep every valid, fully run plan: this test is about the machinery
     cfg["train"] |= {"max_steps": 2, "eval_steps": 1, "save_steps": 1, "max_length": 768}
+    for student in cfg["students"].values():  # a student's own train keys would override the 2 steps
+        if "train" in student:
+            student["train"] |= {"max_steps": 2, "eval_steps": 1, "save_steps": 1}
     ev = cfg["eval"]
+    # the robustness sweep and re-planning have tests of their own: one method at one rate shows the wiring
+    ev["planners"] = [p for p in ev["planners"] if not p.get("replan")]
+    ev["robustness"] = {"rates": [1.0], "methods": ["teacher"], "n": 1}
     ev["datasets"][0]["n"] = 2
     ev["react_max_steps"] = 2
     ev["react_max_tokens"] = 48

