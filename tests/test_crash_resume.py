@@ -7,10 +7,9 @@ kill a real record line is torn: the file is truncated to the middle of its last
 kill inside that write leaves it; the resume must cut it and redo that record, which the final run must hold
 exactly once. The kill loop is scripts/kill_resume_check.py's, so the script and CI check the same thing.
 
-One real vLLM CPU server serves SmolLM2 for both; the call cache is on, so a resumed run replays the calls
-its killed predecessor finished and the test stays a few minutes on 2 cores. (Measured on a loaded 2-core
-machine: the in-process backend took 19 s to start each resumed process and ~1 min per record; through
-vLLM the client starts in ~2 s and makes about a record a second.) `pytest -s` shows the kill points.
+The session's vLLM CPU server (tests/conftest.py) serves SmolLM2 for both, so a resumed process starts in
+seconds rather than loading a model; the call cache is on, so a resumed run replays the calls its killed
+predecessor finished. `pytest -s` shows the kill points.
 """
 
 from __future__ import annotations
@@ -38,13 +37,9 @@ def _kill_resume_check():
     return module
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from distill.serve import ServeConfig, VLLMServer
-
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with VLLMServer(ServeConfig(base_model="smollm2-135m-instruct", port=0), log_path=log) as srv:
-        yield srv
+@pytest.fixture
+def server(vllm_server):
+    return vllm_server  # the session's (tests/conftest.py): its base model is smollm2-135m-instruct
 
 
 def seed() -> int:
