@@ -76,8 +76,9 @@ def vllm_server(tmp_path_factory, lora_adapter):
         yield server
 
 
-# Fixtures that load the real model or start a real server: a test that takes one is slow whatever it says.
-SLOW_FIXTURES = {"smollm2", "lora_adapter", "vllm_server"}
+# Fixtures that load the real model, build a trainer or start a real server: a test that takes one is slow
+# whatever it says (`trainer` and `chat` are test_train's and test_transformers_backend's own).
+SLOW_FIXTURES = {"smollm2", "lora_adapter", "vllm_server", "trainer", "chat"}
 
 
 def pytest_collection_modifyitems(config, items):

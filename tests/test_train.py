@@ -364,6 +364,7 @@ def test_two_processes_keep_the_effective_batch(sft_dir, tmp_path):
 # ---------------------------------------------------------------------------------------------- packing
 
 
+@pytest.mark.slow  # builds a trainer over the real model
 def test_packed_batches_keep_examples_apart_and_mask_exactly_the_prompts(sft_dir, tmp_path, monkeypatch):
     """A packed, padding-free batch from the real trainer (real tokenizer, TRL's real collator). The varlen
     flash-attention kernels cannot run on this CPU, so the gate is told they exist and the model stays SDPA:
@@ -389,6 +390,7 @@ def test_packed_batches_keep_examples_apart_and_mask_exactly_the_prompts(sft_dir
     assert seen == 8
 
 
+@pytest.mark.slow  # builds a trainer over the real model
 def test_packing_without_varlen_kernels_falls_back_to_padded_batches(sft_dir, tmp_path, caplog):
     from distill.train import build_trainer
 
