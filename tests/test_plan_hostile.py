@@ -1,17 +1,15 @@
-"""The plan parser and the Worker's dependency code against hostile model output (issue 11, issue 14).
+"""The plan parser and the Worker's dependency code against hostile model output.
 
 Planner output is untrusted and is parsed inside the agent's event loop, so one pathological output must
 not stall every question in flight. The named inputs below took 3 s to over 120 s each before parsing was
-made linear; now they take 0.2 s or less and must stay under a second. Time is the process's CPU time, so a
-busy machine does not fail the test; generated inputs get a bound per character with a fixed allowance,
-generous enough to hold anywhere yet far below what quadratic code needs.
+made linear. Linearity is checked as growth, not as a time budget a loaded machine could miss: the same
+shape at n and 8n in one test (tests/scaling.py); scripts/bench_parser.py prints the absolute times.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
-import time
+from functools import partial
 
 import pytest
 from hypothesis import given, settings
@@ -23,6 +21,7 @@ from distill.rewoo.agent import Question, build_agent
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS, Plan, Step, parse_plan, render_plan
 from distill.rewoo.worker import dependency_indices, run_plan_sync
 from distill.tools.calculator import Calculator
+from scaling import FACTOR, MAX_RATIO, assert_linear, growth
 from test_plan import check_invariants
 
 TOOLS = ("Wikipedia", "LLM", "Calculator")
@@ -33,55 +32,53 @@ def codes(plan: Plan) -> list[tuple[str, str | None]]:
     return [(e.code, e.step) for e in plan.errors]
 
 
-def cpu_seconds(fn, *args, **kwargs):
-    """CPU time of one call with the cyclic GC paused: late in the suite a full collection over everything
-    earlier tests left on the heap took ~0.5 s inside a 20 ms call and failed the 0.5 s budget."""
-    gc.collect()
-    gc.disable()
-    try:
-        start = time.process_time()
-        result = fn(*args, **kwargs)
-        return time.process_time() - start, result
-    finally:
-        gc.enable()
-
-
-def budget_s(n_chars: int) -> float:
-    """Linear code parses any text at 0.6 µs per character or less (step-dense text is the slowest)."""
-    return 0.2 + n_chars * 2e-6
-
-
 # --- the named hostile inputs, each its own test -----------------------------------------------------------
 
-NAMED = {
-    "plan, 100k spaces, x": "plan" + " " * 100_000 + "x",
-    "100k spaces": " " * 100_000,
-    "unclosed bracket, 200 lines of 2000 spaces": "#E1 = Wikipedia[" + ("\n" + " " * 2000) * 200,
-    "Plan line, 40k continuation lines": "Plan: a" + "\nand then a continuation line of plan text" * 40_000,
+# name -> (the shape at a count c, the count of the named input)
+SHAPES = {
+    "plan, spaces, x": (lambda c: "plan" + " " * c + "x", 100_000),
+    "spaces": (lambda c: " " * c, 100_000),
+    "unclosed bracket, lines of 2000 spaces": (lambda c: "#E1 = Wikipedia[" + ("\n" + " " * 2000) * c, 200),
+    "Plan line, continuation lines": (lambda c: "Plan: a" + "\nand then a continuation line of plan text" * c, 40_000),
     # Forms that would be quadratic through slicing or rescanning rather than backtracking.
-    "20k steps on one line": "#E1 = LLM[x] " * 20_000,
-    "20k inline Plan steps on one line": "Plan: a #E1 = LLM[x] " * 20_000,
-    "50k id prefixes on a Plan line": "Plan: " + "#E" * 50_000,
-    "100k unclosed brackets": "#E1 = LLM[" + "[" * 100_000,
-    "20k unclosed steps": "#E1 = LLM[x\n" * 20_000,
-    "100k-char heading and bullet run": "#" * 6 + " " * 50_000 + "-" + " " * 50_000 + "Plan",
-    "100k control characters before a step": "\x00" * 100_000 + "#E1 = LLM[x]",
+    "steps on one line": (lambda c: "#E1 = LLM[x] " * c, 20_000),
+    "inline Plan steps on one line": (lambda c: "Plan: a #E1 = LLM[x] " * c, 20_000),
+    "id prefixes on a Plan line": (lambda c: "Plan: " + "#E" * c, 50_000),
+    "unclosed brackets": (lambda c: "#E1 = LLM[" + "[" * c, 100_000),
+    "unclosed steps": (lambda c: "#E1 = LLM[x\n" * c, 20_000),
+    "heading and bullet run": (lambda c: "#" * 6 + " " * c + "-" + " " * c + "Plan", 50_000),
+    "control characters before a step": (lambda c: "\x00" * c + "#E1 = LLM[x]", 100_000),
 }
+NAMED = {name: shape(count) for name, (shape, count) in SHAPES.items()}
 
 
 @pytest.mark.parametrize("text", list(NAMED.values()), ids=list(NAMED))
-def test_named_hostile_input_parses_in_linear_time(text: str) -> None:
-    elapsed, plan = cpu_seconds(parse_plan, text, tools=TOOLS, max_plan_chars=None)
-    assert elapsed < 1.0, f"{elapsed:.2f}s CPU for {len(text)} characters"
-    check_invariants(plan)
+def test_named_hostile_input_parses(text: str) -> None:
+    check_invariants(parse_plan(text, tools=TOOLS, max_plan_chars=None))
 
 
-@pytest.mark.parametrize("text", list(NAMED.values()), ids=list(NAMED))
-def test_named_hostile_input_past_the_cap_is_too_long(text: str) -> None:
-    elapsed, plan = cpu_seconds(parse_plan, text, tools=TOOLS)
-    assert elapsed < 0.2
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_named_hostile_shape_parses_in_linear_time(name: str) -> None:
+    shape, count = SHAPES[name]
+    assert_linear(lambda c: partial(parse_plan, shape(c), tools=TOOLS, max_plan_chars=None), count // FACTOR, name)
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_named_hostile_input_past_the_cap_is_too_long_and_costs_the_same_however_long(name: str) -> None:
+    shape, count = SHAPES[name]
+    plan = parse_plan(shape(count), tools=TOOLS)
     assert "too_long" in [e.code for e in plan.errors]
     assert not plan.valid
+    # past the cap only the first max_plan_chars are read: 8x the text costs about the same, not 8x
+    assert growth(lambda c: partial(parse_plan, shape(c), tools=TOOLS), count, max_n=count) < 3
+
+
+def test_the_growth_check_tells_quadratic_from_linear() -> None:
+    """The measure itself: a quadratic toy function fails it, a linear one passes."""
+    linear = lambda c: partial(sum, range(c))
+    quadratic = lambda c: partial(lambda n: sum(i for _ in range(n) for i in range(n // 64)), c)
+    assert growth(linear, 20_000) < MAX_RATIO
+    assert growth(quadratic, 400) > MAX_RATIO
 
 
 def test_forty_thousand_continuation_lines_join_into_one_description() -> None:
@@ -98,18 +95,22 @@ def test_twenty_thousand_steps_on_one_line_all_parse() -> None:
     assert codes(plan) == [("undefined_ref", "#E1")]  # #E0 is never defined
 
 
-def test_dependency_indices_of_ten_thousand_chained_steps_is_linear() -> None:
-    steps = [Step(f"#E{i}", "", "LLM", f"#E{i - 1}", (f"#E{i - 1}",)) for i in range(1, 10_001)]
-    elapsed, deps = cpu_seconds(dependency_indices, steps)
-    assert elapsed < 0.5, f"{elapsed:.2f}s CPU for 10k steps (was 5-11 s)"
-    assert deps == [[]] + [[i - 1] for i in range(1, 10_000)]
+def chained_steps(n: int) -> list[Step]:
+    return [Step(f"#E{i}", "", "LLM", f"#E{i - 1}", (f"#E{i - 1}",)) for i in range(1, n + 1)]
+
+
+def same_id_steps(n: int) -> list[Step]:
+    return [Step("#E1", "", "LLM", "#E1", ("#E1",)) for _ in range(n)]
+
+
+def test_dependency_indices_of_ten_thousand_chained_steps() -> None:
+    assert dependency_indices(chained_steps(10_000)) == [[]] + [[i - 1] for i in range(1, 10_000)]
+    assert_linear(lambda n: partial(dependency_indices, chained_steps(n)), 1_250, "chained steps")
 
 
 def test_dependency_indices_of_steps_that_all_share_one_id() -> None:
-    steps = [Step("#E1", "", "LLM", "#E1", ("#E1",)) for _ in range(10_000)]
-    elapsed, deps = cpu_seconds(dependency_indices, steps)
-    assert elapsed < 0.5
-    assert deps == [[]] + [[i - 1] for i in range(1, 10_000)]
+    assert dependency_indices(same_id_steps(10_000)) == [[]] + [[i - 1] for i in range(1, 10_000)]
+    assert_linear(lambda n: partial(dependency_indices, same_id_steps(n)), 1_250, "steps sharing one id")
 
 
 # --- damaged step lines are malformed, not folded into Plan text ----------------------------------------
@@ -282,8 +283,6 @@ HOSTILE_FRAGMENTS = [
     "\n" + " " * 200, "[" * 50, "]" * 50, "#E" * 40, "Plan: a #E1 = LLM[", "]\n#E3 = LLM[#E1 #E2]\n",
 ]
 step_like_text = st.lists(st.sampled_from(HOSTILE_FRAGMENTS) | st.text(max_size=6), max_size=60).map("".join)
-# Repetition is what turns a quadratic parser slow, so the texts are also repeated, up to ~100k characters.
-repeated_text = st.tuples(step_like_text, st.integers(1, 400)).map(lambda t: (t[0] * t[1])[:200_000])
 
 
 def check_bounded_invariants(plan: Plan, max_plan_steps: int | None = None) -> None:
@@ -320,14 +319,18 @@ def test_step_like_text_parses_without_crashing(text: str, max_plan_steps: int |
     assert [(s.id, s.tool, s.deps) for s in reparsed.steps] == [(s.id, s.tool, s.deps) for s in plan.steps]
 
 
-@HYPOTHESIS
-@given(text=repeated_text)
-def test_parsing_time_is_linear_in_the_text(text: str) -> None:
-    elapsed, plan = cpu_seconds(parse_plan, text, tools=TOOLS, max_plan_chars=None)
-    assert elapsed < budget_s(len(text)), f"{elapsed:.2f}s CPU for {len(text)} characters"
-    check_invariants(plan)
-    elapsed, _ = cpu_seconds(dependency_indices, plan.steps)
-    assert elapsed < budget_s(len(text))
+@settings(deadline=None, max_examples=30)
+@given(unit=step_like_text.filter(bool))
+def test_parsing_time_is_linear_in_the_text(unit: str) -> None:
+    """Repetition is what turns a quadratic parser slow: a generated unit repeated c and 8c times (c grown until
+    the shorter text is worth timing, at most ~25k characters) must cost about 8x, parsing and dependencies."""
+    max_n = max(1, 25_000 // len(unit))
+    check_invariants(parse_plan(unit * max_n, tools=TOOLS, max_plan_chars=None))
+    parse = lambda c: partial(parse_plan, unit * c, tools=TOOLS, max_plan_chars=None)
+    start = max(1, max_n // 8)
+    assert growth(parse, start, max_n=max_n) < MAX_RATIO, f"parse_plan of {unit!r} repeated"
+    deps = lambda c: partial(dependency_indices, parse_plan(unit * c, tools=TOOLS, max_plan_chars=None).steps)
+    assert growth(deps, start, max_n=max_n) < MAX_RATIO, f"dependency_indices of {unit!r} repeated"
 
 
 @settings(deadline=None, max_examples=40)

@@ -64,12 +64,12 @@ class Recorded:
 
 
 class Slow:
-    """A real tool that answers too late for the Worker's timeout."""
+    """A tool that never answers: the Worker's timeout must end the step, however slow the machine."""
 
     name, description = "Calculator", "slow"
 
     async def run(self, query: str) -> str:
-        await asyncio.sleep(5)
+        await asyncio.Event().wait()
         return "late"
 
 

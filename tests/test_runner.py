@@ -110,7 +110,8 @@ def test_ctrl_c_stops_between_records_and_the_counts_add_up(tmp_path):
         from distill.store import JsonlStore
 
         async def work(i):
-            await asyncio.sleep(0.2)
+            if i >= 3:  # the rest never finish: only the Ctrl-C ends this run, however slow the machine
+                await asyncio.Event().wait()
             print("record", i, flush=True)
             return {{"id": f"q{{i}}", "sample": 0}}
 
@@ -121,11 +122,11 @@ def test_ctrl_c_stops_between_records_and_the_counts_add_up(tmp_path):
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True)
-    assert proc.stdout.readline().startswith("record")
+    assert all(proc.stdout.readline().startswith("record") for _ in range(3))
     proc.send_signal(signal.SIGINT)
     last = proc.communicate(timeout=60)[0].strip().splitlines()[-1]
     status, counts = json.loads(last)
-    assert status == "interrupted" and 0 < counts["done"] < 50 and counts["errors"] == 0
+    assert status == "interrupted" and 0 < counts["done"] <= 3 and counts["errors"] == 0
     assert counts["done"] + counts["not_run"] == 50 == counts["planned"]
     assert len(read_jsonl(tmp_path / "records.jsonl")) == counts["done"]
 
