@@ -299,7 +299,7 @@ def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: boo
     train, val = load_splits(cfg.distill.dataset_dir)
     if args.world_size != world_size():
         raise DistillError(f"WORLD_SIZE says {world_size()} process(es) but accelerate runs {args.world_size}")
-    if val is None:
+    if val is None or args.eval_strategy == "no":  # transformers still evaluates at step 0 under "no"
         args.eval_strategy, args.eval_on_start = "no", False
     if resuming:
         args.eval_on_start = False  # its step-0 result is already in the restored log history

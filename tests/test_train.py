@@ -334,10 +334,30 @@ def test_gpu_check_runs_tiny_on_cpu(tmp_path):
     assert 0 < result["mfu"] < 1e-3 and result["first_loss"] > 10  # random init: ~ln(49152) = 10.8
 
 
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """A 2-layer randomly initialised Llama with SmolLM2's tokenizer and chat template: for tests of how training
+    is launched and batched, where the real weights only cost time (a real step is ~20 s on 2 cores)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from distill.llm.embedded import resolve_model_path
+
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m-instruct"))
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
+    LlamaForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 @pytest.mark.slow
-def test_two_processes_keep_the_effective_batch(sft_dir, tmp_path):
+def test_two_processes_keep_the_effective_batch(sft_dir, tiny_model, tmp_path):
     """torchrun with 2 CPU processes (gloo) x accumulation 1 trains like 1 process x accumulation 2."""
     common = ["--config", str(SMOKE), "--set", f"dataset_dir={sft_dir}", "--set", "max_steps=2",
+              "--set", f"model_name_or_path={tiny_model}",
               "--set", "eval_strategy=no", "--set", "save_strategy=no", "--set", "warmup_ratio=0"]
     runs = {
         "ddp": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

@@ -57,6 +57,8 @@ class FakeMediaWiki(ThreadingHTTPServer):
         self.always: str | None = None
         self.delay_s = 0.0
         self.release = threading.Event()  # set at teardown: held "slow" answers may go then
+        self.together = 0  # hold the first requests until this many are in flight at once (0: no hold)
+        self.all_in = threading.Event()
         self.requests: list[dict] = []
         self.connections: set[tuple[str, int]] = set()
         self.inflight = 0
@@ -91,6 +93,9 @@ class _Handler(BaseHTTPRequestHandler):
             fake.connections.add(self.client_address)
             fake.inflight += 1
             fake.max_inflight = max(fake.max_inflight, fake.inflight)
+            if fake.inflight >= fake.together:
+                fake.all_in.set()
+        fake.all_in.wait(30)  # a client that never sends `together` at once fails the test below, late but surely
         try:
             self._answer(fake, params, fake.next_fault())
         finally:
@@ -253,8 +258,8 @@ def test_retry_after_as_seconds_or_an_http_date() -> None:
 
 
 def test_the_concurrency_cap_holds_and_connections_are_pooled(fake: FakeMediaWiki) -> None:
-    fake.delay_s = 0.2
-    tool = client(fake, max_concurrency=3, timeout_s=5.0)
+    fake.delay_s, fake.together = 0.2, 3  # three in flight at once whatever the load, then answers overlap
+    tool = client(fake, max_concurrency=3, timeout_s=60.0)
     queries = [f"Curie physicist {i}" for i in range(12)]
 
     async def many() -> list[str]:

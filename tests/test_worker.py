@@ -46,6 +46,17 @@ class Fixed:
         return self.value  # type: ignore[return-value]
 
 
+class Never:
+    """Never answers: only a timeout ends its step, however slow the machine."""
+
+    def __init__(self, name: str):
+        self.name, self.description = name, "never answers"
+
+    async def run(self, query: str) -> str:
+        await asyncio.Event().wait()
+        return "late"
+
+
 def plan_of(*lines: str) -> Plan:
     text = "\n".join(f"Plan: step {i}.\n{line}" for i, line in enumerate(lines, 1))
     return parse_plan(text)
@@ -138,7 +149,7 @@ def test_a_raising_tool_is_recorded_and_its_dependents_still_run() -> None:
 
 def test_a_slow_tool_times_out_under_its_own_limit() -> None:
     plan = plan_of("#E1 = Slow[x]", "#E2 = Echo[y]", "#E3 = Echo[#E1]")
-    tools = {"Slow": Fixed("Slow", "late", delay=10.0), "Echo": Echo(default_delay=0.1)}
+    tools = {"Slow": Never("Slow"), "Echo": Echo(default_delay=0.1)}
     config = WorkerConfig(tool_timeout_s={"Slow": 0.05})  # Echo keeps the 30 s default
     ev = by_id(run_plan_sync(plan, tools, config))
     assert ev["#E1"].status == "timeout"
@@ -149,8 +160,7 @@ def test_a_slow_tool_times_out_under_its_own_limit() -> None:
 
 
 def test_a_global_timeout_applies_to_every_tool() -> None:
-    tools = {"Echo": Echo(default_delay=10.0)}
-    evidence = run_plan_sync(plan_of("#E1 = Echo[x]"), tools, WorkerConfig(tool_timeout_s=0.05))
+    evidence = run_plan_sync(plan_of("#E1 = Echo[x]"), {"Echo": Never("Echo")}, WorkerConfig(tool_timeout_s=0.05))
     assert evidence[0].status == "timeout"
 
 
