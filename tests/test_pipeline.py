@@ -27,10 +27,10 @@ def reduced_demo(tmp_path: Path) -> Path:
     gen["planner"]["max_tokens"] = 128
     gen["solver"]["max_tokens"] = 12
     cfg["filter"] = {"min_f1": 0.0}  # keep every valid, fully run plan: this test is about the machinery
-    # 2 steps, one validation pass and one checkpoint at the end: a real step is ~20 s on 2 cores
-    short = {"max_steps": 2, "eval_steps": 2, "save_steps": 2, "eval_on_start": False}
+    # 1 step, one validation pass and one checkpoint: a real step is ~20 s on 2 cores
+    short = {"max_steps": 1, "eval_steps": 1, "save_steps": 1, "eval_on_start": False}
     cfg["train"] |= short | {"max_length": 768}
-    for student in cfg["students"].values():  # a student's own train keys would override the 2 steps
+    for student in cfg["students"].values():  # a student's own train keys would override the step
         if "train" in student:
             student["train"] |= short
     ev = cfg["eval"]
