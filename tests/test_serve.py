@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -673,9 +672,8 @@ def test_distill_serve_cli_end_to_end(lora_adapter: Path, tmp_path: Path) -> Non
     threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True).start()
     try:
         seen: dict[str, str] = {}
-        deadline = time.monotonic() + 600  # a hang guard, not a speed bound
         while "model" not in seen:
-            line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
+            line = lines.get(timeout=600)  # a hang guard, not a speed bound: the server prints as it starts
             assert line is not None, f"distill serve exited early: {(tmp_path / 'stderr.log').read_text()[-2000:]}"
             if line.startswith("vLLM is ready (pid "):
                 seen["pid"] = line.split("pid ")[1].rstrip(")\n")
