@@ -353,19 +353,19 @@ METHOD_FIELDS = {
 }
 
 
-def write_eval_config(tmp_path: Path) -> Path:
-    spec = {"backend": "transformers", "model": "smollm2-135m-instruct", "max_tokens": 32}
+def write_eval_config(tmp_path: Path, base_url: str) -> Path:
+    spec = {"backend": "openai", "base_url": base_url, "model": "smollm2-135m-instruct", "max_tokens": 32}
     cfg = {
         "planners": [{"name": "teacher", "prompt": "fewshot", "spec": spec},
                      {"name": "base", "prompt": "zeroshot", "spec": spec}],
         "baselines": ["react", "direct"],
-        "solver": {"backend": "transformers", "model": "smollm2-135m-instruct", "max_tokens": 8},
+        "solver": spec | {"max_tokens": 8},
         "tools": ["Wikipedia", "LLM"],
         "wikipedia_scope": "question",
         "wikipedia_corpus": None,
         "datasets": [{"name": "hotpotqa", "source": str(MINI), "split": "dev", "n": 2}],
         "output_dir": str(tmp_path / "eval"),
-        "concurrency": 1,
+        "concurrency": 4,
         "react_max_steps": 2,
         "react_max_tokens": 24,
         "tool_failure_rate": 0.3,
@@ -379,10 +379,10 @@ def write_eval_config(tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_distill_eval_end_to_end_recomputes_and_resumes(tmp_path, capsys):
+def test_distill_eval_end_to_end_recomputes_and_resumes(tmp_path, capsys, vllm_server):
     from distill.report import recompute
 
-    config = write_eval_config(tmp_path)
+    config = write_eval_config(tmp_path, vllm_server.base_url)
     assert cli.main(["eval", "--config", str(config)]) == 0
     out = tmp_path / "eval"
     lines = capsys.readouterr().out.strip().splitlines()

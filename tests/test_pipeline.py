@@ -17,18 +17,25 @@ from distill.store import write_json, write_jsonl
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def reduced_demo(tmp_path: Path) -> Path:
+def reduced_demo(tmp_path: Path, teacher_url: str) -> Path:
+    """The demo config, shortened; the teacher is the test session's server (the same base model the demo's
+    teacher_server serves), so the pipeline starts one server of its own, the students' with their adapters."""
     cfg = yaml.safe_load((ROOT / "configs" / "demo_smollm2_cpu.yaml").read_text())
     cfg["run_dir"] = str(tmp_path / "run")
+    del cfg["teacher_server"]
     gen = cfg["generate"]
+    for role in ("planner", "solver", "llm_tool"):
+        assert gen[role]["base_url"] == "@server"
+        gen[role]["base_url"] = teacher_url
     gen["datasets"][0]["n"] = 5
     gen["samples_per_question"] = 3
     gen["planner"]["temperature"] = 0.5  # a tiny teacher writes more well-formed plans when less random
     gen["planner"]["max_tokens"] = 128
     gen["solver"]["max_tokens"] = 12
     cfg["filter"] = {"min_f1": 0.0}  # keep every valid, fully run plan: this test is about the machinery
-    # 1 step, one validation pass and one checkpoint: a real step is ~20 s on 2 cores
-    short = {"max_steps": 1, "eval_steps": 1, "save_steps": 1, "eval_on_start": False}
+    # 1 step of 1 example, one validation pass and one checkpoint: the demo's step of 4 examples is ~20 s here
+    short = {"max_steps": 1, "eval_steps": 1, "save_steps": 1, "eval_on_start": False,
+             "global_batch_size": 1, "per_device_train_batch_size": 1}
     cfg["train"] |= short | {"max_length": 768}
     for student in cfg["students"].values():  # a student's own train keys would override the step
         if "train" in student:
@@ -50,8 +57,8 @@ def reduced_demo(tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_pipeline_runs_every_stage_then_skips_them(tmp_path):
-    config = reduced_demo(tmp_path)
+def test_pipeline_runs_every_stage_then_skips_them(tmp_path, vllm_server):
+    config = reduced_demo(tmp_path, vllm_server.base_url)
     cmd = [sys.executable, "-m", "distill.cli", "pipeline", "--config", str(config)]
     first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1400)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]

@@ -257,8 +257,9 @@ def test_cpu_smoke_config_trains_resumes_and_merges(sft_dir, tmp_path, smollm2, 
     from distill.train import train
 
     out = tmp_path / "adapter"
-    # The smoke config as is, shortened to fit CI: 6 steps of 2 examples instead of 12 of 4.
-    overrides = [f"dataset_dir={sft_dir}", f"output_dir={out}", "max_steps=6", "global_batch_size=2"]
+    # The smoke config as is, shortened to fit CI: 6 steps of 1 example instead of 12 of 4.
+    overrides = [f"dataset_dir={sft_dir}", f"output_dir={out}", "max_steps=6", "global_batch_size=1",
+                 "per_device_train_batch_size=1"]
     cfg = load_config(TrainConfig, SMOKE, overrides)
     train(cfg, callbacks=[_stop_at(3)])  # "interrupted" after step 3
     assert (out / "checkpoint-3").is_dir()
@@ -279,7 +280,7 @@ def test_cpu_smoke_config_trains_resumes_and_merges(sft_dir, tmp_path, smollm2, 
     assert evals[-1]["eval_loss"] < evals[0]["eval_loss"] - 0.1, evals
     info = json.loads((out / "distill_adapter.json").read_text())
     assert info["base_model"] == "smollm2-135m-instruct" and info["lora_r"] == 8 and info["global_step"] == 6
-    assert info["effective_batch_size"] == 2 and info["gradient_accumulation_steps"] == 1
+    assert info["effective_batch_size"] == 1 and info["gradient_accumulation_steps"] == 1
     assert info["lora_target_modules"] == "all-linear" and info["max_length"] == 1024
     assert load_config(TrainConfig, out / "train_config.yaml") == cfg
 
