@@ -44,5 +44,6 @@ test-fast: install
 bench: install
 	$(PY) scripts/bench_worker.py
 
+# runs/ is kept: it holds paid trajectories, the call cache and trained adapters. Delete a run folder by hand.
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) .pytest_cache

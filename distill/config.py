@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from distill.errors import DistillError
-from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS
+from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS, DEFAULT_MAX_PLAN_STEPS
 from distill.rewoo.prompts import PromptKind, canonical_prompt_kind
 from distill.rewoo.worker import SURPRISES, Surprise
 from distill.tools.registry import DEFAULT_TOOLS
@@ -91,7 +91,7 @@ class AgentConfig(Strict):
     tool_timeout_s: float = 30.0
     evidence_max_chars: int = 1500
     max_plan_chars: int = Field(default=DEFAULT_MAX_PLAN_CHARS, ge=1)  # planner output read; the rest: too_long
-    max_plan_steps: int = Field(default=6, ge=1)  # HotpotQA needs 2-4; more is too_many_steps, not tool calls
+    max_plan_steps: int = Field(default=DEFAULT_MAX_PLAN_STEPS, ge=1)  # more is too_many_steps, not tool calls
     # re-planning on surprise (off: plain ReWOO): a step whose evidence has a status in replan_on asks the
     # Planner again with the evidence so far, at most max_replans times per question
     replan: bool = False

@@ -51,6 +51,11 @@ def load_records(output_dir: str | Path) -> dict[str, list[dict]]:
     folder = Path(output_dir) / RECORDS_DIR
     files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
     if not files:
+        # a pipeline's run folder holds its evaluation one level down: point there rather than at `distill eval`
+        below = sorted({p.parent.parent for p in Path(output_dir).glob(f"*/{RECORDS_DIR}/*.jsonl")})
+        if below:
+            where = " or ".join(f"`distill report {b}`" for b in below[:3])
+            raise DistillError(f"no per-example records under {folder}; they are one folder down: {where}")
         raise DistillError(f"no per-example records under {folder}; run `distill eval` first")
     records, duplicates = dedupe((rec for path in files for rec in read_jsonl(path)), record_key, str(folder))
     if duplicates:

@@ -83,3 +83,17 @@ def test_the_demo_report_sets_its_zero_shot_planners_against_the_teacher_at_a_fi
     ev = load_pipeline(CONFIGS / "demo_smollm2_cpu.yaml").eval_config("http://127.0.0.1:1/v1")
     zero_shot = [p.name for p in ev.planners if p.prompt != "fewshot"]
     assert ev.prompt_budget.model_dump() == {"reference": "teacher", "methods": zero_shot, "max_prompt_fraction": 0.2}
+
+
+def test_make_clean_keeps_the_run_folders(tmp_path):
+    """runs/ holds paid trajectories, the call cache and adapters: `make clean` removes only what install made."""
+    import shutil
+    import subprocess
+
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    (tmp_path / "runs" / "demo").mkdir(parents=True)
+    (tmp_path / "runs" / "demo" / "calls.sqlite").write_text("paid")
+    (tmp_path / ".venv").mkdir()
+    done = subprocess.run(["make", "clean"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "runs" / "demo" / "calls.sqlite").read_text() == "paid" and not (tmp_path / ".venv").exists()

@@ -133,6 +133,11 @@ ERROR_CASES = [
     ("unclosed bracket", "#E1 = Wikipedia[x\nPlan: next\n#E2 = LLM[y]", TOOLS, [("malformed_step", "#E1")]),
     ("unclosed at end", "#E1 = Wikipedia[x]\n#E2 = LLM[compare [a] with #E1", TOOLS, [("malformed_step", "#E2")]),
     ("no tool after colon", "#E1: the population of Paris", TOOLS, [("empty_plan", None), ("malformed_step", "#E1")]),
+    ("tool call inside an input", "#E1 = Wikipedia[x]\n#E2 = Wikipedia[LLM[Lemoine] Wozniak]", TOOLS,
+        [("malformed_step", "#E2")]),
+    ("nested call, then a ref to it", "#E1 = LLM[Wikipedia[x]]\n#E2 = LLM[#E1]", TOOLS,
+        [("malformed_step", "#E1"), ("undefined_ref", "#E2")]),
+    ("brackets in prose are input", "#E1 = LLM[Answer as [number]: 2+2]", TOOLS, []),
     ("ref to malformed step", "#E1 = Wikipedia\n#E2 = LLM[#E1]", TOOLS,
         [("malformed_step", "#E1"), ("undefined_ref", "#E2")]),
     ("errors in text order", "#E1 = Foo[#E2]\n#E2 = Wikipedia[x]\n#E3 = Calculator", TOOLS,
@@ -403,3 +408,16 @@ def test_cli_non_utf8_file(tmp_path, capsys) -> None:
     path.write_bytes(b"Plan: \xff\xfe\n#E1 = LLM[x]")
     assert cli_main(["plan", "check", str(path)]) == 2
     assert "not UTF-8" in capsys.readouterr().err
+
+
+def test_cli_checks_the_step_bound_every_stage_uses(plan_file, capsys) -> None:
+    from distill.config import AgentConfig
+
+    text = "".join(f"Plan: step {i}\n#E{i} = Wikipedia[x{i}]\n" for i in range(1, 9))
+    assert AgentConfig().max_plan_steps == 6
+    assert cli_main(["plan", "check", plan_file(text)]) == 1
+    assert "too_many_steps #E7" in capsys.readouterr().out
+    assert cli_main(["plan", "check", plan_file(text), "--max-plan-steps", "8"]) == 0
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["plan", "check", plan_file(text), "--max-plan-steps", "0"])
+    assert exit_info.value.code == 2 and "at least 1" in capsys.readouterr().err

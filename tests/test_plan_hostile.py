@@ -48,6 +48,8 @@ SHAPES = {
     "unclosed steps": (lambda c: "#E1 = LLM[x\n" * c, 20_000),
     "heading and bullet run": (lambda c: "#" * 6 + " " * c + "-" + " " * c + "Plan", 50_000),
     "control characters before a step": (lambda c: "\x00" * c + "#E1 = LLM[x]", 100_000),
+    "a long word in an input": (lambda c: "#E1 = LLM[" + "w" * c + "]", 100_000),
+    "nested calls in an input": (lambda c: "#E1 = LLM[" + "a[" * c + "]" * c + "]", 20_000),
 }
 NAMED = {name: shape(count) for name, (shape, count) in SHAPES.items()}
 

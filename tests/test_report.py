@@ -419,6 +419,16 @@ def test_no_records_is_a_clear_error(tmp_path):
         recompute(tmp_path)
 
 
+def test_report_on_a_pipeline_run_folder_points_to_its_eval_folder(tmp_path, capsys):
+    from distill import cli
+
+    evals = write_run(tmp_path, sample_run())  # as a pipeline's run_dir holds eval/records
+    assert cli.main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"`distill report {evals}`" in err and "distill eval` first" not in err
+    assert cli.main(["report", str(evals)]) == 0
+
+
 def test_markdown_renders_missing_values_as_dashes():
     results = compute({"direct": [rec("direct", "a", "x", "y", kind="direct", steps=0)]})
     text = render_markdown(results)

@@ -9,7 +9,7 @@ The canonical form is the one the paper's Planner writes::
 
 Real models (half-trained students above all) wander from it, so the parser is lenient about decoration
 (markdown, numbering, code fences, `#E1:` for `#E1 =`) and strict about meaning: a damaged step (`E2 = Tool[x]`,
-`#E0`, a control character in front) is a `malformed_step`, never folded into Plan text, because the filter
+`#E0`, a control character in front, a tool call inside another's input) is a `malformed_step`, never folded into Plan text, because the filter
 trusts `Plan.valid`. Parsing never raises: every fault is a `PlanError` with a stable `code`.
 
 Model output is untrusted and parsed inside the agent's event loop, so parsing is linear in its length: every
@@ -38,6 +38,8 @@ ERROR_CODES = (
 
 # Far above what a 512-token Planner writes (about 2,000 characters), far below what makes parsing slow.
 DEFAULT_MAX_PLAN_CHARS = 8000
+# Every stage's default step bound (a config's `max_plan_steps`): HotpotQA needs 2-4 steps.
+DEFAULT_MAX_PLAN_STEPS = 6
 
 # A reference is a whole token: `#E1` must not match the start of `#E10`.
 REF_RE = re.compile(r"#E\d+(?!\d)")
@@ -72,6 +74,10 @@ _LOOSE_STEP_RE = re.compile(
     re.IGNORECASE,
 )
 _FENCE_RE = re.compile(r"[ \t]*+(?:```|~~~)")
+# A tool call written inside another step's input (`Wikipedia[LLM[Lemoine] Wozniak]`): the Worker would send
+# it to the outer tool as text. The lookbehind starts a match only at the start of a word, so a long word is
+# read once, not once per position.
+_NESTED_CALL_RE = re.compile(r"(?<![\w.-])[^\W\d][\w.-]*+\[")
 _BRACKET_OR_NEWLINE_RE = re.compile(r"[\[\]\n]")
 
 
@@ -299,6 +305,12 @@ class _Scanner:
             self._malformed(start, step_id, f"{step_id} is not {_ID_FORM}")
             return close + 1
         raw = self.text[tool.end() : close].strip()
+        if nested := _NESTED_CALL_RE.search(raw):
+            inner = nested.group()[:-1][:40]
+            msg = (f"{step_id} calls {inner}[...] inside its {tool.group('tool')} input; a tool call is a step of "
+                   f"its own, and a later step refers to its evidence as #En: {raw[:80]!r}")
+            self._malformed(start, step_id, msg)
+            return close + 1
         self.steps.append((start, Step(step_id, description, tool.group("tool"), raw, tuple(find_refs(raw)))))
         return close + 1
 
@@ -337,12 +349,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     tools_help = f"comma-separated tool names the plan may use (default {default}); '' skips the tool check"
     parser.add_argument("--tools", default=default, help=tools_help)
     parser.add_argument("--json", action="store_true", help="print the parsed plan as JSON")
+    parser.add_argument("--max-plan-steps", type=_positive_int, default=DEFAULT_MAX_PLAN_STEPS, metavar="N",
+                        help=f"steps past N are too_many_steps, as in every stage (default {DEFAULT_MAX_PLAN_STEPS})")
+
+
+def _positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {value!r}")
+    return int(value)
 
 
 def main(args: argparse.Namespace) -> int:
     text = read_text(args.file)
     tools = [name.strip() for name in args.tools.split(",") if name.strip()]
-    plan = parse_plan(text, tools=tools or None)
+    plan = parse_plan(text, tools=tools or None, max_plan_steps=args.max_plan_steps)
     print(json.dumps(plan.to_dict()) if args.json else format_plan(plan))
     return 0 if plan.valid else 1
 
