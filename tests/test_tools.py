@@ -296,3 +296,116 @@ def test_scoped_wikipedia_on_real_hotpotqa_contexts(shared_data_dir: Path) -> No
         tool = LocalWikipedia.scoped([(title, " ".join(sentences)) for title, sentences in item["context"]])
         for title in {title for title, _ in item["supporting_facts"]}:
             assert run(tool.run(title)).startswith(f"{title}: "), (item["_id"], title)
+
+
+# ------------------------------------------------------------------------------------- a tool of your own
+
+PLUGIN = '''
+class Reverse:
+    name = "Reverse"
+    description = "Reverse[text]: the text backwards. Input: any text."
+
+    async def run(self, query: str) -> str:
+        return query[::-1]
+
+
+class SyncRun:
+    name = "SyncRun"
+    description = "d"
+
+    def run(self, query):
+        return query
+
+
+class BadName:
+    name = "two words"
+    description = "d"
+
+    async def run(self, query):
+        return query
+
+
+class Shadow:
+    name = "wikipedia"
+    description = "d"
+
+    async def run(self, query):
+        return query
+
+
+class Broken:
+    name = "Broken"
+    description = "d"
+
+    def __init__(self):
+        raise RuntimeError("no credentials")
+
+    async def run(self, query):
+        return query
+'''
+
+
+@pytest.fixture
+def plugin_module(tmp_path, monkeypatch):
+    from distill.tools.registry import plugin_tool
+
+    name = f"distill_test_plugin_{tmp_path.name}"
+    (tmp_path / f"{name}.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    plugin_tool.cache_clear()
+
+
+def test_a_tool_of_your_own_is_in_the_prompt_and_runs_in_a_plan(plugin_module):
+    from distill.rewoo.plan import parse_plan
+    from distill.rewoo.prompts import planner_messages
+    from distill.rewoo.worker import run_plan_sync
+    from distill.tools.registry import tool_descriptions
+
+    names = ["Calculator", f"{plugin_module}:Reverse"]
+    descriptions = tool_descriptions(names)
+    assert list(descriptions) == ["Calculator", "Reverse"]
+    prompt = planner_messages("q?", descriptions, "full")[0]["content"]
+    assert "Reverse[text]: the text backwards." in prompt
+    tools = build_tools(names, wikipedia=None)
+    plan = parse_plan("Plan: reverse it\n#E1 = Reverse[abc]\nPlan: add\n#E2 = Calculator[1 + 2]", tools=tools.values())
+    assert plan.valid, plan.errors
+    evidence = run_plan_sync(plan, tools)
+    assert [(e.status, e.output) for e in evidence] == [("ok", "cba"), ("ok", "3")]
+
+
+@pytest.mark.parametrize("attr,says", [
+    ("SyncRun", "async def run"), ("BadName", "must be a word"), ("Shadow", "built-in tool's"),
+    ("Missing", "has no class 'Missing'"),
+])
+def test_a_tool_of_your_own_that_cannot_work_is_one_line(plugin_module, attr, says):
+    from distill.tools.registry import tool_descriptions
+
+    with pytest.raises(DistillError, match=says) as info:
+        tool_descriptions([f"{plugin_module}:{attr}"])
+    assert "\n" not in str(info.value) and f"{plugin_module}:{attr}" in str(info.value)
+
+
+def test_a_tool_of_your_own_that_fails_to_import_or_build_is_one_line(plugin_module):
+    from distill.tools.registry import tool_descriptions
+
+    with pytest.raises(DistillError, match="cannot import no_such_module_xyz .ModuleNotFoundError"):
+        tool_descriptions(["no_such_module_xyz:Tool"])
+    with pytest.raises(DistillError, match="building it failed .RuntimeError: no credentials"):
+        build_tools([f"{plugin_module}:Broken"], wikipedia=None)
+    with pytest.raises(DistillError, match="listed twice"):
+        build_tools([f"{plugin_module}:Reverse", f"{plugin_module}:Reverse"], wikipedia=None)
+
+
+def test_the_agent_builds_a_tool_of_your_own_and_caches_its_results(plugin_module, tmp_path):
+    from distill.config import AgentConfig
+    from distill.data import Example
+    from distill.llm.cached import CachedTool
+    from distill.rewoo.agent import make_tools_for
+    from distill.store import CallCache
+
+    cfg = AgentConfig(tools=["Calculator", f"{plugin_module}:Reverse"], wikipedia_corpus=None)
+    tools = make_tools_for(cfg, None, cache=CallCache(tmp_path / "calls.sqlite"))(
+        Example("q1", "hotpotqa", "dev", "q?", ["a"]))
+    assert list(tools) == ["Calculator", "Reverse"] and isinstance(tools["Reverse"], CachedTool)
+    assert asyncio.run(tools["Reverse"].run("abc")) == "cba"

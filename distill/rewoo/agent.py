@@ -158,10 +158,11 @@ def make_tools_for(cfg, llm_tool_model, cache=None, wiki=None, wrap=None) -> Cal
                 scope = f"question:{example.id}"
             elif wiki is None:
                 raise DistillError(f"example {example.id} has no context and no wikipedia_corpus is set")
-        tools = build_tools(names, wikipedia=w, llm_model=llm_tool_model, llm_max_tokens=llm_max_tokens)
+        tools = build_tools(cfg.tools, wikipedia=w, llm_model=llm_tool_model, llm_max_tokens=llm_max_tokens)
         if cache is not None:
             tools = {
-                name: CachedTool(t, cache, scope=scope if name == "Wikipedia" else "") if name != "LLM" else t
+                name: CachedTool(t, cache, scope=scope if name == "Wikipedia" else "")
+                if name != "LLM" and getattr(t, "cacheable", True) else t
                 for name, t in tools.items()
             }
         return wrap(tools, example) if wrap is not None else tools
