@@ -1,0 +1,123 @@
+"""The docs' command blocks run as written: in a block that chains stages, every path a command reads is one an
+earlier command wrote, every config loads through its command's own class, the launcher matches the GPU count,
+and eval's local planner endpoints are the ones `distill serve` opens. Read from README.md and docs/ as a user
+copies them; no model runs."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from distill.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+STAGE_COMMAND = re.compile(r"\s*(distill (filter|sft-data|serve|eval|report)\b|python scripts/generate_traj|accelerate launch)")
+
+
+def command_blocks() -> list[tuple[str, list[list[str]]]]:
+    """Each bash block with two or more stage commands, as argv lists (comments and `export` lines dropped)."""
+    blocks = []
+    for doc in DOCS:
+        for n, block in enumerate(re.findall(r"```(?:bash|sh)\n(.*?)```", doc.read_text(), re.S)):
+            lines = [line for line in block.replace("\\\n", " ").splitlines() if STAGE_COMMAND.match(line)]
+            if len(lines) >= 2:
+                blocks.append((f"{doc.name} block {n}", [shlex.split(line, comments=True) for line in lines]))
+    return blocks
+
+
+def option(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def sets(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, arg in enumerate(argv) if arg == "--set"]
+
+
+def norm(path: str | Path) -> str:
+    return str(Path(path))
+
+
+class Chain:
+    """What the commands so far have written (paths) and serve (endpoint -> model names)."""
+
+    def __init__(self, where: str):
+        self.where = where
+        self.written: set[str] = set()
+        self.served: dict[str, set[str]] = {}
+
+    def needs(self, path: str | Path, command: str) -> None:
+        assert norm(path) in self.written, f"{self.where}: `{command}` reads {path}, which no earlier command writes"
+
+    def run(self, argv: list[str]) -> None:
+        command = " ".join(argv[:3])
+        if argv[0] == "python" and argv[1] == "scripts/generate_trajectories.py":
+            from distill.generate import GenerateConfig
+
+            cfg = load_config(GenerateConfig, ROOT / option(argv, "--config"), sets(argv))
+            self.written.add(norm(Path(cfg.output_dir) / "trajectories.jsonl"))
+        elif argv[:2] in (["distill", "filter"], ["distill", "sft-data"]):
+            self.needs(argv[2], command)
+            self.written.add(norm(option(argv, "--out")))
+        elif argv[:2] == ["accelerate", "launch"]:
+            from distill.train import parse_train_config
+
+            launcher = yaml.safe_load((ROOT / option(argv, "--config_file")).read_text())
+            processes = int(option(argv, "--num_processes") or launcher["num_processes"])
+            assert (processes > 1) == (launcher["distributed_type"] != "NO"), f"{self.where}: {processes} processes " \
+                f"with the {launcher['distributed_type']} launcher {option(argv, '--config_file')}"
+            section = yaml.safe_load((ROOT / option(argv, "--config")).read_text())
+            parse_train_config(section, processes=processes)  # loads, and the batch divides over the processes
+            self.needs(section["dataset_dir"], command)
+            self.written.add(norm(section["output_dir"]))
+        elif argv[:2] == ["distill", "serve"]:
+            from distill.serve import ServeConfig, served_name
+
+            cfg = load_config(ServeConfig, ROOT / option(argv, "--config"), sets(argv))
+            for adapter in ([cfg.adapter] if cfg.adapter else []) + list(cfg.adapters.values()):
+                self.needs(adapter, command)
+            names = {served_name(cfg), *cfg.adapters} | ({cfg.lora_name} if cfg.adapter else set())
+            self.served[f"http://127.0.0.1:{cfg.port}/v1"] = names
+        elif argv[:2] == ["distill", "eval"]:
+            from distill.evaluate import EvalConfig
+
+            cfg = load_config(EvalConfig, ROOT / option(argv, "--config"), sets(argv))
+            for planner in cfg.planners:
+                for url in planner.spec.base_urls:
+                    if url.startswith(("http://127.0.0.1", "http://localhost")):
+                        assert planner.spec.model in self.served.get(url, ()), (
+                            f"{self.where}: eval's planner {planner.name} asks {url} for {planner.spec.model}; "
+                            f"served there: {sorted(self.served.get(url, ())) or 'nothing'}")
+            self.written.add(norm(cfg.output_dir))
+        elif argv[:2] == ["distill", "report"]:
+            self.needs(argv[2], command)
+        else:
+            pytest.fail(f"{self.where}: no rule for `{command}`; teach this test what it reads and writes")
+
+
+def test_the_docs_have_a_chained_recipe():
+    assert any(where.startswith("README.md") for where, _ in command_blocks())
+
+
+@pytest.mark.parametrize("where,commands", command_blocks(), ids=[w for w, _ in command_blocks()])
+def test_each_command_reads_what_an_earlier_one_wrote(where, commands):
+    chain = Chain(where)
+    for argv in commands:
+        chain.run(argv)
+
+
+def test_a_broken_chain_is_caught():
+    """The checker itself: the recipe as it once read (sft-data to runs/sft, training reading runs/qwen/sft)."""
+    chain = Chain("example")
+    chain.written.add(norm("runs/teacher/kept.jsonl"))
+    chain.run(shlex.split("distill sft-data runs/teacher/kept.jsonl --out runs/sft"))
+    with pytest.raises(AssertionError, match="reads runs/qwen/sft, which no earlier command writes"):
+        chain.run(shlex.split("accelerate launch --config_file configs/accelerate/multi_gpu.yaml --num_processes 8 "
+                              "-m distill.train --config configs/qwen2.5-7b_lora_gpu.yaml"))
+    with pytest.raises(AssertionError, match="1 processes with the MULTI_GPU launcher"):
+        chain.run(shlex.split("accelerate launch --config_file configs/accelerate/multi_gpu.yaml --num_processes 1 "
+                              "-m distill.train --config configs/qwen2.5-7b_lora_gpu.yaml"))
