@@ -1,7 +1,7 @@
 """Dataset loaders and sampling: every source becomes one `Example` shape.
 
 HotpotQA and TriviaQA come in several layouts (the official JSON releases, the Hugging Face hub rows, the
-JSONL files under ../shared/data, a generic question/answer JSONL), detected per row by `rows_to_examples`,
+JSONL exports of either, a generic question/answer JSONL), detected per row by `rows_to_examples`,
 which the hub loader also uses: tests run the hub code path on local files, as the hub is unreachable here.
 """
 
