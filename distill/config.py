@@ -121,10 +121,30 @@ def parse_overrides(pairs: list[str] | None) -> dict:
     return out
 
 
-def _merge(base: dict, over: dict) -> dict:
+def _merge(base: dict, over: dict, path: str = "") -> dict:
+    """`over` into `base`, mappings merged key by key; a mapping of indices into a list changes those items
+    (`--set generate.datasets.0.n=5` edits the first dataset and keeps the rest)."""
     out = dict(base)
     for key, value in over.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        here = f"{path}{key}"
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value, here + ".")
+        elif isinstance(value, dict) and isinstance(out.get(key), list) and value and all(
+                isinstance(k, str) and k.isdigit() for k in value):
+            out[key] = _merge_items(out[key], value, here)
+        else:
+            out[key] = value
+    return out
+
+
+def _merge_items(items: list, over: dict, path: str) -> list:
+    out = list(items)
+    for index, value in over.items():
+        i = int(index)
+        if i >= len(out):
+            raise DistillError(f"--set {path}.{index}: {path} has {len(out)} item(s), numbered from 0")
+        both = isinstance(value, dict) and isinstance(out[i], dict)
+        out[i] = _merge(out[i], value, f"{path}.{index}.") if both else value
     return out
 
 

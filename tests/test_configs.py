@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from distill.config import AgentConfig, load_config, read_yaml
+from distill.errors import DistillError
 from distill.evaluate import EvalConfig
 from distill.filter import FilterConfig
 from distill.generate import GenerateConfig
@@ -97,3 +98,21 @@ def test_make_clean_keeps_the_run_folders(tmp_path):
     done = subprocess.run(["make", "clean"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "runs" / "demo" / "calls.sqlite").read_text() == "paid" and not (tmp_path / ".venv").exists()
+
+
+def test_set_reaches_one_item_of_a_list():
+    """`--set generate.datasets.0.n=5` changes the first dataset's n and keeps the others, in a stage config and
+    through a pipeline section that names its stage config (`config: FILE`)."""
+    cfg = load_config(GenerateConfig, CONFIGS / "generate_teacher.yaml", ["datasets.0.n=5"])
+    before = load_config(GenerateConfig, CONFIGS / "generate_teacher.yaml")
+    assert cfg.datasets[0].n == 5 and cfg.datasets[0].name == before.datasets[0].name
+    assert cfg.datasets[1:] == before.datasets[1:]
+    pipeline = load_config(PipelineConfig, CONFIGS / "demo_smollm2_cpu.yaml", ["generate.datasets.0.n=5"])
+    gen = Pipeline(pipeline).generate_config("http://127.0.0.1:1/v1")
+    assert gen.datasets[0].n == 5 and gen.datasets[0].source == "data/demo/train.jsonl"
+    # its generate section is `config: configs/generate_teacher.yaml`: the index reaches into that file
+    real = load_config(PipelineConfig, CONFIGS / "pipeline_hotpot_trivia_7b.yaml", ["generate.datasets.0.n=5"])
+    gen = Pipeline(real).generate_config("http://127.0.0.1:1/v1")
+    assert gen.datasets[0].n == 5 and gen.datasets[1:] == before.datasets[1:]
+    with pytest.raises(DistillError, match=r"--set datasets.7: datasets has 2 item\(s\), numbered from 0"):
+        load_config(GenerateConfig, CONFIGS / "generate_teacher.yaml", ["datasets.7.n=5"])
