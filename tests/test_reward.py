@@ -1,0 +1,83 @@
+"""The planner reward's exact values on hand-made plans, run by the real Worker over the real BM25 index of the
+demo corpus (and the real Calculator, whose refusal of text is the failed step)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from distill.data import Example, load_examples
+from distill.reward import RewardConfig, score_group, score_plan
+from distill.tools.calculator import Calculator
+from distill.tools.wikipedia import LocalWikipedia
+
+ROOT = Path(__file__).resolve().parents[1]
+JAWS = "Plan: the film.\n#E1 = Wikipedia[Jaws (film)]\n"
+SPIELBERG = "Plan: its director.\n#E2 = Wikipedia[Steven Spielberg]\n"
+
+
+@pytest.fixture(scope="module")
+def tools() -> dict:
+    return {"Wikipedia": LocalWikipedia(ROOT / "data" / "demo" / "corpus.jsonl", top_k=1), "Calculator": Calculator()}
+
+
+@pytest.fixture(scope="module")
+def jaws() -> Example:
+    """`In which city was the director of the 1975 film Jaws born?`: gold pages Jaws (film), Steven Spielberg."""
+    example = next(e for e in load_examples(ROOT / "data" / "demo" / "dev.jsonl", "hotpotqa", "dev")
+                   if e.id == "demo-q004")
+    assert [t for t, _ in example.supporting_facts] == ["Jaws (film)", "Steven Spielberg"]
+    return example
+
+
+def reward(output: str, example: Example, tools: dict, **weights):
+    return asyncio.run(score_plan(output, example, tools, RewardConfig(**weights)))
+
+
+def test_both_gold_pages_found(jaws, tools):
+    r = reward(JAWS + SPIELBERG, jaws, tools)
+    assert r.parts == {"valid": 1.0, "ran": 1.0, "recall": 1.0, "answer_in_evidence": None, "extra_steps": 0.0}
+    assert r.total == pytest.approx(0.2 + 0.2 + 1.0)
+    assert [e["status"] for e in r.evidence] == ["ok", "ok"]
+
+
+def test_one_gold_page_and_a_failed_step(jaws, tools):
+    r = reward(JAWS + "Plan: add one.\n#E2 = Calculator[#E1 + 1]\n", jaws, tools)
+    assert r.parts["ran"] == 0.5 and r.parts["recall"] == 0.5 and r.evidence[1]["status"] == "error"
+    assert r.total == pytest.approx(0.2 + 0.2 * 0.5 + 0.5)
+
+
+def test_steps_beyond_the_gold_pages_cost(jaws, tools):
+    extra = "".join(f"Plan: more.\n#E{i} = Wikipedia[Jaws novel {i}]\n" for i in (3, 4))
+    r = reward(JAWS + SPIELBERG + extra, jaws, tools, step_cost=0.1)
+    assert r.parts["extra_steps"] == 2.0 and r.parts["recall"] == 1.0
+    assert r.total == pytest.approx(0.2 + 0.2 + 1.0 - 0.1 * 2)
+
+
+@pytest.mark.parametrize("output", [
+    "#E1 = Google[Jaws (film)]",  # unknown tool
+    "I think it is Cincinnati.",  # no plan
+    "".join(f"Plan: step.\n#E{i} = Wikipedia[Jaws (film)]\n" for i in range(1, 8)),  # 7 steps, over the bound 6
+])
+def test_an_invalid_plan_earns_nothing_and_runs_no_tool(jaws, tools, output):
+    r = reward(output, jaws, tools)
+    assert r.total == 0.0 and r.parts["valid"] == 0.0 and r.evidence == []
+
+
+def test_without_gold_pages_an_answer_alias_in_the_evidence_counts(tools):
+    paris = Example("t1", "triviaqa", "dev", "What is the capital of France?", ["Paris", "Paris, France"])
+    berlin = Example("t2", "triviaqa", "dev", "What is the capital of Germany?", ["Berlin"])
+    plan = "Plan: look up France.\n#E1 = Wikipedia[France]\n"
+    hit, miss = reward(plan, paris, tools), reward(plan, berlin, tools)
+    assert hit.parts == {"valid": 1.0, "ran": 1.0, "recall": None, "answer_in_evidence": 1.0, "extra_steps": 0.0}
+    assert hit.total == pytest.approx(1.4) and miss.total == pytest.approx(0.4)
+    three = plan + "Plan: more.\n#E2 = Wikipedia[Paris]\nPlan: more.\n#E3 = Wikipedia[Seine]\n"
+    assert reward(three, paris, tools, free_steps=2).parts["extra_steps"] == 1.0
+
+
+def test_a_group_is_scored_at_once_in_its_order(jaws, tools):
+    outputs = [JAWS + SPIELBERG, "no plan", JAWS]
+    rewards = asyncio.run(score_group(outputs, jaws, tools))
+    assert [round(r.total, 6) for r in rewards] == [1.4, 0.0, 0.9]
