@@ -25,6 +25,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("sft-data",), "distill.sft_data", "turn kept trajectories into an SFT dataset"),
     (("train",), "distill.train", "LoRA SFT of the student planner (prefer `accelerate launch -m distill.train`)"),
     (("merge",), "distill.merge", "merge a LoRA adapter into full weights"),
+    (("push",), "distill.push", "share a trained adapter on the Hugging Face Hub, with its model card"),
     (("serve",), "distill.serve", "serve the student planner with vLLM"),
     (("eval",), "distill.evaluate", "evaluate planners and baselines"),
     (("report",), "distill.report", "write report.md, results.json and plots from evaluation records"),

@@ -359,6 +359,9 @@ def write_outputs(trainer, cfg: TrainConfig, started: float) -> dict:
         "wall_s": round(time.time() - started, 1), **derived,
     }
     write_json(out / ADAPTER_INFO, info)
+    from distill.push import write_model_card
+
+    write_model_card(out)  # in place of TRL's card, which names no loadable base and ignores the planner prompt
     return info
 
 

@@ -494,6 +494,9 @@ def test_pipeline_launch_trains_in_a_child_process(sft_dir, tmp_path):
     assert yaml.safe_load((tmp_path / "train" / "stage_config.yaml").read_text()) == section
     adapter = json.loads((tmp_path / "train" / "adapter_config.json").read_text())
     assert adapter["use_rslora"] is True and adapter["r"] == 8
+    card = (tmp_path / "train" / "README.md").read_text()  # distill's card, not TRL's "fine-tuned version of [None]"
+    assert card.startswith("---\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct\n") and "[None]" not in card
+    assert "| optimiser steps | 1 |" in card and "tool_descriptions(" in card
 
 
 def test_importing_trl_leaves_the_vllm_log_level_of_later_servers_alone(tmp_path):

@@ -1,0 +1,203 @@
+"""Share a trained student planner on the Hugging Face Hub, with a model card that says how to use it.
+
+    HF_TOKEN=... distill push runs/demo/train/student --repo-id you/smollm2-rewoo-planner [--private] [--dry-run]
+
+TRL's own card names no base model a Hub user can load and shows a chat quick-start that ignores what makes
+the adapter useful: the planner prompt it was trained on and the LoRA serving. This card is written from the
+adapter's own records (`distill_adapter.json`, the SFT dataset's `summary.json`, `loss_history.json`), and only
+what serving needs is uploaded (an allow-list: never checkpoints, optimizer state or `training_args.bin`,
+which holds every training argument). The token is read from an environment variable and appears nowhere:
+not in the card, not in a message, even when the server echoes it back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from distill.errors import DistillError
+from distill.merge import ADAPTER_INFO, read_json, trained_base
+
+CARD = "README.md"
+# What a user needs to serve the adapter (and to see how it was made); everything else stays on the machine.
+UPLOAD = ["adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json",
+          "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja", CARD, ADAPTER_INFO,
+          "loss_history.json"]
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def hub_base(base: str | None) -> str | None:
+    """The base as a Hub user loads it: the embedded alias is SmolLM2's Hub id; a local path is not shareable."""
+    from distill.llm.embedded import is_embedded
+
+    if base and is_embedded(base):
+        return EMBEDDED_HUB_ID
+    return base if base and not base.startswith(("/", ".")) else None
+
+
+def _training_facts(folder: Path, info: dict) -> dict[str, Any]:
+    summary_path = Path(str(info.get("dataset_dir") or "")) / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    splits = summary.get("splits") or {}
+    return {
+        "prompt": summary.get("student_prompt"), "tools": summary.get("tools"),
+        "train_examples": (splits.get("train") or {}).get("examples"),
+        "train_questions": (splits.get("train") or {}).get("questions"),
+        "validation_examples": (splits.get("validation") or {}).get("examples"),
+    }
+
+
+def model_card(folder: str | Path, repo_id: str | None = None) -> str:
+    """The card for `folder`; without a repo_id (training writes it) it serves the local folder."""
+    folder = Path(folder)
+    where = "planner" if repo_id else str(folder)
+    download = f"hf download {repo_id} --local-dir planner\n" if repo_id else ""
+    info = read_json(folder / ADAPTER_INFO) if (folder / ADAPTER_INFO).is_file() else {}
+    facts = _training_facts(folder, info)
+    base = hub_base(trained_base(folder))
+    shown_base = base or "the base model it was trained on"
+    prompt, tools = facts["prompt"] or "full", facts["tools"] or ["Wikipedia", "LLM", "Calculator"]
+
+    def value(x: Any, digits: int = 4) -> str:
+        return "unknown" if x is None else f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+    rows = [
+        ("base model", base or "unknown (trained on a local path)"),
+        ("LoRA rank / alpha / targets", f"{value(info.get('lora_r'))} / {value(info.get('lora_alpha'))} / "
+                                        f"{value(info.get('lora_target_modules'))}"),
+        ("optimiser steps", value(info.get("global_step"))),
+        ("effective batch", value(info.get("effective_batch_size"))),
+        ("max length (tokens)", value(info.get("max_length"))),
+        ("training examples (questions)", f"{value(facts['train_examples'])} ({value(facts['train_questions'])})"),
+        ("validation examples", value(facts["validation_examples"])),
+        ("final train / validation loss", f"{value(info.get('final_train_loss'))} / {value(info.get('final_eval_loss'))}"),
+        ("planner prompt, tools", f"`{prompt}`, {', '.join(tools)}"),
+    ]
+    front = ["---"] + ([f"base_model: {base}"] if base else []) + [
+        "library_name: peft", "pipeline_tag: text-generation",
+        "tags: [distill, rewoo, planner, lora, sft, trl]", "---"]
+    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    rank = info.get("lora_r") or 8
+    return "\n".join(front) + f"""
+
+# {(repo_id or folder.name).split('/')[-1]}
+
+A ReWOO **Planner** distilled with `distill`: a LoRA adapter on {shown_base}
+that reads a question and writes the whole tool-use plan at once (`Plan: ...` / `#E1 = Wikipedia[...]` /
+`#E2 = LLM[... #E1 ...]`). A Worker runs the steps and a Solver answers from the evidence: two model calls
+per question, however many hops.
+
+## Serve it
+
+The adapter is a LoRA module on its base; serve both with vLLM, with the chat template it was trained with:
+
+```bash
+{download}vllm serve {base or 'BASE_MODEL'} --enable-lora --max-lora-rank {rank} --lora-modules planner={where} \\
+    --chat-template {where}/chat_template.jinja
+# or, with distill installed: distill serve --config configs/serve_planner.yaml --set base_model={base or 'BASE_MODEL'} --set adapter={where}
+```
+
+## Prompt it as it was trained
+
+It was trained on distill's `{prompt}` planner prompt with the tools {', '.join(tools)}; send exactly that
+prompt (the same builder distill's evaluation uses), then parse the plan:
+
+```python
+from openai import OpenAI
+from distill.rewoo.plan import parse_plan
+from distill.rewoo.prompts import planner_messages
+from distill.tools.registry import tool_descriptions
+
+messages = planner_messages("Which country is the birthplace of the founder of Microsoft?",
+                            tool_descriptions({tools!r}), "{prompt}")
+client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")
+text = client.chat.completions.create(model="planner", messages=messages, max_tokens=512).choices[0].message.content
+print(parse_plan(text, tools={tools!r}))
+```
+
+## Training
+
+LoRA SFT with TRL on plans a teacher wrote and the Worker verified (the filtered trajectories of `distill`):
+
+| | |
+|---|---|
+{table}
+"""
+
+
+def write_model_card(folder: str | Path, repo_id: str | None = None) -> Path:
+    path = Path(folder) / CARD
+    path.write_text(model_card(folder, repo_id))
+    return path
+
+
+def _mask(text: str, token: str | None) -> str:
+    return text.replace(token, "***") if token else text
+
+
+def push(folder: str | Path, repo_id: str, *, token_env: str = "HF_TOKEN", private: bool = False,
+         endpoint: str | None = None, timeout_s: float = 60.0, retries: int = 3, dry_run: bool = False) -> dict:
+    """Write the card, then upload the allow-listed files as one commit; a failure is one line, token masked.
+    Creating the repository and committing the same files again are idempotent, so a failed try is retried."""
+    folder = Path(folder)
+    if retries < 0 or not 0 < timeout_s <= 3600:
+        raise DistillError(f"push: retries must be >= 0 and timeout_s in (0, 3600], not {retries}, {timeout_s}")
+    if not (folder / "adapter_config.json").is_file() or not (folder / "adapter_model.safetensors").is_file():
+        raise DistillError(f"{folder} is not an adapter folder (adapter_config.json + adapter_model.safetensors)")
+    if "/" not in repo_id or repo_id.count("/") > 1 or not all(repo_id.split("/")):
+        raise DistillError(f"--repo-id must be owner/name, not {repo_id!r}")
+    write_model_card(folder, repo_id)
+    files = [name for name in UPLOAD if (folder / name).is_file()]
+    if dry_run:
+        return {"repo_id": repo_id, "files": files, "uploaded": False}
+    token = os.environ.get(token_env)
+    if not token:
+        raise DistillError(f"set {token_env} to a Hugging Face token with write access (it is read from there only)")
+
+    try:
+        import httpx2
+        from huggingface_hub import HfApi, set_client_factory
+        from huggingface_hub.utils._http import hf_request_event_hook
+    except ImportError as exc:
+        raise DistillError(f"distill push needs huggingface_hub ({exc}): pip install -e '.[local]'") from None
+
+    # huggingface_hub's own client has no timeout: one that never answers would hang the push for ever
+    set_client_factory(lambda: httpx2.Client(event_hooks={"request": [hf_request_event_hook]},
+                                             follow_redirects=True, timeout=timeout_s))
+    api = HfApi(endpoint=endpoint or os.environ.get("HF_ENDPOINT") or None, token=token)
+    for attempt in itertools.count():
+        try:
+            api.create_repo(repo_id, private=private, exist_ok=True)
+            commit = api.upload_folder(folder_path=str(folder), repo_id=repo_id, allow_patterns=files,
+                                       commit_message="distill push: the student planner adapter and its card")
+            return {"repo_id": repo_id, "files": files, "uploaded": True, "url": str(getattr(commit, "commit_url", ""))}
+        except Exception as exc:  # any failure of the client or the server: retried if it may pass, else one line
+            status = getattr(getattr(exc, "response", None), "status_code", None)
+            transient = isinstance(exc, httpx2.TransportError) or status == 429 or (status or 0) >= 500
+            if not transient or attempt == retries:
+                first = _mask(str(exc), token).strip().splitlines()
+                why = f"HTTP {status}" if status else type(exc).__name__
+                raise DistillError(f"push to {repo_id} failed ({why}): {first[0][:300] if first else ''}") from None
+            time.sleep(min(2.0 ** attempt, 10.0))
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("adapter", help="adapter folder written by `distill train`")
+    parser.add_argument("--repo-id", required=True, help="the Hub repository, owner/name (created if missing)")
+    parser.add_argument("--private", action="store_true", help="create the repository private")
+    parser.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding the token")
+    parser.add_argument("--timeout-s", type=float, default=60.0, help="seconds per HTTP request (default 60)")
+    parser.add_argument("--dry-run", action="store_true", help="write the card and list the files; upload nothing")
+
+
+def main(args: argparse.Namespace) -> int:
+    done = push(args.adapter, args.repo_id, token_env=args.token_env, private=args.private,
+                timeout_s=args.timeout_s, dry_run=args.dry_run)
+    print(f"model card: {Path(args.adapter) / CARD}")
+    print(("uploaded to " if done["uploaded"] else "would upload to ") + f"{done['repo_id']}: {', '.join(done['files'])}")
+    return 0
