@@ -19,13 +19,26 @@ from pathlib import Path
 from statistics import fmean
 from typing import Literal, get_args
 
+from pydantic import model_validator
+
 from distill.config import Strict, add_config_args, load_config
+from distill.rewoo.record import TrajectoryRecord
 
 REASONS = (
     "invalid_plan", "step_failed", "too_many_steps", "unused_evidence", "evidence_missed", "incorrect",
     "not_best_sample",
 )
 Criterion = Literal["answer", "evidence", "answer_and_evidence"]
+
+
+class KeptRecord(TrajectoryRecord):
+    """A trajectory the filter kept, as `distill sft-data` reads it: a valid plan with at least one step."""
+
+    @model_validator(mode="after")
+    def _kept(self) -> "KeptRecord":
+        if self.plan.valid is not True or not self.plan.steps:
+            raise ValueError("plan: a kept record has a valid plan with at least one step")
+        return self
 
 
 class FilterConfig(Strict):
@@ -157,9 +170,11 @@ def format_report(report: dict) -> str:
 def run_filter(inp: str | Path, out: str | Path, cfg: FilterConfig) -> dict:
     from distill.store import read_jsonl, write_json, write_jsonl
 
-    records = read_jsonl(inp)
+    records = read_jsonl(inp, TrajectoryRecord)  # every line checked before any is judged
     kept, dropped = filter_records(records, cfg)
     report = build_report(records, kept, dropped, cfg)
+    for rec in kept:  # what sft-data will check each line against
+        KeptRecord.model_validate(rec)
     write_jsonl(out, kept)
     write_json(Path(out).with_suffix(".report.json"), report | {"config": cfg.model_dump()})
     return report

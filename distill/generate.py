@@ -65,6 +65,7 @@ def record_key(rec: dict) -> tuple[str, int]:
 def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
     """Run (or resume) generation; returns the summary that is also written to summary.json."""
     from distill.rewoo.agent import build_agent, retries_of
+    from distill.rewoo.record import TrajectoryRecord
     from distill.run import add_judgement, build_judge, manifest_header, run_lifecycle, run_records
     from distill.store import CallCache, JsonlStore, write_json
 
@@ -86,7 +87,7 @@ def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
         with JsonlStore(out / ERRORS) as errors:
             result = run_records(
                 out / TRAJECTORIES, items, work, record_key, errors, concurrency=cfg.concurrency, desc="generate",
-                keep=lambda r: manifest.update(counts=r.counts(), records_on_disk=r.done),
+                keep=lambda r: manifest.update(counts=r.counts(), records_on_disk=r.done), schema=TrajectoryRecord,
             )
         summary = result.summary() | {
             "planned_records": len(items),

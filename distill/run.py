@@ -305,10 +305,11 @@ def run_resumable(
 
 
 def run_records(path: Path, items: list, work: Callable, key: Callable[[dict], Any], errors, *, concurrency: int,
-                desc: str, keep: Callable[[Any], None]) -> Any:
+                desc: str, keep: Callable[[Any], None], schema=None) -> Any:
     """One pass of the run loop over one record file; `keep(result)` puts its counts in the manifest before a
-    stop is raised, so the manifest of a stopped run still says how far it got."""
-    with JsonlStore(path, key=key) as store:
+    stop is raised, so the manifest of a stopped run still says how far it got. `schema` is the record model
+    every line on disk and every new record must fit."""
+    with JsonlStore(path, key=key, schema=schema) as store:
         result = run_resumable(items, work, store, key, errors=errors, concurrency=concurrency, desc=desc)
     keep(result)
     raise_if_stopped(result)

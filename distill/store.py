@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import sqlite3
 import sys
 import threading
@@ -17,7 +18,11 @@ import time
 from pathlib import Path
 from typing import IO, Any, Callable, Hashable, Iterable, Iterator
 
-from distill.errors import DistillError
+from pydantic import BaseModel, ValidationError
+
+from distill.errors import DistillError, clip
+
+Schema = type[BaseModel]
 
 
 def stable_hash(obj: Any) -> str:
@@ -31,8 +36,27 @@ _JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a num
                type(None): "null"}
 
 
-def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for every non-blank line; the first bad line stops with one line naming file:line.
+def conform(schema: Schema | None, record: dict, where: str) -> dict:
+    """`record` unchanged when it fits `schema` (the model its writer used), else one DistillError naming `where`
+    and the first bad field, so a later stage never meets a shape its code did not expect halfway through."""
+    if schema is None:
+        return record
+    try:
+        schema.model_validate(record)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        first = errors[0]
+        field = ".".join(str(part) for part in first["loc"]) or "(the record)"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise DistillError(clip(f"{where}: field `{field}`: {first['msg']}{more}", 500)) from None
+    except RecursionError:
+        raise DistillError(f"{where}: a field is nested too deeply to check") from None
+    return record
+
+
+def iter_jsonl(path: str | Path, schema: Schema | None = None) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for every non-blank line; the first bad line stops with one line naming file:line
+    (and, with `schema`, the first field that does not fit it).
     Lines are split on `\n` bytes only and decoded one by one, so a U+2028 inside a JSON string (which
     `ensure_ascii=False` writes raw) stays in its line and bad bytes are reported where they are."""
     path = Path(path)
@@ -47,11 +71,13 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
             if number == 1:
                 raw = raw.removeprefix(_BOM)
             if raw.strip():
-                yield number, parse_line(raw, f"{path}:{number}")
+                where = f"{path}:{number}"
+                yield number, conform(schema, parse_line(raw, where), where)
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    return [record for _, record in iter_jsonl(path)]
+def read_jsonl(path: str | Path, schema: Schema | None = None) -> list[dict]:
+    """Every record of a file, all checked against `schema` before the caller does any work with one."""
+    return [record for _, record in iter_jsonl(path, schema)]
 
 
 def parse_line(raw: bytes, where: str) -> dict:
@@ -130,6 +156,77 @@ def write_json(path: str | Path, obj: Any) -> None:
     _replace(path, lambda handle: handle.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n"))
 
 
+def _fsync_tree(folder: Path) -> None:
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_dir(folder)
+
+
+def _write_failure(exc: BaseException, tmp: Path, target: Path) -> BaseException:
+    """The error of a write into `tmp` told in terms of `target`, naming the file that failed where it is known."""
+    if isinstance(exc, OSError):
+        where = str(exc.filename) if exc.filename else str(tmp)
+        return DistillError(f"cannot write {where.replace(str(tmp), str(target))}: {exc.strerror or exc}")
+    if isinstance(exc, DistillError):
+        return DistillError(str(exc).replace(str(tmp), str(target)))
+    return exc
+
+
+@contextlib.contextmanager
+def replace_folder(target: str | Path) -> Iterator[Path]:
+    """A fresh folder beside `target` for the block to fill; when the block ends it is fsynced and renamed into
+    `target`'s place, the old folder removed only after. If the block or a write fails (a full disk), the
+    new folder is removed, `target` is as it was, and the error names the file that failed."""
+    target = Path(target)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    old = target.with_name(f".{target.name}.{os.getpid()}.old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+        yield tmp
+        _fsync_tree(tmp)
+        if target.exists():
+            os.replace(target, old)
+        os.replace(tmp, target)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not target.exists():
+            os.replace(old, target)
+        failure = _write_failure(exc, tmp, target)
+        if failure is exc:
+            raise
+        raise failure from None
+    shutil.rmtree(old, ignore_errors=True)
+    _fsync_dir(target.parent)
+
+
+@contextlib.contextmanager
+def replace_files(folder: str | Path) -> Iterator[Path]:
+    """A staging folder inside `folder` for the block to write its files into; when the block ends each file
+    is renamed over its namesake in `folder`. For outputs that share a folder with other files (a report
+    beside the records it is built from): a failure leaves every old file as it was and no new one."""
+    folder = Path(folder)
+    tmp = folder / f".staging.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        yield tmp
+        _fsync_tree(tmp)
+        for path in sorted(tmp.iterdir()):
+            os.replace(path, folder / path.name)
+    except BaseException as exc:
+        failure = _write_failure(exc, tmp, folder)
+        if failure is exc:
+            raise
+        raise failure from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _fsync_dir(folder)
+
+
 class JsonlStore(contextlib.AbstractContextManager):
     """Append-only JSONL with resume. Opening it repairs a torn last line (and says so on stderr: the run that
     made it crashed); `append` is durable on return.
@@ -139,9 +236,10 @@ class JsonlStore(contextlib.AbstractContextManager):
     record on disk is the answer the run counted, and stopping a paid run (losing the answers in flight) over
     a copy of something already safe would be the worse failure."""
 
-    def __init__(self, path: str | Path, key: Callable[[dict], Hashable] | None = None):
+    def __init__(self, path: str | Path, key: Callable[[dict], Hashable] | None = None, schema: Schema | None = None):
         self.path = Path(path)
         self.key = key
+        self.schema = schema  # every record loaded or appended must fit it
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.repaired = False
         self.duplicates = 0
@@ -163,7 +261,8 @@ class JsonlStore(contextlib.AbstractContextManager):
                 try:
                     if i == len(lines) - 1:  # no trailing newline: written partly, whatever it parses as
                         raise DistillError("torn")
-                    records.append(parse_line(line, f"{self.path}:{i + 1}"))
+                    where = f"{self.path}:{i + 1}"
+                    record = parse_line(line, where)
                 except DistillError as exc:
                     if any(rest.strip() for rest in lines[i + 1 :]):
                         raise DistillError(f"{exc} (not the last line, so not a torn write: fix by hand)") from None
@@ -172,6 +271,7 @@ class JsonlStore(contextlib.AbstractContextManager):
                     print(f"note: {self.path} ended in a torn line from an earlier crash; it was cut and will be "
                           "redone", file=sys.stderr)
                     break
+                records.append(conform(self.schema, record, where))  # a whole line that does not fit: not torn
             good_end += len(line) + 1
         return records
 
@@ -185,8 +285,10 @@ class JsonlStore(contextlib.AbstractContextManager):
         return {(key or self.key)(r) for r in self._records}
 
     def append(self, record: dict) -> bool:
-        """Write one record durably; False (nothing written) when the store already holds its key."""
-        line = json.dumps(record, ensure_ascii=False) + "\n"
+        """Write one record durably; False (nothing written) when the store already holds its key. A record that
+        does not fit the store's schema is refused before anything is written."""
+        conform(self.schema, record, f"a record for {self.path}")
+        line = json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
         with self._lock:
             if self.key is not None:
                 k = self.key(record)

@@ -1,6 +1,12 @@
 """The trajectory record every agent writes (ReWOO and the baselines), and the per-question seed they sample
 with: one shape that generation, filtering, training data, evaluation and the report all read, kept apart from
 any one agent so that each can import it.
+
+`TrajectoryRecord` is that shape as a schema: `make_record` checks what it builds against it and every stage
+that reads records back checks each line against it (or a stricter model built on it: the filter's kept
+record, eval's record) before any work, so a hand-edited or damaged file is one line naming file:line and the
+field, never a traceback halfway through. Values are strict (a string is not a number, NaN is not a time);
+fields a reader does not need may be absent, fields a reader does need may not.
 """
 
 from __future__ import annotations
@@ -8,12 +14,118 @@ from __future__ import annotations
 import time
 import zlib
 from dataclasses import asdict
-from typing import Any, Mapping, Sequence
+from typing import Annotated, Any, Literal, Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from distill.llm.base import Completion, Usage
 from distill.metrics import evidence_recall, gold_titles, score
 
 FORMAT_VERSION = 1
+
+Count = Annotated[int, Field(ge=0)]
+Seconds = Annotated[float, Field(ge=0)]
+Dollars = Annotated[float, Field(ge=0)]
+
+
+class Shape(BaseModel):
+    """Strict JSON types, no NaN or infinity; fields a model does not name pass through unchecked."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="allow")
+
+
+class PlanStepShape(Shape):
+    id: str
+    description: str = ""
+    tool: str
+    input: str
+    deps: list[str]
+
+
+class PlanErrorShape(Shape):
+    code: str
+    step: str | None = None
+    message: str = ""
+
+
+class PlanShape(Shape):
+    valid: bool | None  # None: a method without a plan
+    steps: list[PlanStepShape]
+    errors: list[PlanErrorShape] = []
+
+
+class EvidenceShape(Shape):
+    id: str
+    tool: str = ""
+    input: str = ""
+    output: str = ""
+    status: Literal["ok", "empty", "error", "timeout"]
+    error: str | None = None
+    start_s: float = 0.0
+    end_s: float = 0.0
+    injected: bool = False
+
+
+class UsageShape(Shape):
+    prompt_tokens: Count = 0
+    completion_tokens: Count = 0
+
+
+class CallShape(Shape):
+    """A model call: its messages, reply, usage and cost (`call_record`)."""
+
+    model: str | None = None
+    messages: list[dict[str, Any]] = []
+    output: str = ""
+    usage: UsageShape = UsageShape()
+    latency_s: Seconds = 0.0
+    cost_usd: Dollars = 0.0
+    cached: bool = False
+
+
+class ScoresShape(Shape):
+    em: Annotated[float, Field(ge=0, le=1)] = 0.0
+    f1: Annotated[float, Field(ge=0, le=1)] = 0.0
+    judge: bool | None = None  # None: a judge reply that did not parse
+
+
+class TokensShape(Shape):
+    planner: Count = 0
+    solver: Count = 0
+    tools: Count = 0
+    total: Count = 0
+
+
+class RecallShape(Shape):
+    recall: float = Field(ge=0, le=1)
+    all: bool
+    gold: list[str] = []
+    found: list[str] = []
+
+
+class TrajectoryRecord(Shape):
+    """One answer of one method to one question (`make_record`), as generation writes it and the filter reads it."""
+
+    format_version: int = FORMAT_VERSION
+    id: str = Field(min_length=1)
+    dataset: str
+    question: str
+    answers: list[str]
+    method: str | None = None
+    sample: int = Field(default=0, ge=0)
+    planner: CallShape | None = None
+    plan: PlanShape
+    evidence: list[EvidenceShape] = []
+    solver: CallShape = CallShape()
+    prediction: str | None = None
+    scores: ScoresShape = ScoresShape()
+    tool_usage: UsageShape = UsageShape()
+    tokens: TokensShape = TokensShape()
+    llm_calls: Count = 0
+    tool_calls: Count = 0
+    cost_usd: Dollars = 0.0
+    wall_s: Seconds = 0.0
+    evidence_recall: RecallShape | None = None
 
 
 def sample_seed(example_id: str, sample: int, base: int = 0) -> int:
@@ -64,4 +176,6 @@ def make_record(
     }
     if recall:
         record["evidence_recall"] = evidence_recall(gold_titles(getattr(example, "supporting_facts", None)), evidence)
-    return record | extra
+    record |= extra
+    TrajectoryRecord.model_validate(record)  # a writer's slip fails here, not in the stage that reads it
+    return record
