@@ -282,18 +282,17 @@ def gold_hops(example) -> int | None:
 
 def load_eval_examples(cfg: EvalConfig) -> list:
     """The first n distinct questions of each dataset, in file order; an id may occur only once overall."""
-    from distill.data import load_examples
+    from distill.data import check_unique_ids, load_examples
 
     if not cfg.datasets:
         raise DistillError("no datasets configured: add a `datasets:` list with name, source, split and n")
     examples = []
     for ds in cfg.datasets:
-        got = load_examples(ds.source, ds.name, ds.split, limit=ds.n)
+        got = load_examples(ds.source, ds.name, ds.split, limit=ds.n, max_question_chars=ds.max_question_chars)
         if ds.n is not None and len(got) < ds.n:
             raise DistillError(f"{ds.source} has only {len(got)} distinct questions, n={ds.n} requested")
         examples.extend(got)
-    if twice := [i for i, count in Counter(ex.id for ex in examples).items() if count > 1]:
-        raise DistillError(f"example id {twice[0]!r} occurs twice across the datasets; ids key the records")
+    check_unique_ids(examples, "the datasets")
     return examples
 
 
