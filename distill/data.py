@@ -24,7 +24,7 @@ from pydantic.dataclasses import dataclass
 
 from distill.config import Strict
 from distill.errors import DistillError, clip
-from distill.store import iter_jsonl
+from distill.store import describe, iter_jsonl
 
 # A question longer than this is refused unless the source sets its own `max_question_chars`: HotpotQA and
 # TriviaQA questions are well under 1,000 characters, and every character of one is paid for on every call.
@@ -197,9 +197,7 @@ def rows_to_examples(rows: Iterable[Mapping[str, Any]], dataset: str | None, spl
         try:
             example = _to_example(layout, row, implied if dataset is None else dataset, split)
         except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            field = ".".join(str(part) for part in first["loc"]) or "row"
-            raise DistillError(clip(f"{where}: field `{field}`: {first['msg']}", 500)) from None
+            raise DistillError(clip(f"{where}: {describe(exc.errors(include_url=False))}", 500)) from None
         except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
             raise DistillError(clip(f"{where} looks like the {layout} layout but is malformed "
                                     f"({type(exc).__name__}: {exc})", 500)) from None

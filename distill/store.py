@@ -36,6 +36,15 @@ _JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a num
                type(None): "null"}
 
 
+def describe(errors: list[dict]) -> str:
+    """The first of a pydantic ValidationError's errors, as `field `a.b`: what is wrong`."""
+    first = errors[0]
+    field = ".".join(str(part) for part in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"field `{field}`: {message}{more}" if field else f"{message}{more}"
+
+
 def conform(schema: Schema | None, record: dict, where: str) -> dict:
     """`record` unchanged when it fits `schema` (the model its writer used), else one DistillError naming `where`
     and the first bad field, so a later stage never meets a shape its code did not expect halfway through."""
@@ -46,9 +55,7 @@ def conform(schema: Schema | None, record: dict, where: str) -> dict:
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         first = errors[0]
-        field = ".".join(str(part) for part in first["loc"]) or "(the record)"
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise DistillError(clip(f"{where}: field `{field}`: {first['msg']}{more}", 500)) from None
+        raise DistillError(clip(f"{where}: {describe(errors)}", 500)) from None
     except RecursionError:
         raise DistillError(f"{where}: a field is nested too deeply to check") from None
     return record
@@ -154,6 +161,22 @@ def write_jsonl(path: str | Path, records: Iterable[dict]) -> None:
 
 def write_json(path: str | Path, obj: Any) -> None:
     _replace(path, lambda handle: handle.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n"))
+
+
+def overwrite_in_place(path: str | Path, obj: Any) -> None:
+    """Rewrite an existing small JSON file over its own bytes, compact: the last resort when the atomic write
+    failed on a full disk, since blocks the file already holds need no new space. Not atomic, so only for
+    a status that would otherwise stay wrong (a manifest still saying `running` after its run stopped)."""
+    blob = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    try:
+        with open(path, "r+b") as handle:
+            handle.write(blob)
+            handle.truncate()
+            with contextlib.suppress(OSError):  # best effort: the page cache holds the news even so
+                handle.flush()
+                os.fsync(handle.fileno())
+    except OSError as exc:
+        raise DistillError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _fsync_tree(folder: Path) -> None:
