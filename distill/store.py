@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import sqlite3
 import sys
@@ -46,19 +47,19 @@ def describe(errors: list[dict]) -> str:
 
 
 def conform(schema: Schema | None, record: dict, where: str) -> dict:
-    """`record` unchanged when it fits `schema` (the model its writer used), else one DistillError naming `where`
-    and the first bad field, so a later stage never meets a shape its code did not expect halfway through."""
+    """`record` as `schema` (the model its writer used) reads it, else one DistillError naming `where` and the
+    first bad field, so a later stage never meets a shape its code did not expect halfway through."""
     if schema is None:
         return record
     try:
-        schema.model_validate(record)
+        # Dumped back with the schema's defaults filled in, so a reader never meets an absent optional field.
+        return schema.model_validate(record).model_dump()
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         first = errors[0]
         raise DistillError(clip(f"{where}: {describe(errors)}", 500)) from None
     except RecursionError:
         raise DistillError(f"{where}: a field is nested too deeply to check") from None
-    return record
 
 
 def iter_jsonl(path: str | Path, schema: Schema | None = None) -> Iterator[tuple[int, dict]]:
@@ -87,6 +88,26 @@ def read_jsonl(path: str | Path, schema: Schema | None = None) -> list[dict]:
     return [record for _, record in iter_jsonl(path, schema)]
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether any string in `value` holds a surrogate code point: JSON's escapes can spell one, Python keeps
+    it, and the first write of it as UTF-8 (a kept record, a report) would fail."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if any("\ud800" <= ch <= "\udfff" for ch in item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 def parse_line(raw: bytes, where: str) -> dict:
     """One JSONL line to one object. Model output ends up in these files, so nothing in a line is trusted:
     bad bytes, bad JSON, nesting deep enough to exhaust the parser's recursion and non-objects are all one
@@ -101,6 +122,8 @@ def parse_line(raw: bytes, where: str) -> dict:
         raise DistillError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
     except RecursionError:
         raise DistillError(f"{where}: JSON nested too deeply to read") from None
+    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(value):
+        raise DistillError(f"{where}: a string holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is no text")
     if not isinstance(value, dict):
         raise DistillError(f"{where}: expected a JSON object, got {_JSON_TYPES.get(type(value), 'a value')}")
     return value
