@@ -15,9 +15,9 @@ import random
 import statistics
 from collections import Counter
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from distill.config import PlannerPrompt, Strict, add_config_args, parse_overrides, read_yaml, validate
 from distill.data import normalize_question
@@ -25,7 +25,7 @@ from distill.errors import DistillError
 from distill.filter import KeptRecord
 from distill.rewoo.plan import parse_plan, render_plan
 from distill.rewoo.prompts import PromptKind, planner_messages
-from distill.store import read_jsonl, replace_folder, write_json, write_jsonl
+from distill.store import describe, read_jsonl, replace_folder, write_json, write_jsonl
 from distill.tools.registry import DEFAULT_TOOLS, tool_descriptions
 
 PREVIEW_ROWS = 20
@@ -70,13 +70,13 @@ class SftExample(BaseModel):
     the user's question and one non-empty assistant completion (an empty one would train the student to say
     nothing)."""
 
-    model_config = ConfigDict(strict=True, extra="forbid")
+    model_config = ConfigDict(strict=True, extra="allow")
 
     prompt: list[Message] = Field(min_length=1)
     completion: list[Message] = Field(min_length=1, max_length=1)
-    id: str
-    dataset: str
-    sample: int = Field(ge=0)
+    id: str = ""  # sft-data always writes these three; a dataset made elsewhere may not have them
+    dataset: str = ""
+    sample: int = Field(default=0, ge=0)
 
     @field_validator("prompt")
     @classmethod
@@ -91,6 +91,16 @@ class SftExample(BaseModel):
         if value[0].role != "assistant" or not value[0].content.strip():
             raise ValueError("the completion must be one non-empty assistant message")
         return value
+
+
+def check_rows(rows: Iterable[Mapping[str, Any]], origin: str) -> None:
+    """Every row of a split is an `SftExample`, checked before a model is loaded to train on them: one bad row
+    is one line naming the split, the row and the field."""
+    for number, row in enumerate(rows, 1):
+        try:
+            SftExample.model_validate(dict(row))
+        except ValidationError as exc:
+            raise DistillError(f"{origin}: row {number}: {describe(exc.errors(include_url=False))}") from None
 
 
 def record_to_example(record: Mapping[str, Any], tools: Mapping[str, str],

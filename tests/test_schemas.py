@@ -325,3 +325,23 @@ def test_generate_on_a_full_disk_names_the_record_write_and_the_manifest_says_it
     on_disk = json.loads((out / "manifest.json").read_text())
     assert on_disk["status"] == "failed" and "writing a record" in on_disk["reason"]
     assert on_disk["counts"]["planned"] == 3
+
+
+# ------------------------------------------------------------------------------------------ SFT examples
+
+
+def test_training_refuses_a_dataset_with_empty_completions_before_loading_a_model(tmp_path):
+    from distill.sft_data import build_examples, to_dataset_dict
+    from distill.tools.registry import tool_descriptions
+    from distill.train import load_splits
+    from test_sft_data import TOOLS
+
+    examples, _ = build_examples(kept_records(), tool_descriptions(TOOLS))
+    empty = [e | {"completion": [{"role": "assistant", "content": "  "}]} for e in examples]
+    to_dataset_dict(empty, []).save_to_disk(str(tmp_path / "sft"), num_shards={"train": 1, "validation": 1})
+    with pytest.raises(DistillError, match=r"sft/train: row 1: field `completion`: the completion must be one "
+                                           r"non-empty assistant message"):
+        load_splits(str(tmp_path / "sft"))
+    to_dataset_dict(examples, []).save_to_disk(str(tmp_path / "ok"), num_shards={"train": 1, "validation": 1})
+    train, val = load_splits(str(tmp_path / "ok"))
+    assert len(train) == len(examples) and val is None
