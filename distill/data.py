@@ -62,7 +62,7 @@ class Example:
     dataset: str
     split: str
     question: str
-    answers: Annotated[list[str], Field(min_length=1)]
+    answers: list[str]
     context: list[tuple[str, list[str]]] | None = None
     supporting_facts: list[tuple[str, int]] | None = None
     type: str | None = None
@@ -80,6 +80,8 @@ class Example:
     @field_validator("answers")
     @classmethod
     def _usable(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("no usable gold answer (every answer is blank or missing)")
         if any(not a.strip() for a in value):
             raise ValueError("a gold answer is blank")
         if any(_bad_characters(a) for a in value):
@@ -216,8 +218,10 @@ def _answers(*groups: Any) -> list[str]:
     """Flatten answer strings and lists, gold first, dropping blanks and exact repeats."""
     out: list[str] = []
     for group in groups:
-        for item in [group] if isinstance(group, str) else (group or []):
-            text = item.strip() if isinstance(item, str) else str(item).strip()
+        for item in group if isinstance(group, list) else ([] if group is None else [group]):
+            if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+                raise TypeError(f"an answer must be text or a number, not {type(item).__name__}")
+            text = item.strip() if isinstance(item, str) else str(item)
             if text and text not in out:
                 out.append(text)
     return out
@@ -274,7 +278,7 @@ def load_examples(source: str | os.PathLike, dataset: str | None, split: str, li
     reads local files through exactly the code path used for the hub."""
     source = os.fspath(source)
     if source.startswith("hub:"):
-        return _load_hub(source, dataset, split, data_files, max_question_chars)[:limit]
+        return _some(_load_hub(source, dataset, split, data_files, max_question_chars), source)[:limit]
     if data_files is not None:
         raise DistillError(f"data_files only applies to hub:<name> sources, not {source!r}")
     path = Path(source)
@@ -284,10 +288,18 @@ def load_examples(source: str | os.PathLike, dataset: str | None, split: str, li
         raise DistillError(f"{path}: unknown file type {path.suffix!r}; expected .json or .jsonl")
     if path.suffix == ".jsonl":
         numbered = list(iter_jsonl(path))
-        return rows_to_examples([row for _, row in numbered], dataset, split, origin=str(path),
-                                max_question_chars=max_question_chars, lines=[n for n, _ in numbered])[:limit]
-    return rows_to_examples(_read_json(path), dataset, split, origin=str(path),
-                            max_question_chars=max_question_chars)[:limit]
+        examples = rows_to_examples([row for _, row in numbered], dataset, split, origin=str(path),
+                                    max_question_chars=max_question_chars, lines=[n for n, _ in numbered])
+    else:
+        examples = rows_to_examples(_read_json(path), dataset, split, origin=str(path),
+                                    max_question_chars=max_question_chars)
+    return _some(examples, str(path))[:limit]
+
+
+def _some(examples: list[Example], origin: str) -> list[Example]:
+    if not examples:
+        raise DistillError(f"{origin}: no questions in it")
+    return examples
 
 
 def _load_hub(source: str, dataset: str | None, split: str, data_files: str | list[str] | None,

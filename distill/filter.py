@@ -37,7 +37,8 @@ class KeptRecord(TrajectoryRecord):
     @model_validator(mode="after")
     def _kept(self) -> "KeptRecord":
         if self.plan.valid is not True or not self.plan.steps:
-            raise ValueError("plan: a kept record has a valid plan with at least one step")
+            raise ValueError("plan: a kept record has a valid plan with at least one step (read the output of "
+                             "`distill filter`, not the trajectories)")
         return self
 
 

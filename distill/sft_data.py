@@ -258,7 +258,7 @@ def build_sft_data(cfg: SftDataConfig) -> dict:
     summary |= {"source": cfg.kept, "tools": list(tools)}
     summary |= cfg.model_dump(include={"student_prompt", "val_fraction", "seed"})
     # Written beside `out` and renamed into place: a full disk keeps the old dataset whole.
-    with replace_folder(cfg.out) as tmp:
+    with replace_folder(cfg.out, marker="dataset_dict.json") as tmp:
         # One shard each: `datasets` writes an empty split as zero shards, which it then cannot load back.
         dataset_dict.save_to_disk(str(tmp), num_shards={split: 1 for split in dataset_dict})
         write_jsonl(tmp / "preview.jsonl", (train + val)[:PREVIEW_ROWS])

@@ -221,11 +221,16 @@ def _write_failure(exc: BaseException, tmp: Path, target: Path) -> BaseException
 
 
 @contextlib.contextmanager
-def replace_folder(target: str | Path) -> Iterator[Path]:
+def replace_folder(target: str | Path, marker: str) -> Iterator[Path]:
     """A fresh folder beside `target` for the block to fill; when the block ends it is fsynced and renamed into
     `target`'s place, the old folder removed only after. If the block or a write fails (a full disk), the
-    new folder is removed, `target` is as it was, and the error names the file that failed."""
+    new folder is removed, `target` is as it was, and the error names the file that failed. An existing
+    `target` is replaced only when it is empty or holds `marker` (a file only this output writes), so a
+    mistyped path never removes a folder of the user's."""
     target = Path(target)
+    if target.exists() and not (target.is_dir() and (not any(target.iterdir()) or (target / marker).exists())):
+        raise DistillError(f"{target} exists and is not an output of this command (no {marker}); choose another "
+                           "output or remove it")
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     old = target.with_name(f".{target.name}.{os.getpid()}.old")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -173,7 +173,9 @@ GOOD_ROW = {"id": "q0", "question": "Who wrote Hamlet?", "answer": "Shakespeare"
         ({"id": "q1", "question": "Who\x1b[2J is it?", "answer": "x"}, "control character U+001B"),
         ({"id": "q1", "question": "Who is it?", "answer": "   "}, "field `answers`"),
         ({"id": "q1", "question": "Who is it?", "answers": ["", " "]}, "field `answers`"),
-        ({"id": "q1", "question": "Who is it?", "answer": ""}, "field `answers`"),
+        ({"id": "q1", "question": "Who is it?", "answer": ""}, "field `answers`: no usable gold answer"),
+        ({"id": "q1", "question": "Who is it?", "answers": [["x"]]}, "an answer must be text or a number, not list"),
+        ({"id": "q1", "question": "Who is it?", "answer": 7.5, "answers": [None]}, "not NoneType"),
         ({"id": "q1", "question": "x" * 4001, "answer": "x"}, "4001 characters, more than max_question_chars (4000)"),
         ({"id": "q1", "question": "Who is " + "very " * 200_000 + "old?", "answer": "x"}, "max_question_chars"),
         ({"id": "q0", "question": "Who wrote Macbeth?", "answer": "x"}, "id 'q0' is also the id of another question"),
@@ -184,6 +186,13 @@ def test_a_dataset_row_no_model_should_see_is_refused_at_load(tmp_path, row, mes
     with pytest.raises(DistillError, match="d.jsonl:2") as info:
         load_examples(path, "hotpotqa", "train")
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_file_without_questions_is_refused(tmp_path):
+    for name, text in (("e.jsonl", "\n\n"), ("e.json", "[]")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(DistillError, match=f"{name}: no questions in it"):
+            load_examples(tmp_path / name, "hotpotqa", "train")
 
 
 def test_the_question_bound_is_a_setting_of_the_source(tmp_path):
@@ -283,12 +292,25 @@ def test_sft_data_replaces_the_old_dataset_whole(tmp_path, capsys):
 
     kept = write_kept(tmp_path / "kept.jsonl", kept_records())
     out = tmp_path / "sft"
-    out.mkdir()
+    out.mkdir()  # an empty folder (the pipeline makes one) is taken
+    assert cli.main(["sft-data", str(kept), "--out", str(out), "--tokenizer", "none"]) == 0
     (out / "stale.txt").write_text("from an older run")
     assert cli.main(["sft-data", str(kept), "--out", str(out), "--tokenizer", "none"]) == 0
     assert not (out / "stale.txt").exists() and (out / "summary.json").exists()
     assert len(load_from_disk(str(out))["train"]) > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.jsonl", "sft"]
+
+
+def test_sft_data_never_replaces_a_folder_it_did_not_write(tmp_path, capsys):
+    kept = write_kept(tmp_path / "kept.jsonl", kept_records())
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "todo.txt").write_text("keep me")
+    err = _one_error(capsys, ["sft-data", str(kept), "--out", str(mine), "--tokenizer", "none"])
+    assert f"{mine} exists and is not an output of this command (no dataset_dict.json)" in err
+    err = _one_error(capsys, ["sft-data", str(kept), "--out", str(kept), "--tokenizer", "none"])
+    assert "is not an output of this command" in err
+    assert (mine / "todo.txt").read_text() == "keep me" and read_jsonl(kept) == kept_records()
 
 
 def test_generate_on_a_full_disk_names_the_record_write_and_the_manifest_says_it_stopped(tmp_path, monkeypatch):
