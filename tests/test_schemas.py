@@ -367,3 +367,12 @@ def test_training_refuses_a_dataset_with_empty_completions_before_loading_a_mode
     to_dataset_dict(examples, []).save_to_disk(str(tmp_path / "ok"), num_shards={"train": 1, "validation": 1})
     train, val = load_splits(str(tmp_path / "ok"))
     assert len(train) == len(examples) and val is None
+
+
+# ----------------------------------------------------------------------------------------------- score
+
+
+def test_distill_score_refuses_a_blank_gold_answer(tmp_path, capsys):
+    path = _jsonl(tmp_path / "p.jsonl", [{"prediction": "x", "answers": ["x"]}, {"prediction": "", "answers": ["  "]}])
+    err = _one_error(capsys, ["score", "--dataset", "hotpotqa", str(path)])
+    assert "p.jsonl:2: `answers` must be a non-blank string" in err
