@@ -56,7 +56,8 @@ def _without(record: dict, key: str) -> dict:
         (lambda r: _without(r, "id"), "id"),
         (lambda r: r | {"evidence": None}, "evidence"),
         (lambda r: r | {"plan": "Plan: look it up. #E1 = Wikipedia[x]"}, "plan"),
-        (lambda r: r | {"scores": {"em": "1", "f1": "1.0"}}, "scores.em"),
+        (lambda r: r | {"scores": {"em": "1", "f1": "1.0"}}, "scores`: em: a score is a number from 0 to 1"),
+        (lambda r: r | {"scores": {"em": 1, "f1": 1.0, "judge": "yes"}}, "scores`: judge: the verdict"),
         (lambda r: r | {"sample": "0"}, "sample"),
         (lambda r: r | {"plan": r["plan"] | {"steps": [{"id": "#E1"}]}}, "plan.steps.0.tool"),
         (lambda r: r | {"evidence": [{"id": "#E1", "status": "fine"}]}, "evidence.0.status"),
@@ -66,7 +67,7 @@ def test_filter_refuses_a_damaged_record_naming_line_and_field(tmp_path, capsys,
     inp = _jsonl(tmp_path / "t.jsonl", [trajectory("1"), damage(trajectory("2"))])
     out = tmp_path / "kept.jsonl"
     err = _one_error(capsys, ["filter", str(inp), "--out", str(out)])
-    assert f"t.jsonl:2: field `{field}`" in err
+    assert f"t.jsonl:2: field `{field}" in err
     assert not out.exists()  # refused before any work: nothing written
 
 
@@ -134,6 +135,13 @@ def test_report_n_is_the_number_of_questions_it_scored(tmp_path, capsys):
     assert "n=3 " in capsys.readouterr().out
     results = json.loads((run / "results.json").read_text())
     assert results["per_method"]["teacher"]["n"] == results["per_method"]["teacher"]["n_scored"] == 3
+    assert results["per_method"]["teacher"]["judge"] is None  # checking a record adds no verdict it lacked
+    judged = _eval_records()
+    judged[0]["scores"]["judge"], judged[1]["scores"]["judge"] = True, None
+    run = write_run(tmp_path, {"teacher": judged})
+    assert cli.main(["report", str(run)]) == 0
+    judge = json.loads((run / "results.json").read_text())["per_method"]["teacher"]["judge"]
+    assert judge == {"accuracy": 1.0, "n_judged": 1, "unparsed": 1}
 
 
 def test_a_report_that_fails_to_write_keeps_the_old_one_and_names_the_file(tmp_path, capsys, monkeypatch):

@@ -16,7 +16,7 @@ import zlib
 from dataclasses import asdict
 from typing import Annotated, Any, Literal, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from distill.llm.base import Completion, Usage
 from distill.metrics import evidence_recall, gold_titles, score
@@ -84,9 +84,19 @@ class CallShape(Shape):
 
 
 class ScoresShape(Shape):
-    em: Annotated[float, Field(ge=0, le=1)] = 0.0
-    f1: Annotated[float, Field(ge=0, le=1)] = 0.0
-    judge: bool | None = None  # None: a judge reply that did not parse
+    """EM, F1 and the judge's verdict, each only where it was measured: readers test `"em" in scores` (a question
+    without gold answers has none), so the check adds no default, it only refuses a wrong type."""
+
+    @model_validator(mode="after")
+    def _typed(self) -> "ScoresShape":
+        extra = self.model_extra or {}
+        for name in ("em", "f1"):
+            value = extra.get(name, 0.0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise ValueError(f"{name}: a score is a number from 0 to 1, not {value!r:.40}")
+        if extra.get("judge") not in (True, False, None):  # None: a judge reply that did not parse
+            raise ValueError(f"judge: the verdict is true, false or null, not {extra['judge']!r:.40}")
+        return self
 
 
 class TokensShape(Shape):
