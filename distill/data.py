@@ -24,7 +24,7 @@ from pydantic.dataclasses import dataclass
 
 from distill.config import Strict
 from distill.errors import DistillError, clip
-from distill.store import describe, iter_jsonl
+from distill.store import describe, iter_jsonl, refuse_lone_surrogates
 
 # A question longer than this is refused unless the source sets its own `max_question_chars`: HotpotQA and
 # TriviaQA questions are well under 1,000 characters, and every character of one is paid for on every call.
@@ -334,6 +334,7 @@ def _read_json(path: Path) -> list[Any]:
         raise DistillError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
     except RecursionError:
         raise DistillError(f"{path}: JSON nested too deeply to read") from None
+    refuse_lone_surrogates(text, data, str(path))
     if isinstance(data, dict):
         data = next((data[key] for key in ("Data", "data") if isinstance(data.get(key), list)), None)
     if isinstance(data, list):

@@ -108,6 +108,13 @@ def _has_lone_surrogate(value: Any) -> bool:
     return False
 
 
+def refuse_lone_surrogates(text: str, value: Any, where: str) -> None:
+    """`value`, parsed from the JSON `text`, may not hold a lone surrogate: one error naming `where` now
+    rather than a UnicodeEncodeError at the first write of it. Only text that spells one is walked."""
+    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(value):
+        raise DistillError(f"{where}: a string holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is no text")
+
+
 def parse_line(raw: bytes, where: str) -> dict:
     """One JSONL line to one object. Model output ends up in these files, so nothing in a line is trusted:
     bad bytes, bad JSON, nesting deep enough to exhaust the parser's recursion and non-objects are all one
@@ -122,8 +129,7 @@ def parse_line(raw: bytes, where: str) -> dict:
         raise DistillError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
     except RecursionError:
         raise DistillError(f"{where}: JSON nested too deeply to read") from None
-    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(value):
-        raise DistillError(f"{where}: a string holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is no text")
+    refuse_lone_surrogates(text, value, where)
     if not isinstance(value, dict):
         raise DistillError(f"{where}: expected a JSON object, got {_JSON_TYPES.get(type(value), 'a value')}")
     return value

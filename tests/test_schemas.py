@@ -246,6 +246,7 @@ def test_generate_refuses_two_questions_under_one_id_before_any_model_loads(tmp_
         (b'{"Data": [{"Question": "q?", "Answer": {"Value": ' + b"[" * 200_000 + b"]" * 200_000 + b"}}]}",
          "d.json: JSON nested too deeply"),
         (b"[1, 2,", "d.json:1: invalid JSON"),
+        (b'[{"_id": "a\\udc00", "question": "Who?", "answer": "x"}]', "d.json: a string holds a lone UTF-16 surrogate"),
         (b'[{"question": "Who?", "answer": ""}]', "d.json: row 1: field `answers`"),
     ],
 )
