@@ -154,6 +154,8 @@ def build_report(records: list[dict], kept: list[dict], dropped: list[tuple[dict
 def format_report(report: dict) -> str:
     cols = ("kept",) + REASONS
     lines = [f"{report['input_records']} records over {report['questions']} questions: {report['kept']} kept"]
+    if skipped := {k: n for k, n in (report.get("skipped") or {}).items() if n}:
+        lines.append("skipped lines: " + ", ".join(f"{k} {n}" for k, n in skipped.items()))
     for title, key in (("dataset", "by_dataset"), ("steps", "by_steps")):
         header = f"{title:<12}" + "".join(f"{c:>16}" for c in cols) + f"{'total':>8}"
         lines += ["", header, "-" * len(header)]
@@ -171,9 +173,13 @@ def format_report(report: dict) -> str:
 def run_filter(inp: str | Path, out: str | Path, cfg: FilterConfig) -> dict:
     from distill.store import read_jsonl, write_json, write_jsonl
 
+    from distill.store import dedupe
+
     records = read_jsonl(inp, TrajectoryRecord)  # every line checked before any is judged
+    # Two files joined by hand can hold a (question, sample) twice: the first is judged, the copies are counted.
+    records, duplicates = dedupe(records, lambda r: (r["id"], r["sample"]), str(inp))
     kept, dropped = filter_records(records, cfg)
-    report = build_report(records, kept, dropped, cfg)
+    report = build_report(records, kept, dropped, cfg) | {"skipped": {"duplicate": duplicates}}
     for rec in kept:  # what sft-data will check each line against
         KeptRecord.model_validate(rec)
     write_jsonl(out, kept)

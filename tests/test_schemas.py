@@ -71,6 +71,14 @@ def test_filter_refuses_a_damaged_record_naming_line_and_field(tmp_path, capsys,
     assert not out.exists()  # refused before any work: nothing written
 
 
+def test_filter_counts_a_repeated_record_once_and_says_so(tmp_path, capsys):
+    inp = _jsonl(tmp_path / "t.jsonl", [trajectory("1"), trajectory("1", em=0, f1=0.0), trajectory("2")])
+    assert cli.main(["filter", str(inp), "--out", str(tmp_path / "kept.jsonl")]) == 0
+    assert "skipped lines: duplicate 1" in capsys.readouterr().out
+    report = json.loads((tmp_path / "kept.report.json").read_text())
+    assert report["skipped"] == {"duplicate": 1} and report["input_records"] == 2 and report["kept"] == 2
+
+
 # ------------------------------------------------------------------------------------ records: sft-data
 
 
