@@ -55,8 +55,8 @@ def load_records(output_dir: str | Path) -> dict[str, list[dict]]:
     try:  # every line of every file checked before any number is computed
         records = [rec for path in files for rec in read_jsonl(path, EvalRecord)]
     except DistillError as exc:
-        hint = " (not an evaluation record: `distill eval` writes them)" if "field `kind`: Field required" in str(exc) else ""
-        raise DistillError(f"{exc}{hint}") from None
+        hint = " (not an evaluation record: `distill eval` writes them)"  # e.g. trajectories: no `kind`
+        raise DistillError(f"{exc}{hint if 'field `kind`: Field required' in str(exc) else ''}") from None
     records, duplicates = dedupe(records, record_key, str(folder))
     if duplicates:
         print(f"note: {folder} holds {duplicates} duplicate record(s); the first of each is used")
