@@ -150,6 +150,21 @@ def call_record(messages: list[dict], out: Completion) -> dict:
     }
 
 
+def _mend(value: Any) -> Any:
+    """`value` with every lone UTF-16 surrogate in its strings replaced by U+FFFD. A model or a tool can
+    return one (a JSON `\\ud800` escape), no file can hold it, and a record that cannot be written would stop
+    the run; a pair split in two code points is joined back."""
+    if isinstance(value, str):
+        if any("\ud800" <= ch <= "\udfff" for ch in value):
+            return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        return value
+    if isinstance(value, dict):
+        return {_mend(k): _mend(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mend(v) for v in value]
+    return value
+
+
 def make_record(
     example, method: str, sample: int, t0: float, *, evidence: list[dict], solver: dict, prediction: str,
     solver_calls: Sequence[Completion], tools: Mapping[str, Any], planner: dict | None = None,
@@ -186,6 +201,6 @@ def make_record(
     }
     if recall:
         record["evidence_recall"] = evidence_recall(gold_titles(getattr(example, "supporting_facts", None)), evidence)
-    record |= extra
+    record = _mend(record | extra)
     TrajectoryRecord.model_validate(record)  # a writer's slip fails here, not in the stage that reads it
     return record
