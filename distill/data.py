@@ -14,14 +14,21 @@ import os
 import random
 import re
 import unicodedata
+from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, ValidationError, field_validator
+from pydantic.dataclasses import dataclass
 
 from distill.config import Strict
-from distill.errors import DistillError
-from distill.store import read_jsonl
+from distill.errors import DistillError, clip
+from distill.store import describe, iter_jsonl, refuse_lone_surrogates
+
+# A question longer than this is refused unless the source sets its own `max_question_chars`: HotpotQA and
+# TriviaQA questions are well under 1,000 characters, and every character of one is paid for on every call.
+DEFAULT_MAX_QUESTION_CHARS = 4000
 
 
 class DatasetSource(Strict):
@@ -31,6 +38,7 @@ class DatasetSource(Strict):
     source: str
     split: str = "train"
     n: int | None = None  # how many distinct questions to draw; None = all
+    max_question_chars: int = Field(default=DEFAULT_MAX_QUESTION_CHARS, ge=1)  # longer questions are refused
 
 
 EXPECTED_LAYOUTS = ("rows with `question` plus `answer`/`answers` (generic), HotpotQA rows (`_id`, `context`, "
@@ -38,11 +46,19 @@ EXPECTED_LAYOUTS = ("rows with `question` plus `answer`/`answers` (generic), Hot
                     "`answer` dict hub, or `answer` + `aliases` JSONL)")
 
 
-@dataclass
-class Example:
-    """One question with every accepted answer, whatever source it came from."""
+def _bad_characters(text: str) -> list[str]:
+    """C0 control characters other than tab and line breaks, DEL, and lone surrogates (which no file can
+    hold). C1 controls pass: real TriviaQA questions hold them where cp1252 quotes were mis-decoded."""
+    return [ch for ch in text if (ch < " " and ch not in "\t\n\r") or ch == "\x7f" or "\ud800" <= ch <= "\udfff"]
 
-    id: str
+
+@dataclass(config=ConfigDict(strict=True))
+class Example:
+    """One question with every accepted answer, whatever source it came from: the dataset row after layout
+    detection, the one shape generation and evaluation read. A row a model should never be sent (an empty
+    question, one with control characters, one with no usable gold answer) fails here, at load time."""
+
+    id: Annotated[str, Field(min_length=1)]
     dataset: str
     split: str
     question: str
@@ -51,6 +67,26 @@ class Example:
     supporting_facts: list[tuple[str, int]] | None = None
     type: str | None = None
     level: str | None = None
+
+    @field_validator("question")
+    @classmethod
+    def _askable(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("the question is empty")
+        if bad := _bad_characters(value):
+            raise ValueError(f"the question holds the control character U+{ord(bad[0]):04X}")
+        return value
+
+    @field_validator("answers")
+    @classmethod
+    def _usable(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("no usable gold answer (every answer is blank or missing)")
+        if any(not a.strip() for a in value):
+            raise ValueError("a gold answer is blank")
+        if any(_bad_characters(a) for a in value):
+            raise ValueError("a gold answer holds a control character")
+        return value
 
 
 # Question normalisation, dedup and the leak guard
@@ -131,35 +167,61 @@ def detect_layout(row: Mapping[str, Any]) -> str | None:
     return None
 
 
+def check_unique_ids(examples: Iterable[Example], origin: str = "the datasets") -> None:
+    """Ids key the records (a resumed run skips an id it holds), so two questions under one id would run both
+    and keep one: refused, whichever stage loads them."""
+    if twice := [i for i, count in Counter(ex.id for ex in examples).items() if count > 1]:
+        raise DistillError(f"example id {twice[0]!r} occurs twice across {origin}; ids key the records")
+
+
 def rows_to_examples(rows: Iterable[Mapping[str, Any]], dataset: str | None, split: str,
-                     origin: str = "<rows>") -> list[Example]:
+                     origin: str = "<rows>", max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS,
+                     lines: Iterable[int] | None = None) -> list[Example]:
     """Rows of any supported layout to Examples, deduplicated by normalised question. `dataset=None` takes the
     dataset from each row's layout; a HotpotQA/TriviaQA label that contradicts a row's layout is an error,
-    because scoring rules follow the label. `origin` names the source in errors."""
-    examples = []
+    because scoring rules follow the label. `origin` names the source in errors, `lines` (a JSONL file's line
+    numbers) the row as `origin:line`. Every row is checked before any is returned: a bad one is one error."""
+    numbers = iter(lines) if lines is not None else None
+    examples, where_of, first_of = [], {}, {}
     for index, row in enumerate(rows):
+        where = f"{origin}:{next(numbers)}" if numbers is not None else f"{origin}: row {index + 1}"
         layout = detect_layout(row) if isinstance(row, Mapping) else None
         if layout is None:
             keys = sorted(row) if isinstance(row, Mapping) else type(row).__name__
-            raise DistillError(f"{origin}: row {index + 1} has an unknown layout (keys: {keys}); "
-                               f"expected {EXPECTED_LAYOUTS}")
+            raise DistillError(clip(f"{where} has an unknown layout (keys: {keys}); expected {EXPECTED_LAYOUTS}", 800))
         implied = layout.partition("-")[0]  # each layout is named after its dataset, or "generic"
         if implied != "generic" and dataset in ("hotpotqa", "triviaqa") and dataset != implied:
-            raise DistillError(f"{origin}: row {index + 1} is in the {layout} layout but the dataset is {dataset!r}")
+            raise DistillError(f"{where} is in the {layout} layout but the dataset is {dataset!r}")
+        question = row.get("Question") if layout == "triviaqa-official" else row.get("question")
+        if isinstance(question, str) and len(question) > max_question_chars:
+            raise DistillError(f"{where}: field `question`: {len(question)} characters, more than "
+                               f"max_question_chars ({max_question_chars})")
         try:
-            examples.append(_to_example(layout, row, implied if dataset is None else dataset, split))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise DistillError(f"{origin}: row {index + 1} looks like the {layout} layout but is malformed "
-                               f"({type(exc).__name__}: {exc})") from exc
-    return dedup_examples(examples)
+            example = _to_example(layout, row, implied if dataset is None else dataset, split)
+        except ValidationError as exc:
+            raise DistillError(clip(f"{where}: {describe(exc.errors(include_url=False))}", 500)) from None
+        except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+            raise DistillError(clip(f"{where} looks like the {layout} layout but is malformed "
+                                    f"({type(exc).__name__}: {exc})", 500)) from None
+        key = normalize_question(example.question)
+        if key in first_of:
+            continue  # a repeated question: the first is kept, so repeats don't weigh double
+        if example.id in where_of:
+            raise DistillError(f"{where}: id {example.id!r} is also the id of another question, at "
+                               f"{where_of[example.id]}; ids key the records")
+        first_of[key], where_of[example.id] = example, where
+        examples.append(example)
+    return examples
 
 
 def _answers(*groups: Any) -> list[str]:
     """Flatten answer strings and lists, gold first, dropping blanks and exact repeats."""
     out: list[str] = []
     for group in groups:
-        for item in [group] if isinstance(group, str) else (group or []):
-            text = str(item).strip()
+        for item in group if isinstance(group, list) else ([] if group is None else [group]):
+            if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+                raise TypeError(f"an answer must be text or a number, not {type(item).__name__}")
+            text = item.strip() if isinstance(item, str) else str(item)
             if text and text not in out:
                 out.append(text)
     return out
@@ -209,13 +271,14 @@ def _to_example(layout: str, row: Mapping[str, Any], dataset: str, split: str) -
 
 
 def load_examples(source: str | os.PathLike, dataset: str | None, split: str, limit: int | None = None,
-                  data_files: str | list[str] | None = None) -> list[Example]:
+                  data_files: str | list[str] | None = None,
+                  max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS) -> list[Example]:
     """The first `limit` distinct questions of `hub:<name>[:<config>]` or a local .json/.jsonl file.
     `data_files` goes to `datasets.load_dataset`, so a packaged builder such as `hub:json` or `hub:parquet`
     reads local files through exactly the code path used for the hub."""
     source = os.fspath(source)
     if source.startswith("hub:"):
-        return _load_hub(source, dataset, split, data_files)[:limit]
+        return _some(_load_hub(source, dataset, split, data_files, max_question_chars), source)[:limit]
     if data_files is not None:
         raise DistillError(f"data_files only applies to hub:<name> sources, not {source!r}")
     path = Path(source)
@@ -223,11 +286,24 @@ def load_examples(source: str | os.PathLike, dataset: str | None, split: str, li
         raise DistillError(f"data file not found: {path} (expected a .json or .jsonl file, or hub:<name>[:<config>])")
     if path.suffix not in (".json", ".jsonl"):
         raise DistillError(f"{path}: unknown file type {path.suffix!r}; expected .json or .jsonl")
-    rows = read_jsonl(path) if path.suffix == ".jsonl" else _read_json(path)
-    return rows_to_examples(rows, dataset, split, origin=str(path))[:limit]
+    if path.suffix == ".jsonl":
+        numbered = list(iter_jsonl(path))
+        examples = rows_to_examples([row for _, row in numbered], dataset, split, origin=str(path),
+                                    max_question_chars=max_question_chars, lines=[n for n, _ in numbered])
+    else:
+        examples = rows_to_examples(_read_json(path), dataset, split, origin=str(path),
+                                    max_question_chars=max_question_chars)
+    return _some(examples, str(path))[:limit]
 
 
-def _load_hub(source: str, dataset: str | None, split: str, data_files: str | list[str] | None) -> list[Example]:
+def _some(examples: list[Example], origin: str) -> list[Example]:
+    if not examples:
+        raise DistillError(f"{origin}: no questions in it")
+    return examples
+
+
+def _load_hub(source: str, dataset: str | None, split: str, data_files: str | list[str] | None,
+              max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS) -> list[Example]:
     name, _, config = source[len("hub:") :].partition(":")
     if not name:
         raise DistillError(f"bad source {source!r}: expected hub:<name>[:<config>]")
@@ -238,15 +314,27 @@ def _load_hub(source: str, dataset: str | None, split: str, data_files: str | li
     except (OSError, ValueError) as exc:
         raise DistillError(f"cannot load {source} split {split!r} with the datasets library "
                            f"({type(exc).__name__}: {exc}); use a local .json/.jsonl file instead") from exc
-    return rows_to_examples(rows, dataset, split, origin=source)
+    return rows_to_examples(rows, dataset, split, origin=source, max_question_chars=max_question_chars)
 
 
 def _read_json(path: Path) -> list[Any]:
     """The official releases: HotpotQA is a top-level list, TriviaQA a dict with `Data`."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DistillError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        text = raw.removeprefix(b"\xef\xbb\xbf").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DistillError(f"{path}:{line}: not UTF-8 text ({exc.reason} at byte {exc.start + 1})") from None
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise DistillError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from exc
+        raise DistillError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise DistillError(f"{path}: JSON nested too deeply to read") from None
+    refuse_lone_surrogates(text, data, str(path))
     if isinstance(data, dict):
         data = next((data[key] for key in ("Data", "data") if isinstance(data.get(key), list)), None)
     if isinstance(data, list):

@@ -27,13 +27,14 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from distill.config import AgentConfig, ModelSpec, PlannerPrompt, Strict, add_config_args, load_config
 from distill.data import DatasetSource
 from distill.errors import DistillError
+from distill.rewoo.record import CallShape, Count, Seconds, Shape, TokensShape, TrajectoryRecord
 from distill.rewoo.worker import InjectedToolFailure
 
 # An evaluation's output: one JSONL of records per method under RECORDS_DIR, a record keyed by `record_key`;
@@ -47,6 +48,52 @@ _METHOD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")  # it becomes a file
 def record_key(rec: dict) -> tuple[str, str]:
     """One record per (method, question): a resumed run and the report both keep the first."""
     return (rec["method"], rec["id"])
+
+
+class ReactActionShape(Shape):
+    tool: str | None  # None: an action that did not parse
+    input: str = ""
+    error: str | None = None
+
+
+class ReactStepShape(Shape):
+    action: ReactActionShape
+
+
+class ReactShape(Shape):
+    steps: list[ReactStepShape]
+    finished: bool = False
+
+
+class FullTokensShape(TokensShape):
+    planner: Count
+    solver: Count
+    tools: Count
+    total: Count
+
+
+class EvalRecord(TrajectoryRecord):
+    """One method's answer to one evaluation question: the trajectory record plus what `run_method` adds, as
+    `distill report` reads it. Every number the report computes comes from a field required here."""
+
+    method: str = Field(min_length=1)
+    kind: Literal["rewoo", "react", "direct"]
+    answers: list[Annotated[str, StringConstraints(pattern=r"\S")]] = Field(min_length=1)
+    planner_prompt: str | None = None
+    tokens: FullTokensShape
+    llm_calls: Count
+    wall_s: Seconds
+    react: ReactShape | None = None
+    tool_failure_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    robustness_of: str | None = None
+    gold_hops: Count | None = None
+    question_type: str | None = None
+
+    @model_validator(mode="after")
+    def _by_kind(self) -> "EvalRecord":
+        if self.kind == "rewoo" and self.planner is None:
+            raise ValueError("planner: a rewoo record needs its planner call")
+        return self
 
 
 class PlannerEntry(Strict):
@@ -235,18 +282,17 @@ def gold_hops(example) -> int | None:
 
 def load_eval_examples(cfg: EvalConfig) -> list:
     """The first n distinct questions of each dataset, in file order; an id may occur only once overall."""
-    from distill.data import load_examples
+    from distill.data import check_unique_ids, load_examples
 
     if not cfg.datasets:
         raise DistillError("no datasets configured: add a `datasets:` list with name, source, split and n")
     examples = []
     for ds in cfg.datasets:
-        got = load_examples(ds.source, ds.name, ds.split, limit=ds.n)
+        got = load_examples(ds.source, ds.name, ds.split, limit=ds.n, max_question_chars=ds.max_question_chars)
         if ds.n is not None and len(got) < ds.n:
             raise DistillError(f"{ds.source} has only {len(got)} distinct questions, n={ds.n} requested")
         examples.extend(got)
-    if twice := [i for i, count in Counter(ex.id for ex in examples).items() if count > 1]:
-        raise DistillError(f"example id {twice[0]!r} occurs twice across the datasets; ids key the records")
+    check_unique_ids(examples, "the datasets")
     return examples
 
 
@@ -312,7 +358,7 @@ def preflight(cfg: EvalConfig, methods: list[Method], out: Path) -> None:
 
     for method in methods:
         if (path := records_path(out, method)).exists():
-            with JsonlStore(path, key=record_key) as store:  # it says so when it cuts a torn last line
+            with JsonlStore(path, key=record_key, schema=EvalRecord) as store:  # it says so when it cuts a torn line
                 check_resumable(store.records(), cfg, method, path)
 
 
@@ -338,7 +384,8 @@ def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, error
 
         items = [((method.name, ex.id), ex) for ex in examples]
         run_records(records_path(out, method), items, work, record_key, errors, concurrency=cfg.concurrency,
-                    desc=method.name, keep=lambda result: runs.update({method.name: result.summary()}))
+                    desc=method.name, keep=lambda result: runs.update({method.name: result.summary()}),
+                    schema=EvalRecord)
 
 
 def evaluate(cfg: EvalConfig, config_path: str | None = None) -> dict:

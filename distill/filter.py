@@ -19,13 +19,27 @@ from pathlib import Path
 from statistics import fmean
 from typing import Literal, get_args
 
+from pydantic import model_validator
+
 from distill.config import Strict, add_config_args, load_config
+from distill.rewoo.record import TrajectoryRecord
 
 REASONS = (
     "invalid_plan", "step_failed", "too_many_steps", "unused_evidence", "evidence_missed", "incorrect",
     "not_best_sample",
 )
 Criterion = Literal["answer", "evidence", "answer_and_evidence"]
+
+
+class KeptRecord(TrajectoryRecord):
+    """A trajectory the filter kept, as `distill sft-data` reads it: a valid plan with at least one step."""
+
+    @model_validator(mode="after")
+    def _kept(self) -> "KeptRecord":
+        if self.plan.valid is not True or not self.plan.steps:
+            raise ValueError("plan: a kept record has a valid plan with at least one step (read the output of "
+                             "`distill filter`, not the trajectories)")
+        return self
 
 
 class FilterConfig(Strict):
@@ -140,6 +154,8 @@ def build_report(records: list[dict], kept: list[dict], dropped: list[tuple[dict
 def format_report(report: dict) -> str:
     cols = ("kept",) + REASONS
     lines = [f"{report['input_records']} records over {report['questions']} questions: {report['kept']} kept"]
+    if skipped := {k: n for k, n in (report.get("skipped") or {}).items() if n}:
+        lines.append("skipped lines: " + ", ".join(f"{k} {n}" for k, n in skipped.items()))
     for title, key in (("dataset", "by_dataset"), ("steps", "by_steps")):
         header = f"{title:<12}" + "".join(f"{c:>16}" for c in cols) + f"{'total':>8}"
         lines += ["", header, "-" * len(header)]
@@ -157,9 +173,15 @@ def format_report(report: dict) -> str:
 def run_filter(inp: str | Path, out: str | Path, cfg: FilterConfig) -> dict:
     from distill.store import read_jsonl, write_json, write_jsonl
 
-    records = read_jsonl(inp)
+    from distill.store import dedupe
+
+    records = read_jsonl(inp, TrajectoryRecord)  # every line checked before any is judged
+    # Two files joined by hand can hold a (question, sample) twice: the first is judged, the copies are counted.
+    records, duplicates = dedupe(records, lambda r: (r["id"], r["sample"]), str(inp))
     kept, dropped = filter_records(records, cfg)
-    report = build_report(records, kept, dropped, cfg)
+    report = build_report(records, kept, dropped, cfg) | {"skipped": {"duplicate": duplicates}}
+    for rec in kept:  # what sft-data will check each line against
+        KeptRecord.model_validate(rec)
     write_jsonl(out, kept)
     write_json(Path(out).with_suffix(".report.json"), report | {"config": cfg.model_dump()})
     return report

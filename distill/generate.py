@@ -40,15 +40,18 @@ class GenerateConfig(AgentConfig):
 
 
 def load_questions(cfg: GenerateConfig):
-    from distill.data import check_no_leak, load_examples, question_set, sample_mix
+    from distill.data import check_no_leak, check_unique_ids, load_examples, question_set, sample_mix
 
     if not cfg.datasets:
         raise DistillError("no datasets configured: add a `datasets:` list with name, source and n")
     pools = []
     for ds in cfg.datasets:
-        examples = load_examples(ds.source, ds.name, ds.split)
+        examples = load_examples(ds.source, ds.name, ds.split, max_question_chars=ds.max_question_chars)
         pools.append((examples, ds.n if ds.n is not None else len(examples)))
-    eval_questions = question_set(ex for ev in cfg.eval_sets for ex in load_examples(ev.source, ev.name, ev.split))
+    check_unique_ids((ex for pool, _ in pools for ex in pool), "the datasets")
+    eval_questions = question_set(ex for ev in cfg.eval_sets
+                                  for ex in load_examples(ev.source, ev.name, ev.split,
+                                                          max_question_chars=ev.max_question_chars))
     exclude = eval_questions if cfg.leak_policy == "exclude" else set()
     try:
         mix = sample_mix(pools, cfg.seed, exclude_questions=exclude)
@@ -65,6 +68,7 @@ def record_key(rec: dict) -> tuple[str, int]:
 def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
     """Run (or resume) generation; returns the summary that is also written to summary.json."""
     from distill.rewoo.agent import build_agent, retries_of
+    from distill.rewoo.record import TrajectoryRecord
     from distill.run import add_judgement, build_judge, manifest_header, run_lifecycle, run_records
     from distill.store import CallCache, JsonlStore, write_json
 
@@ -86,7 +90,7 @@ def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
         with JsonlStore(out / ERRORS) as errors:
             result = run_records(
                 out / TRAJECTORIES, items, work, record_key, errors, concurrency=cfg.concurrency, desc="generate",
-                keep=lambda r: manifest.update(counts=r.counts(), records_on_disk=r.done),
+                keep=lambda r: manifest.update(counts=r.counts(), records_on_disk=r.done), schema=TrajectoryRecord,
             )
         summary = result.summary() | {
             "planned_records": len(items),

@@ -2,7 +2,9 @@
 
 The normalisers follow hotpot_evaluate_v1.py and triviaqa_evaluation.py step for step, because published
 numbers are only comparable when every quirk matches (e.g. HotpotQA deletes punctuation while TriviaQA
-replaces it with a space, so "o'brien" is one token in one and two in the other).
+replaces it with a space, so "o'brien" is one token in one and two in the other). One departure: a prediction
+that normalises to nothing scores 0, where the official scripts give EM 1 when the gold normalises to nothing
+too, since two empty strings are not a correct answer.
 """
 
 from __future__ import annotations
@@ -61,16 +63,26 @@ def hotpot_f1_prf(prediction: str, gold: str) -> tuple[float, float, float]:
 
 
 def _gold_list(answers: str | Sequence[str]) -> list[str]:
+    """The gold answers that say something: a blank one is no answer, and matching it would give an empty
+    prediction EM 1.0. None left is an error, not a score."""
     golds = [answers] if isinstance(answers, str) else [str(a) for a in answers]
+    golds = [g for g in golds if g.strip()]
     if not golds:
-        raise DistillError("cannot score a prediction against an empty list of gold answers")
+        raise DistillError("cannot score a prediction without a non-blank gold answer")
     return golds
 
 
+_NO_MATCH = {"em": 0, "f1": 0.0}
+
+
 def hotpot_em_f1(prediction: str | None, answers: str | Sequence[str]) -> dict[str, Any]:
-    """HotpotQA EM/F1, each maximised over the gold answers (the official script has one gold per question)."""
+    """HotpotQA EM/F1, each maximised over the gold answers (the official script has one gold per question).
+    A prediction that normalises to nothing ("", "the", "?") matches nothing: two empty strings are not a
+    correct answer."""
     pred = prediction or ""
     golds = _gold_list(answers)
+    if not hotpot_normalize(pred):
+        return dict(_NO_MATCH)
     return {"em": max(int(hotpot_normalize(pred) == hotpot_normalize(g)) for g in golds),
             "f1": max(hotpot_f1_prf(pred, g)[0] for g in golds)}
 
@@ -84,6 +96,8 @@ def trivia_em_f1(prediction: str | None, answers: str | Sequence[str]) -> dict[s
     pred = trivia_normalize(prediction or "")
     normalized = [trivia_normalize(g) for g in _gold_list(answers)]
     golds = [g for g in normalized if g] or normalized
+    if not pred:  # an empty prediction matches nothing, even a gold alias that normalises to nothing
+        return dict(_NO_MATCH)
     return {"em": max(int(pred == g) for g in golds),
             "f1": max(_token_prf(pred.split(), g.split())[0] for g in golds)}
 
@@ -224,8 +238,8 @@ def _fields(record: dict[str, Any], where: str) -> tuple[str | None, list[str]]:
     if prediction is not None and not isinstance(prediction, str):
         raise DistillError(f"{where}: `prediction` must be a string or null")
     golds = [answers] if isinstance(answers, str) else answers
-    if not isinstance(golds, list) or not golds or not all(isinstance(a, str) for a in golds):
-        raise DistillError(f"{where}: `answers` must be a string or a non-empty list of strings")
+    if not isinstance(golds, list) or not golds or not all(isinstance(a, str) and a.strip() for a in golds):
+        raise DistillError(f"{where}: `answers` must be a non-blank string or a non-empty list of non-blank strings")
     return prediction, golds
 
 

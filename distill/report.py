@@ -28,9 +28,9 @@ import numpy as np
 
 from distill.baselines import FINISH
 from distill.errors import DistillError
-from distill.evaluate import RECORDS_DIR, record_key
+from distill.evaluate import RECORDS_DIR, EvalRecord, record_key
 from distill.metrics import bootstrap_ci, evidence_recall, paired_bootstrap, score
-from distill.store import dedupe, read_jsonl, write_json
+from distill.store import dedupe, read_jsonl, replace_files, write_json
 
 RESULTS_VERSION = 1
 PLOT_CAPTIONS = {"accuracy_vs_tokens": "F1 against tokens per question",
@@ -57,7 +57,12 @@ def load_records(output_dir: str | Path) -> dict[str, list[dict]]:
             where = " or ".join(f"`distill report {b}`" for b in below[:3])
             raise DistillError(f"no per-example records under {folder}; they are one folder down: {where}")
         raise DistillError(f"no per-example records under {folder}; run `distill eval` first")
-    records, duplicates = dedupe((rec for path in files for rec in read_jsonl(path)), record_key, str(folder))
+    try:  # every line of every file checked before any number is computed
+        records = [rec for path in files for rec in read_jsonl(path, EvalRecord)]
+    except DistillError as exc:
+        hint = " (not an evaluation record: `distill eval` writes them)"  # e.g. trajectories: no `kind`
+        raise DistillError(f"{exc}{hint if 'field `kind`: Field required' in str(exc) else ''}") from None
+    records, duplicates = dedupe(records, record_key, str(folder))
     if duplicates:
         print(f"note: {folder} holds {duplicates} duplicate record(s); the first of each is used")
     return _groups(records, lambda rec: rec["method"])
@@ -363,10 +368,6 @@ def _load(output_dir: str | Path) -> tuple[dict, dict[str, list[dict]]]:
     path = Path(output_dir) / "manifest.json"
     manifest = json.loads(path.read_text()) if path.exists() else {}
     by_method = load_records(output_dir)
-    for name, records in by_method.items():
-        missing = sorted({k for r in records for k in ("kind", "dataset", "id") if k not in r})
-        if missing:  # e.g. generation's trajectories: no `kind`, so no way to tell how to count hops
-            raise DistillError(f"records of {name} lack {', '.join(missing)}: not evaluation records")
     order = [m["name"] for m in manifest.get("methods", []) if m["name"] in by_method]
     order += sorted(m for m in by_method if m not in order)
     wanted = {tuple(k) for k in manifest.get("examples", [])}
@@ -676,10 +677,11 @@ def write_report(eval_dir: str | Path, out_dir: str | Path | None = None) -> dic
     (default: `eval_dir`). Returns the results."""
     out = Path(out_dir if out_dir is not None else eval_dir)
     results, by_method = _load(eval_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    make_plots(results, by_method, out)
-    write_json(out / "results.json", results)
-    (out / "report.md").write_text(render_markdown(results))
+    markdown = render_markdown(results)
+    with replace_files(out) as tmp:  # all files or none: a failure keeps the last report as it was
+        make_plots(results, by_method, tmp)
+        write_json(tmp / "results.json", results)
+        (tmp / "report.md").write_text(markdown, encoding="utf-8")
     return results
 
 

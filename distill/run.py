@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Hashable, Iterator
 
 from distill.errors import DistillError, ServerUnreachable, is_environment_failure, one_line
-from distill.store import JsonlStore, write_json
+from distill.store import JsonlStore, overwrite_in_place, write_json
 
 
 def now() -> str:
@@ -96,7 +96,20 @@ def run_lifecycle(out: Path, manifest: dict, check: Callable[[], None] | None = 
     """
     def mark(status: str, **more: Any) -> None:
         manifest.update(status=status, **more)
-        write_json(out / "manifest.json", manifest)
+        try:
+            write_json(out / "manifest.json", manifest)
+        except DistillError:
+            if status == "running":
+                raise
+            # A full disk: the run's end is still told, over the old manifest's own bytes.
+            overwrite_in_place(out / "manifest.json", manifest)
+
+    def mark_end(exc: BaseException, status: str, **more: Any) -> None:
+        """Mark how the run ended without letting a failed manifest write hide why it ended."""
+        try:
+            mark(status, **more)
+        except DistillError as write_exc:
+            raise DistillError(f"{one_line(exc)}; and {write_exc}") from exc
 
     with folder_lock(out):
         if check is not None:
@@ -104,12 +117,12 @@ def run_lifecycle(out: Path, manifest: dict, check: Callable[[], None] | None = 
         mark("running")
         try:
             yield manifest
-        except KeyboardInterrupt:
-            mark("interrupted", finished_at=now())
+        except KeyboardInterrupt as exc:
+            mark_end(exc, "interrupted", finished_at=now())
             raise
         except Exception as exc:
             reason = one_line(exc)
-            mark("failed", reason=reason, finished_at=now())
+            mark_end(exc, "failed", reason=reason, finished_at=now())
             if isinstance(exc, DistillError) or not is_environment_failure(exc):
                 raise
             raise DistillError(f"{reason} (finished records are kept; rerun to resume)") from exc
@@ -305,10 +318,11 @@ def run_resumable(
 
 
 def run_records(path: Path, items: list, work: Callable, key: Callable[[dict], Any], errors, *, concurrency: int,
-                desc: str, keep: Callable[[Any], None]) -> Any:
+                desc: str, keep: Callable[[Any], None], schema=None) -> Any:
     """One pass of the run loop over one record file; `keep(result)` puts its counts in the manifest before a
-    stop is raised, so the manifest of a stopped run still says how far it got."""
-    with JsonlStore(path, key=key) as store:
+    stop is raised, so the manifest of a stopped run still says how far it got. `schema` is the record model
+    every line on disk and every new record must fit."""
+    with JsonlStore(path, key=key, schema=schema) as store:
         result = run_resumable(items, work, store, key, errors=errors, concurrency=concurrency, desc=desc)
     keep(result)
     raise_if_stopped(result)

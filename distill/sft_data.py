@@ -15,16 +15,17 @@ import random
 import statistics
 from collections import Counter
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from distill.config import PlannerPrompt, Strict, add_config_args, parse_overrides, read_yaml, validate
 from distill.data import normalize_question
 from distill.errors import DistillError
+from distill.filter import KeptRecord
 from distill.rewoo.plan import parse_plan, render_plan
 from distill.rewoo.prompts import PromptKind, planner_messages
-from distill.store import read_jsonl, write_json, write_jsonl
+from distill.store import describe, read_jsonl, replace_folder, write_json, write_jsonl
 from distill.tools.registry import DEFAULT_TOOLS, tool_descriptions
 
 PREVIEW_ROWS = 20
@@ -57,6 +58,51 @@ class SftDataConfig(Strict):
             raise ValueError(str(exc)) from None
 
 
+class Message(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class SftExample(BaseModel):
+    """One row of the SFT dataset, as `record_to_example` builds it and training reads it: a prompt ending in
+    the user's question and one non-empty assistant completion (an empty one would train the student to say
+    nothing)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    prompt: list[Message] = Field(min_length=1)
+    completion: list[Message] = Field(min_length=1, max_length=1)
+    id: str = ""  # sft-data always writes these three; a dataset made elsewhere may not have them
+    dataset: str = ""
+    sample: int = Field(default=0, ge=0)
+
+    @field_validator("prompt")
+    @classmethod
+    def _ends_with_question(cls, value: list[Message]) -> list[Message]:
+        if value[-1].role != "user" or not value[-1].content.strip():
+            raise ValueError("the prompt must end with the user's question")
+        return value
+
+    @field_validator("completion")
+    @classmethod
+    def _one_plan(cls, value: list[Message]) -> list[Message]:
+        if value[0].role != "assistant" or not value[0].content.strip():
+            raise ValueError("the completion must be one non-empty assistant message")
+        return value
+
+
+def check_rows(rows: Iterable[Mapping[str, Any]], origin: str) -> None:
+    """Every row of a split is an `SftExample`, checked before a model is loaded to train on them: one bad row
+    is one line naming the split, the row and the field."""
+    for number, row in enumerate(rows, 1):
+        try:
+            SftExample.model_validate(dict(row))
+        except ValidationError as exc:
+            raise DistillError(f"{origin}: row {number}: {describe(exc.errors(include_url=False))}") from None
+
+
 def record_to_example(record: Mapping[str, Any], tools: Mapping[str, str],
                       kind: PromptKind = "full") -> tuple[dict | None, str]:
     """One SFT example from one kept record, or (None, reason) when the plan is unusable for training. A plan
@@ -72,13 +118,15 @@ def record_to_example(record: Mapping[str, Any], tools: Mapping[str, str],
         return None, "no_steps"
     if not plan.valid:
         return None, "invalid_plan"
-    return {
+    example = {
         "prompt": planner_messages(question, tools, kind),
         "completion": [{"role": "assistant", "content": render_plan(plan)}],
         "id": str(record.get("id", "")),
         "dataset": str(record.get("dataset", "")),
         "sample": int(record.get("sample") or 0),
-    }, "ok"
+    }
+    SftExample.model_validate(example)  # the row training will read
+    return example, "ok"
 
 
 def build_examples(records: Sequence[Mapping[str, Any]], tools: Mapping[str, str],
@@ -197,7 +245,7 @@ def build_sft_data(cfg: SftDataConfig) -> dict:
     """Read kept records, write `save_to_disk(out)`, `preview.jsonl` and `summary.json`; return the summary."""
     if not cfg.kept or not cfg.out:
         raise DistillError("sft-data needs both `kept` (the kept records) and `out` (the dataset folder)")
-    records = read_jsonl(cfg.kept)
+    records = read_jsonl(cfg.kept, KeptRecord)  # every line checked before any work
     if not records:
         raise DistillError(f"{cfg.kept}: no records")
     tools = tool_descriptions(cfg.tools)
@@ -206,14 +254,15 @@ def build_sft_data(cfg: SftDataConfig) -> dict:
         raise DistillError(f"{cfg.kept}: no record has a usable plan ({dict(counts)})")
     train, val = split_by_question(examples, cfg.val_fraction, cfg.seed)
     dataset_dict = to_dataset_dict(train, val)
-    out = Path(cfg.out)  # save_to_disk makes the folder
-    # One shard each: `datasets` writes an empty split as zero shards, which it then cannot load back.
-    dataset_dict.save_to_disk(str(out), num_shards={split: 1 for split in dataset_dict})
-    write_jsonl(out / "preview.jsonl", (train + val)[:PREVIEW_ROWS])
     summary = summarize(dataset_dict, counts, load_tokenizer(cfg.tokenizer), cfg.tokenizer or "none")
     summary |= {"source": cfg.kept, "tools": list(tools)}
     summary |= cfg.model_dump(include={"student_prompt", "val_fraction", "seed"})
-    write_json(out / "summary.json", summary)
+    # Written beside `out` and renamed into place: a full disk keeps the old dataset whole.
+    with replace_folder(cfg.out, marker="dataset_dict.json") as tmp:
+        # One shard each: `datasets` writes an empty split as zero shards, which it then cannot load back.
+        dataset_dict.save_to_disk(str(tmp), num_shards={split: 1 for split in dataset_dict})
+        write_jsonl(tmp / "preview.jsonl", (train + val)[:PREVIEW_ROWS])
+        write_json(tmp / "summary.json", summary)
     return summary
 
 

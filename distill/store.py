@@ -10,6 +10,8 @@ import contextlib
 import hashlib
 import json
 import os
+import re
+import shutil
 import sqlite3
 import sys
 import threading
@@ -17,7 +19,11 @@ import time
 from pathlib import Path
 from typing import IO, Any, Callable, Hashable, Iterable, Iterator
 
-from distill.errors import DistillError
+from pydantic import BaseModel, ValidationError
+
+from distill.errors import DistillError, clip
+
+Schema = type[BaseModel]
 
 
 def stable_hash(obj: Any) -> str:
@@ -31,8 +37,34 @@ _JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a num
                type(None): "null"}
 
 
-def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for every non-blank line; the first bad line stops with one line naming file:line.
+def describe(errors: list[dict]) -> str:
+    """The first of a pydantic ValidationError's errors, as `field `a.b`: what is wrong`."""
+    first = errors[0]
+    field = ".".join(str(part) for part in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"field `{field}`: {message}{more}" if field else f"{message}{more}"
+
+
+def conform(schema: Schema | None, record: dict, where: str) -> dict:
+    """`record` as `schema` (the model its writer used) reads it, else one DistillError naming `where` and the
+    first bad field, so a later stage never meets a shape its code did not expect halfway through."""
+    if schema is None:
+        return record
+    try:
+        # Dumped back with the schema's defaults filled in, so a reader never meets an absent optional field.
+        return schema.model_validate(record).model_dump()
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        first = errors[0]
+        raise DistillError(clip(f"{where}: {describe(errors)}", 500)) from None
+    except RecursionError:
+        raise DistillError(f"{where}: a field is nested too deeply to check") from None
+
+
+def iter_jsonl(path: str | Path, schema: Schema | None = None) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for every non-blank line; the first bad line stops with one line naming file:line
+    (and, with `schema`, the first field that does not fit it).
     Lines are split on `\n` bytes only and decoded one by one, so a U+2028 inside a JSON string (which
     `ensure_ascii=False` writes raw) stays in its line and bad bytes are reported where they are."""
     path = Path(path)
@@ -47,11 +79,40 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
             if number == 1:
                 raw = raw.removeprefix(_BOM)
             if raw.strip():
-                yield number, parse_line(raw, f"{path}:{number}")
+                where = f"{path}:{number}"
+                yield number, conform(schema, parse_line(raw, where), where)
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    return [record for _, record in iter_jsonl(path)]
+def read_jsonl(path: str | Path, schema: Schema | None = None) -> list[dict]:
+    """Every record of a file, all checked against `schema` before the caller does any work with one."""
+    return [record for _, record in iter_jsonl(path, schema)]
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether any string in `value` holds a surrogate code point: JSON's escapes can spell one, Python keeps
+    it, and the first write of it as UTF-8 (a kept record, a report) would fail."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if any("\ud800" <= ch <= "\udfff" for ch in item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def refuse_lone_surrogates(text: str, value: Any, where: str) -> None:
+    """`value`, parsed from the JSON `text`, may not hold a lone surrogate: one error naming `where` now
+    rather than a UnicodeEncodeError at the first write of it. Only text that spells one is walked."""
+    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(value):
+        raise DistillError(f"{where}: a string holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is no text")
 
 
 def parse_line(raw: bytes, where: str) -> dict:
@@ -68,6 +129,7 @@ def parse_line(raw: bytes, where: str) -> dict:
         raise DistillError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
     except RecursionError:
         raise DistillError(f"{where}: JSON nested too deeply to read") from None
+    refuse_lone_surrogates(text, value, where)
     if not isinstance(value, dict):
         raise DistillError(f"{where}: expected a JSON object, got {_JSON_TYPES.get(type(value), 'a value')}")
     return value
@@ -130,6 +192,98 @@ def write_json(path: str | Path, obj: Any) -> None:
     _replace(path, lambda handle: handle.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n"))
 
 
+def overwrite_in_place(path: str | Path, obj: Any) -> None:
+    """Rewrite an existing small JSON file over its own bytes, compact: the last resort when the atomic write
+    failed on a full disk, since blocks the file already holds need no new space. Not atomic, so only for
+    a status that would otherwise stay wrong (a manifest still saying `running` after its run stopped)."""
+    blob = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    try:
+        with open(path, "r+b") as handle:
+            handle.write(blob)
+            handle.truncate()
+            with contextlib.suppress(OSError):  # best effort: the page cache holds the news even so
+                handle.flush()
+                os.fsync(handle.fileno())
+    except OSError as exc:
+        raise DistillError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_dir(folder)
+
+
+def _write_failure(exc: BaseException, tmp: Path, target: Path) -> BaseException:
+    """The error of a write into `tmp` told in terms of `target`, naming the file that failed where it is known."""
+    if isinstance(exc, OSError):
+        where = str(exc.filename) if exc.filename else str(tmp)
+        return DistillError(f"cannot write {where.replace(str(tmp), str(target))}: {exc.strerror or exc}")
+    if isinstance(exc, DistillError):
+        return DistillError(str(exc).replace(str(tmp), str(target)))
+    return exc
+
+
+@contextlib.contextmanager
+def replace_folder(target: str | Path, marker: str) -> Iterator[Path]:
+    """A fresh folder beside `target` for the block to fill; when the block ends it is fsynced and renamed into
+    `target`'s place, the old folder removed only after. If the block or a write fails (a full disk), the
+    new folder is removed, `target` is as it was, and the error names the file that failed. An existing
+    `target` is replaced only when it is empty or holds `marker` (a file only this output writes), so a
+    mistyped path never removes a folder of the user's."""
+    target = Path(target)
+    if target.exists() and not (target.is_dir() and (not any(target.iterdir()) or (target / marker).exists())):
+        raise DistillError(f"{target} exists and is not an output of this command (no {marker}); choose another "
+                           "output or remove it")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    old = target.with_name(f".{target.name}.{os.getpid()}.old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+        yield tmp
+        _fsync_tree(tmp)
+        if target.exists():
+            os.replace(target, old)
+        os.replace(tmp, target)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not target.exists():
+            os.replace(old, target)
+        failure = _write_failure(exc, tmp, target)
+        if failure is exc:
+            raise
+        raise failure from None
+    shutil.rmtree(old, ignore_errors=True)
+    _fsync_dir(target.parent)
+
+
+@contextlib.contextmanager
+def replace_files(folder: str | Path) -> Iterator[Path]:
+    """A staging folder inside `folder` for the block to write its files into; when the block ends each file
+    is renamed over its namesake in `folder`. For outputs that share a folder with other files (a report
+    beside the records it is built from): a failure leaves every old file as it was and no new one."""
+    folder = Path(folder)
+    tmp = folder / f".staging.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        yield tmp
+        _fsync_tree(tmp)
+        for path in sorted(tmp.iterdir()):
+            os.replace(path, folder / path.name)
+    except BaseException as exc:
+        failure = _write_failure(exc, tmp, folder)
+        if failure is exc:
+            raise
+        raise failure from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _fsync_dir(folder)
+
+
 class JsonlStore(contextlib.AbstractContextManager):
     """Append-only JSONL with resume. Opening it repairs a torn last line (and says so on stderr: the run that
     made it crashed); `append` is durable on return.
@@ -139,9 +293,10 @@ class JsonlStore(contextlib.AbstractContextManager):
     record on disk is the answer the run counted, and stopping a paid run (losing the answers in flight) over
     a copy of something already safe would be the worse failure."""
 
-    def __init__(self, path: str | Path, key: Callable[[dict], Hashable] | None = None):
+    def __init__(self, path: str | Path, key: Callable[[dict], Hashable] | None = None, schema: Schema | None = None):
         self.path = Path(path)
         self.key = key
+        self.schema = schema  # every record loaded or appended must fit it
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.repaired = False
         self.duplicates = 0
@@ -163,7 +318,8 @@ class JsonlStore(contextlib.AbstractContextManager):
                 try:
                     if i == len(lines) - 1:  # no trailing newline: written partly, whatever it parses as
                         raise DistillError("torn")
-                    records.append(parse_line(line, f"{self.path}:{i + 1}"))
+                    where = f"{self.path}:{i + 1}"
+                    record = parse_line(line, where)
                 except DistillError as exc:
                     if any(rest.strip() for rest in lines[i + 1 :]):
                         raise DistillError(f"{exc} (not the last line, so not a torn write: fix by hand)") from None
@@ -172,6 +328,7 @@ class JsonlStore(contextlib.AbstractContextManager):
                     print(f"note: {self.path} ended in a torn line from an earlier crash; it was cut and will be "
                           "redone", file=sys.stderr)
                     break
+                records.append(conform(self.schema, record, where))  # a whole line that does not fit: not torn
             good_end += len(line) + 1
         return records
 
@@ -185,8 +342,10 @@ class JsonlStore(contextlib.AbstractContextManager):
         return {(key or self.key)(r) for r in self._records}
 
     def append(self, record: dict) -> bool:
-        """Write one record durably; False (nothing written) when the store already holds its key."""
-        line = json.dumps(record, ensure_ascii=False) + "\n"
+        """Write one record durably; False (nothing written) when the store already holds its key. A record that
+        does not fit the store's schema is refused before anything is written."""
+        conform(self.schema, record, f"a record for {self.path}")
+        line = json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
         with self._lock:
             if self.key is not None:
                 k = self.key(record)

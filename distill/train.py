@@ -278,6 +278,11 @@ def load_splits(dataset_dir: str):
     for column in ("prompt", "completion"):
         if column not in data["train"].column_names:
             raise DistillError(f"{dataset_dir}: no {column!r} column; expected the prompt/completion form")
+    from distill.sft_data import check_rows
+
+    for split in ("train", "validation"):
+        if data.get(split):
+            check_rows(data[split], f"{dataset_dir}/{split}")
     return data["train"], data.get("validation") or None
 
 

@@ -137,7 +137,7 @@ def test_unknown_layout_names_path_row_and_expected_fields():
     with pytest.raises(DistillError) as info:
         load_examples(str(FIXTURES / "unknown_layout.jsonl"), "hotpotqa", "dev")
     message = str(info.value)
-    assert "unknown_layout.jsonl" in message and "row 1" in message and "'query'" in message
+    assert "unknown_layout.jsonl:1 " in message and "'query'" in message
     assert "question" in message and "answer" in message
 
 

@@ -45,6 +45,11 @@ TWO = {"planners": [{"name": "teacher", "prompt": "fewshot", "spec": PLANNER},
 # ------------------------------------------------------------------------------------------------ config
 
 
+# The rest of a valid evaluation record, for tests about the fields resuming compares.
+RECORD_REST = {"dataset": "hotpotqa", "question": "q?", "answers": ["a"], "plan": {"valid": None, "steps": []},
+               "tokens": {"planner": 0, "solver": 1, "tools": 0, "total": 1}, "llm_calls": 1, "wall_s": 0.1}
+
+
 def test_config_accepts_a_list_or_a_mapping_of_planners():
     listed = validate(EvalConfig, BASE | {"planners": [{"name": "teacher", "prompt": "fewshot", "spec": PLANNER}]})
     mapped = validate(EvalConfig, BASE | {"planners": {"teacher": {"prompt": "fewshot", "spec": PLANNER}}})
@@ -240,7 +245,7 @@ def test_resuming_into_a_run_made_with_other_settings_is_refused_before_any_mode
 
     out = tmp_path / "eval"
     old = {"method": "direct", "id": "mini-1", "kind": "direct", "tool_failure_rate": 0.0,
-           "solver": {"model": "smollm2-135m-instruct"}, "planner": None, "planner_prompt": None}
+           "solver": {"model": "smollm2-135m-instruct"}, "planner": None, "planner_prompt": None} | RECORD_REST
     write_jsonl(out / "records" / "direct.jsonl", [old])
     cfg = validate(EvalConfig, BASE | {"output_dir": str(out), "tool_failure_rate": 1.0})
     with pytest.raises(DistillError, match="tool_failure_rate 0.0, but the config says 1.0"):
@@ -258,7 +263,7 @@ def test_a_sweep_record_file_made_at_another_rate_is_refused_before_any_model_lo
     out = tmp_path / "eval"
     old = {"method": "react@fail1", "id": "mini-1", "kind": "react", "tool_failure_rate": 0.3,
            "robustness_of": "react", "solver": {"model": "smollm2-135m-instruct"}, "planner": None,
-           "planner_prompt": None}
+           "planner_prompt": None} | RECORD_REST
     write_jsonl(out / "records" / "react@fail1.jsonl", [old])
     cfg = validate(EvalConfig, BASE | {"output_dir": str(out), "baselines": ["react"],
                                        "robustness": {"rates": [1.0], "methods": ["react"]}})

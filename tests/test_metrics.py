@@ -39,7 +39,7 @@ HELD_OUT = [
     ("hotpotqa", "Yes.", ["yes"], 1, 1.0),
     ("hotpotqa", "noanswer", ["no answer"], 0, 0.0),
     ("hotpotqa", "\u2018Taggart\u2019", ["Taggart"], 0, 0.0),  # curly quotes are not string.punctuation
-    ("hotpotqa", "the", ["The"], 1, 0.0),  # both normalise to "": EM 1, F1 0 in the official script
+    ("hotpotqa", "the", ["The"], 0, 0.0),  # both normalise to "": the official script's EM 1 is not kept
     ("hotpotqa", "Chicago", ["Windy City", "Chicago"], 1, 1.0),  # max over golds
     ("triviaqa", "Mercury_(planet)", ["Mercury (planet)"], 1, 1.0),  # "_" and brackets become spaces
     ("triviaqa", "O'Brien", ["OBrien"], 0, 0.0),  # "o brien" vs "obrien"
@@ -90,8 +90,19 @@ def test_unknown_dataset_uses_hotpot_rules_and_string_answer_accepted():
 
 def test_missing_prediction_scores_zero_and_empty_golds_are_rejected():
     assert score("hotpotqa", None, ["Spree"]) == {"em": 0, "f1": 0.0}
-    with pytest.raises(DistillError, match="empty list of gold answers"):
+    with pytest.raises(DistillError, match="without a non-blank gold answer"):
         score("triviaqa", "x", [])
+
+
+@pytest.mark.parametrize("dataset", ["hotpotqa", "triviaqa"])
+@pytest.mark.parametrize("prediction", ["", None, "  ", "the", "?"])
+def test_an_empty_prediction_never_matches_a_blank_gold(dataset, prediction):
+    for answers in ([""], ["  "], "", ["", " \t"]):
+        with pytest.raises(DistillError, match="without a non-blank gold answer"):
+            score(dataset, prediction, answers)
+    # a blank alias beside a real one is ignored, not matched
+    assert score(dataset, prediction, ["", "Spree"]) == {"em": 0, "f1": 0.0}
+    assert score(dataset, prediction, ["The"]) == {"em": 0, "f1": 0.0}
 
 
 # ---------------------------------------------------------------------------------------------------------

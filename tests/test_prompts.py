@@ -129,7 +129,10 @@ def test_student_prompt_bytes_are_the_same_in_sft_data_eval_and_ask(tmp_path, ca
 
     kept = tmp_path / "kept.jsonl"
     output = "Plan: Find both lengths.\n#E1 = Wikipedia[Danube]\nPlan: Compare.\n#E2 = LLM[Which is longer? #E1]"
-    record = {"id": "q1", "dataset": "hotpotqa", "question": question, "planner": {"output": output}}
+    from distill.rewoo.plan import parse_plan
+
+    record = {"id": "q1", "dataset": "hotpotqa", "question": question, "answers": ["the Danube"],
+              "planner": {"output": output}, "plan": parse_plan(output).to_dict()}  # a kept record
     kept.write_text(json.dumps(record))
     out = tmp_path / "sft"
     argv = ["sft-data", str(kept), "--out", str(out), "--tools", ",".join(tools), "--tokenizer", "none"]

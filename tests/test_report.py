@@ -466,7 +466,8 @@ def test_distill_report_on_bad_input_is_one_line_exit_2(tmp_path, capsys):
     run = write_run(tmp_path, {"teacher": [trajectory]})
     assert cli.main(["report", str(run)]) == 2
     err = capsys.readouterr().err
-    assert err == "error: records of teacher lack kind: not evaluation records\n"
+    assert err.startswith("error: ") and len(err.splitlines()) == 1
+    assert "teacher.jsonl:1: field `kind`: Field required" in err and "not an evaluation record" in err
 
 
 # ---------------------------------------------------------------------------------------- robustness
