@@ -30,7 +30,9 @@ from distill.baselines import FINISH
 from distill.errors import DistillError
 from distill.evaluate import RECORDS_DIR, record_key
 from distill.metrics import bootstrap_ci, evidence_recall, paired_bootstrap, score
+from distill.provenance import collect as collect_provenance
 from distill.store import dedupe, read_jsonl, write_json
+from distill.verdict import headline, verdict
 
 RESULTS_VERSION = 1
 PLOT_CAPTIONS = {"accuracy_vs_tokens": "F1 against tokens per question",
@@ -97,6 +99,11 @@ def recall_of(rec: dict) -> dict | None:
 def plan_steps_of(rec: dict) -> dict | None:
     """Steps of a ReWOO plan (those kept: a plan over `max_plan_steps` is cut there); None for other kinds."""
     return {"steps": float(hops_of(rec))} if rec["kind"] == "rewoo" else None
+
+
+def plan_valid_of(rec: dict) -> dict | None:
+    """Whether a ReWOO plan parsed and checked valid (1.0 or 0.0); None for other kinds."""
+    return {"valid": float(bool((rec.get("plan") or {}).get("valid")))} if rec["kind"] == "rewoo" else None
 
 
 def too_many_steps(rec: dict) -> bool:
@@ -233,10 +240,12 @@ def _paired_on(records: list[dict], reference: list[dict], measure: Callable[[di
 def paired_vs_reference(records: list[dict], reference: list[dict], samples: int = 1000, seed: int = 0) -> dict | None:
     """method - reference: EM and F1 (`n`, `em`, `f1`) over the questions both answered; evidence recall and
     the all-gold-pages rate (`evidence`) over those both have gold pages for; steps per plan (`plan_steps`)
-    when both are ReWOO planners. None when they share no question with any of these."""
+    and the share of valid plans (`plan_valid`) when both are ReWOO planners. None when they share no question
+    with any of these."""
     out: dict[str, Any] = _paired_on(records, reference, rescore, ("em", "f1"), samples, seed) or {}
     for key, measure, metrics in (("evidence", recall_of, ("recall", "all")),
-                                  ("plan_steps", plan_steps_of, ("steps",))):
+                                  ("plan_steps", plan_steps_of, ("steps",)),
+                                  ("plan_valid", plan_valid_of, ("valid",))):
         if found := _paired_on(records, reference, measure, metrics, samples, seed):
             out[key] = found
     return out or None
@@ -354,6 +363,7 @@ def compute(by_method: dict[str, list[dict]], *, methods: list[str] | None = Non
     if sweep:
         results["robustness"] = robustness(by_method, sweep, samples, seed)
         results["plots"]["accuracy_vs_calls"] = ROBUSTNESS_PLOT
+    results["verdict"] = verdict(results)
     return _rounded(results)
 
 
@@ -377,6 +387,12 @@ def _load(output_dir: str | Path) -> tuple[dict, dict[str, list[dict]]]:
     results = compute(selected, methods=list(selected), reference=manifest.get("reference"),
                       samples=int(manifest.get("bootstrap_samples", 1000)), seed=int(manifest.get("seed", 0)),
                       budget=manifest.get("prompt_budget"))
+    # The verdict names the trained students where the run folder says which rows serve them.
+    provenance = collect_provenance(output_dir, manifest, results)
+    if provenance["student_rows"]:
+        results["verdict"] = _rounded(verdict(results, provenance["student_rows"], provenance["students"]))
+    results = {"format_version": results["format_version"], "verdict": results.pop("verdict"),
+               "provenance": _rounded(provenance), **results}
     # A report of a run that stopped must say so: its methods may cover fewer questions than the others.
     unfinished = [m["name"] for m in manifest.get("methods", []) if m["name"] not in selected]
     if manifest.get("status", "complete") != "complete" or unfinished:
@@ -576,6 +592,71 @@ def _incomplete_lines(incomplete: dict | None) -> list[str]:
                 + "): a method's n may be below the question count. Rerun `distill eval` to finish it.**"]
 
 
+def _ratio_text(value: float | None) -> str:
+    return "–" if value is None else f"×{value:.2f}"
+
+
+def _verdict_lines(results: dict) -> list[str]:
+    """The answer first: each student against the reference, per measure, in words and numbers."""
+    v = results.get("verdict") or {}
+    ref, rows = v.get("reference", results["reference"]), (v.get("rows") or {})
+    lines = ["## Verdict", ""]
+    if not rows:
+        return lines + [f"No student row to set against **{ref}**.", ""]
+    lines += [f"Each student − **{ref}** on the same questions, with its 95% paired bootstrap CI: *better* or "
+              "*worse* only where the CI excludes 0. Tokens and latency are each method's own means and medians "
+              "against the reference's. Per question: [report.html](report.html).", ""]
+    for m, row in rows.items():
+        lines += [headline(m, row, ref), ""]
+        lines += _table(["measure", "n", f"Δ ({m} − {ref}) [95% CI]", "reading"],
+                        [[label, x["n"], _ci_text(x["diff"]), x["reading"]] for label, x in row["measures"].items()])
+        trained = f"trained on {row['train_examples']} examples" if row["train_examples"] is not None else ""
+        lines += ["; ".join(p for p in (f"tokens per question {_ratio_text(row['tokens_ratio'])} {ref}'s",
+                                        f"latency p50 {_ratio_text(row['latency_p50_ratio'])} {ref}'s", trained) if p)
+                  + f" ([questions](report.html#method={m})).", ""]
+        lines += [f"> **Warning:** {w}" for w in row["warnings"]] + ([""] if row["warnings"] else [])
+    return lines
+
+
+def _unknown(value: Any) -> str:
+    return "unknown" if value is None or value == "" else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _provenance_lines(results: dict) -> list[str]:
+    """Where the numbers come from; what the run folder does not say reads "unknown"."""
+    p = results.get("provenance") or {}
+    teacher, ref, solver = p.get("teacher") or {}, p.get("reference") or {}, p.get("solver") or {}
+    datasets = (p.get("datasets") or {})
+    ds = lambda items: ", ".join(f"{d['name']} ({_unknown(d.get('split'))}, n={_unknown(d.get('n'))})"  # noqa: E731
+                                 for d in items) if items else "unknown"
+    lines = [
+        "## Where these numbers come from",
+        "",
+        f"- distill {_unknown(p.get('distill_version'))}, commit {_unknown(p.get('commit'))}; config "
+        f"{_unknown(p.get('config_file'))}",
+        f"- teacher (generation): {_unknown(teacher.get('model'))}, prompt {_unknown(teacher.get('prompt'))}, "
+        f"temperature {_unknown(teacher.get('temperature'))}",
+        f"- reference planner: {_unknown(ref.get('method'))} ({_unknown(ref.get('model'))}, prompt "
+        f"{_unknown(ref.get('prompt'))})",
+        f"- Solver: {_unknown(solver.get('model'))} ({_unknown(solver.get('backend'))})",
+        f"- datasets: eval {ds(datasets.get('eval'))}; generation {ds(datasets.get('generate'))}",
+    ]
+    if fingerprints := p.get("fingerprints"):
+        lines.append("- stage fingerprints: " + "; ".join(f"{stage} {', '.join(map(str, f.values()))}"
+                                                        for stage, f in fingerprints.items()))
+    lines.append("")
+    students = p.get("students") or {}
+    if not students:
+        return lines + ["Students: unknown (no pipeline run folder with sft-data/ and train/ around this "
+                        "evaluation).", ""]
+    return lines + _table(
+        ["student", "base model", "LoRA r", "alpha", "steps", "train examples", "validation examples", "prompt",
+         "final train loss", "final validation loss"],
+        [[n, _unknown(s["base_model"]), _unknown(s["lora_r"]), _unknown(s["lora_alpha"]), _unknown(s["steps"]),
+          _unknown(s["train_examples"]), _unknown(s["validation_examples"]), _unknown(s["student_prompt"]),
+          _unknown(s["final_train_loss"]), _unknown(s["final_validation_loss"])] for n, s in students.items()])
+
+
 def render_markdown(results: dict) -> str:
     """report.md: the tables of results.json and the plots, linked."""
     per_method, paired, reference = results["per_method"], results["paired"], results["reference"]
@@ -589,6 +670,8 @@ def render_markdown(results: dict) -> str:
         "Every number here is recomputed from `records/<method>.jsonl` (`distill.report.recompute`).",
         *_incomplete_lines(results.get("incomplete")),
         "",
+        *_verdict_lines(results),
+        *_provenance_lines(results),
         "## Accuracy",
         "",
         *_table(
