@@ -23,6 +23,7 @@ from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
+from urllib.parse import quote
 
 import numpy as np
 
@@ -32,7 +33,8 @@ from distill.evaluate import RECORDS_DIR, record_key
 from distill.metrics import bootstrap_ci, evidence_recall, paired_bootstrap, score
 from distill.provenance import collect as collect_provenance
 from distill.store import dedupe, read_jsonl, write_json
-from distill.verdict import headline, verdict
+from distill.verdict import headline, question_outcomes, verdict
+from distill.viewer import VIEWER, write_viewer
 
 RESULTS_VERSION = 1
 PLOT_CAPTIONS = {"accuracy_vs_tokens": "F1 against tokens per question",
@@ -40,6 +42,7 @@ PLOT_CAPTIONS = {"accuracy_vs_tokens": "F1 against tokens per question",
                  "recall_vs_prompt": "Evidence recall against planner prompt tokens"}
 PLOTS = {key: f"{key}.png" for key in PLOT_CAPTIONS}
 ROBUSTNESS_PLOT = "accuracy_vs_calls.png"
+QUESTION_LINKS = 10  # per student and outcome in the verdict; the viewer filters for all of them
 ROBUSTNESS_FIELDS = ("n", "em", "f1", "judge", "n_evidence", "evidence_recall", "llm_calls_mean",
                      "tool_calls_mean", "tool_failures")
 
@@ -363,8 +366,21 @@ def compute(by_method: dict[str, list[dict]], *, methods: list[str] | None = Non
     if sweep:
         results["robustness"] = robustness(by_method, sweep, samples, seed)
         results["plots"]["accuracy_vs_calls"] = ROBUSTNESS_PLOT
-    results["verdict"] = verdict(results)
+    results["verdict"] = verdict(results, outcomes=_outcomes(by_method, reference))
     return _rounded(results)
+
+
+def question_scores(rec: dict) -> dict:
+    """EM, F1, evidence recall and all-gold of one record, as the tables count them (None where unmeasured)."""
+    s, r = rescore(rec) or {}, recall_of(rec) or {}
+    return {"em": s.get("em"), "f1": s.get("f1"), "recall": r.get("recall"), "all": r.get("all")}
+
+
+def _outcomes(by_method: dict[str, list[dict]], reference: str) -> dict[str, dict[str, list]]:
+    """Per method other than the reference: the questions it wins and loses against the reference."""
+    ref = {_key(r): question_scores(r) for r in by_method[reference]}
+    return {m: question_outcomes({_key(r): question_scores(r) for r in recs}, ref)
+            for m, recs in by_method.items() if m != reference}
 
 
 def _load(output_dir: str | Path) -> tuple[dict, dict[str, list[dict]]]:
@@ -390,7 +406,8 @@ def _load(output_dir: str | Path) -> tuple[dict, dict[str, list[dict]]]:
     # The verdict names the trained students where the run folder says which rows serve them.
     provenance = collect_provenance(output_dir, manifest, results)
     if provenance["student_rows"]:
-        results["verdict"] = _rounded(verdict(results, provenance["student_rows"], provenance["students"]))
+        results["verdict"] = _rounded(verdict(results, provenance["student_rows"], provenance["students"],
+                                              _outcomes(selected, results["reference"])))
     results = {"format_version": results["format_version"], "verdict": results.pop("verdict"),
                "provenance": _rounded(provenance), **results}
     # A report of a run that stopped must say so: its methods may cover fewer questions than the others.
@@ -614,6 +631,11 @@ def _verdict_lines(results: dict) -> list[str]:
         lines += ["; ".join(p for p in (f"tokens per question {_ratio_text(row['tokens_ratio'])} {ref}'s",
                                         f"latency p50 {_ratio_text(row['latency_p50_ratio'])} {ref}'s", trained) if p)
                   + f" ([questions](report.html#method={m})).", ""]
+        for word in ("better", "worse"):
+            if keys := row["questions"][word]:
+                shown = ", ".join(f"[{k[1]}](report.html#q={quote(k[1])})" for k in keys[:QUESTION_LINKS])
+                more = f" and {len(keys) - QUESTION_LINKS} more" if len(keys) > QUESTION_LINKS else ""
+                lines += [f"Questions where {m} is {word} (F1, then evidence recall): {shown}{more}.", ""]
         lines += [f"> **Warning:** {w}" for w in row["warnings"]] + ([""] if row["warnings"] else [])
     return lines
 
@@ -755,14 +777,15 @@ def render_markdown(results: dict) -> str:
 
 
 def write_report(eval_dir: str | Path, out_dir: str | Path | None = None) -> dict:
-    """Recompute results from `<eval_dir>`'s records; write results.json, report.md and the plots to `out_dir`
-    (default: `eval_dir`). Returns the results."""
+    """Recompute results from `<eval_dir>`'s records; write results.json, report.md, the plots and report.html
+    (the per-question viewer) to `out_dir` (default: `eval_dir`). Returns the results."""
     out = Path(out_dir if out_dir is not None else eval_dir)
     results, by_method = _load(eval_dir)
     out.mkdir(parents=True, exist_ok=True)
     make_plots(results, by_method, out)
     write_json(out / "results.json", results)
     (out / "report.md").write_text(render_markdown(results))
+    write_viewer(out / VIEWER, results, by_method, question_scores)
     return results
 
 
@@ -785,7 +808,8 @@ def summary_lines(results: dict) -> list[str]:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("eval_dir", metavar="EVAL_DIR", help="an evaluation's output_dir (holds records/)")
-    parser.add_argument("--out", help="folder for report.md, results.json and the plots (default: EVAL_DIR)")
+    parser.add_argument("--out", help="folder for report.md, results.json, report.html and the plots "
+                        "(default: EVAL_DIR)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -794,4 +818,5 @@ def main(args: argparse.Namespace) -> int:
     print("\n".join(summary_lines(results) + prompt_budget_summary(results)))
     print(f"report: {out / 'report.md'}")
     print(f"results: {out / 'results.json'}")
+    print(f"viewer:  {out / VIEWER}")
     return 0

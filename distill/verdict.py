@@ -47,12 +47,28 @@ def student_rows(results: Mapping[str, Any], students: Mapping[str, str | None])
     return [m for m in rows if results["per_method"][m]["kind"] == "rewoo"]
 
 
+def question_outcomes(mine: Mapping[Any, Mapping[str, float | None]],
+                      ref: Mapping[Any, Mapping[str, float | None]]) -> dict[str, list]:
+    """The questions (keys both answered, sorted) where a method beats or trails the reference: on F1, and
+    where F1 ties or is unmeasured, on evidence recall. `mine`, `ref`: key -> {"f1", "recall"} (None unmeasured)."""
+    out: dict[str, list] = {"better": [], "worse": []}
+    for key in sorted(mine.keys() & ref.keys()):
+        for metric in ("f1", "recall"):
+            a, b = mine[key].get(metric), ref[key].get(metric)
+            if a is not None and b is not None and a != b:
+                out["better" if a > b else "worse"].append(list(key) if isinstance(key, tuple) else key)
+                break
+    return out
+
+
 def verdict(results: Mapping[str, Any], students: Mapping[str, str | None] | None = None,
-            training: Mapping[str, Mapping[str, Any]] | None = None) -> dict:
+            training: Mapping[str, Mapping[str, Any]] | None = None,
+            outcomes: Mapping[str, Mapping[str, list]] | None = None) -> dict:
     """{reference, rows: {method: ...}}: each student's paired difference and reading per measure, its tokens
-    and latency against the reference's, and warnings (too few training examples, or none known).
-    `students`: row -> the trained student it serves; `training`: student -> {train_examples, ...}."""
-    students, training = dict(students or {}), dict(training or {})
+    and latency against the reference's, the questions it wins and loses (`outcomes`, from question_outcomes),
+    and warnings (too few training examples, or none known). `students`: row -> the trained student it serves;
+    `training`: student -> {train_examples, ...}."""
+    students, training, outcomes = dict(students or {}), dict(training or {}), dict(outcomes or {})
     reference, per_method = results["reference"], results["per_method"]
     ref = per_method[reference]
     rows = {}
@@ -78,6 +94,7 @@ def verdict(results: Mapping[str, Any], students: Mapping[str, str | None] | Non
             "measures": measures,
             "tokens_ratio": _ratio(pm["tokens_mean"]["total"], ref["tokens_mean"]["total"]),
             "latency_p50_ratio": _ratio(pm["latency_s"]["p50"], ref["latency_s"]["p50"]),
+            "questions": outcomes.get(m) or {"better": [], "worse": []},
             "warnings": warnings,
         }
     return {"reference": reference, "min_train_examples": MIN_TRAIN_EXAMPLES, "rows": rows}
