@@ -816,7 +816,7 @@ def main(args: argparse.Namespace) -> int:
     results = write_report(args.eval_dir, args.out)
     out = Path(args.out or args.eval_dir)
     print("\n".join(summary_lines(results) + prompt_budget_summary(results)))
+    print(f"viewer: {out / VIEWER}")
     print(f"report: {out / 'report.md'}")
     print(f"results: {out / 'results.json'}")
-    print(f"viewer:  {out / VIEWER}")
     return 0

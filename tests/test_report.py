@@ -446,8 +446,8 @@ def test_distill_report_writes_elsewhere_from_the_records_alone(tmp_path, capsys
     out = tmp_path / "published"
     assert cli.main(["report", str(run), "--out", str(out)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-3:] == [f"report: {out / 'report.md'}", f"results: {out / 'results.json'}",
-                          f"viewer:  {out / 'report.html'}"]
+    assert lines[-3:] == [f"viewer: {out / 'report.html'}", f"report: {out / 'report.md'}",
+                          f"results: {out / 'results.json'}"]
     assert [line.split()[0] for line in lines[:4]] == ["teacher", "student", "react", "direct"]
     assert [line.split(":")[0] for line in lines[4:-3]] == ["prompt budget vs teacher"]  # the one named student
     results = json.loads((out / "results.json").read_text())
