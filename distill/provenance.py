@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from distill.merge import ADAPTER_INFO
 
 SFT_SUMMARY = "summary.json"  # as distill.sft_data writes it
+LOSS_HISTORY = "loss_history.json"  # as distill.train writes it
 STAGE_MARKERS = ("generate", "filter", "sft-data", "train", "eval")
 
 
@@ -71,6 +72,7 @@ def students(run: Path | None) -> dict[str, dict]:
             "final_train_loss": adapter.get("final_train_loss"),
             "final_validation_loss": adapter.get("final_eval_loss"),
             "adapter": str(run / "train" / name) if adapter else None,
+            "loss_history": str(history) if (history := run / "train" / name / LOSS_HISTORY).is_file() else None,
         }
     return out
 

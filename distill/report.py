@@ -42,6 +42,7 @@ PLOT_CAPTIONS = {"accuracy_vs_tokens": "F1 against tokens per question",
                  "recall_vs_prompt": "Evidence recall against planner prompt tokens"}
 PLOTS = {key: f"{key}.png" for key in PLOT_CAPTIONS}
 ROBUSTNESS_PLOT = "accuracy_vs_calls.png"
+LOSS_PLOT = "loss.png"
 QUESTION_LINKS = 10  # per student and outcome in the verdict; the viewer filters for all of them
 ROBUSTNESS_FIELDS = ("n", "em", "f1", "judge", "n_evidence", "evidence_recall", "llm_calls_mean",
                      "tool_calls_mean", "tool_failures")
@@ -408,6 +409,8 @@ def _load(output_dir: str | Path) -> tuple[dict, dict[str, list[dict]]]:
     if provenance["student_rows"]:
         results["verdict"] = _rounded(verdict(results, provenance["student_rows"], provenance["students"],
                                               _outcomes(selected, results["reference"])))
+    if any(s["loss_history"] for s in provenance["students"].values()):
+        results["plots"]["loss"] = LOSS_PLOT
     results = {"format_version": results["format_version"], "verdict": results.pop("verdict"),
                "provenance": _rounded(provenance), **results}
     # A report of a run that stopped must say so: its methods may cover fewer questions than the others.
@@ -444,13 +447,22 @@ def _figure(path: Path, size: tuple[float, float] = (6.4, 4.4), panels: int = 1,
 
 def _plot_ci_points(points: list[tuple[str, float, dict | None]], path: Path, **labels: str) -> None:
     """One labelled point per method at (x, mean) with its bootstrap CI; methods without the metric are left out."""
+    shown = [(m, x, ci) for m, x, ci in points if ci is not None]
+    xs, ys = [x for _, x, _ in shown], [ci["mean"] for _, _, ci in shown]
+    span_x, span_y = (max(xs) - min(xs) or 1.0, max(ys) - min(ys) or 1.0) if shown else (1.0, 1.0)
+    placed: list[tuple[float, float, float]] = []  # each label's left, right and baseline, in points (about)
     with _figure(path) as (_, (ax,)):
-        for m, x, ci in points:
-            if ci is None:
-                continue
+        for m, x, ci in shown:
             err = [[ci["mean"] - ci["lo"]], [ci["hi"] - ci["mean"]]]
             ax.errorbar([x], [ci["mean"]], yerr=err, fmt="o", capsize=4, label=m)
-            ax.annotate(m, (x, ci["mean"]), textcoords="offset points", xytext=(6, 6), fontsize=8)
+            # a label that would print over an earlier one goes a line higher (axes ~330 x 250 points, 8 pt text)
+            left, base = (x - min(xs)) / span_x * 330 + 6, (ci["mean"] - min(ys)) / span_y * 250 + 6
+            right = left + 4.8 * len(m)
+            while any(lo < right and left < hi and abs(base - b) < 10 for lo, hi, b in placed):
+                base += 10
+            placed.append((left, right, base))
+            up = base - ((ci["mean"] - min(ys)) / span_y * 250)
+            ax.annotate(m, (x, ci["mean"]), textcoords="offset points", xytext=(6, up), fontsize=8)
         ax.set(**labels)
 
 
@@ -461,7 +473,7 @@ def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str 
     out, methods, pm = Path(output_dir), results["methods"], results["per_method"]
     _plot_ci_points([(m, pm[m]["tokens_mean"]["total"] or 0.0, pm[m]["f1"]) for m in methods],
                     out / PLOTS["accuracy_vs_tokens"], xlabel="tokens per question (mean)",
-                    ylabel="F1 (95% bootstrap CI)", title="Accuracy against cost")
+                    ylabel="F1 (95% bootstrap CI)", title="F1 against tokens per question")
     # The Planner's own trade-off: what its evidence holds against what its prompt costs (ReWOO planners).
     _plot_ci_points([(m, pm[m]["planner_prompt_tokens_mean"], pm[m]["evidence_recall"]) for m in methods
                      if pm[m]["planner_prompt_tokens_mean"] is not None],
@@ -471,6 +483,17 @@ def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str 
         panels = (("tokens_by_hops", "hops taken (plan steps; ReAct tool actions)"),
                   ("tokens_by_gold_hops", "gold hops (from the dataset)"))
         for ax, (key, label) in zip(axes, panels):
+            xs = sorted({int(h) for groups in results[key].values() for h in groups})
+            if len(xs) == 1:  # one value: a bar per method, not lines over an axis with a single point
+                bars = [(m, results[key][m][str(xs[0])]["tokens_mean"]) for m in methods if results[key][m]]
+                ax.bar(range(len(bars)), [b[1] for b in bars])
+                ax.set_xticks(range(len(bars)), [b[0] for b in bars], rotation=20, fontsize=8)
+                ax.set(xlabel=f"method (every question: {label}, {xs[0]})", ylabel="tokens per question (mean)")
+                continue
+            if not xs:
+                ax.text(0.5, 0.5, f"no question has {label}", ha="center", transform=ax.transAxes)
+                ax.set_axis_off()
+                continue
             for m in methods:
                 if groups := results[key][m]:
                     ax.plot([int(h) for h in groups], [g["tokens_mean"] for g in groups.values()], marker="o", label=m)
@@ -480,7 +503,7 @@ def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str 
     with _figure(out / PLOTS["latency"], (max(5.0, 1.3 * len(methods) + 2), 4.2), grid="y") as (_, (ax,)):
         ax.boxplot([[float(r.get("wall_s", 0.0)) for r in by_method[m]] for m in methods], showmeans=True)
         ax.set_xticks(range(1, len(methods) + 1), methods, rotation=20)
-        ax.set(ylabel="seconds per question (wall)", title="Latency")
+        ax.set(ylabel="seconds per question (wall)", title="Latency per question (wall seconds)")
     if rob := results.get("robustness"):  # accuracy against model calls, a line per method through its rates
         with _figure(out / ROBUSTNESS_PLOT) as (_, (ax,)):
             for base in rob["methods"]:
@@ -490,8 +513,25 @@ def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str 
                     ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=base)
                 for x, y, rate in points:
                     ax.annotate(f"{rate:g}", (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
-            ax.set(xlabel="model calls per question (mean)", ylabel="accuracy: F1 (mean)",
-                   title="Accuracy against model calls under tool failures\n(point labels: tool failure rate)")
+            ax.set(xlabel="model calls per question (mean)", ylabel="F1 (mean)",
+                   title="F1 against model calls under tool failures\n(point labels: tool failure rate)")
+    if loss := results["plots"].get("loss"):
+        _plot_losses(results["provenance"]["students"], out / loss)
+
+
+def _plot_losses(students: dict, path: Path) -> None:
+    """Training (solid) and validation (dashed) loss against optimiser step, a colour per student."""
+    from distill.provenance import read_json
+
+    with _figure(path, (7.5, 4.4)) as (_, (ax,)):
+        for i, (name, s) in enumerate(students.items()):
+            history = read_json(Path(s["loss_history"])) if s.get("loss_history") else None
+            for part, key, style in (("train", "loss", "-"), ("eval", "eval_loss", "--")):
+                points = [(e["step"], e[key]) for e in (history or {}).get(part) or [] if key in e and "step" in e]
+                if points:
+                    ax.plot(*zip(*points), style, color=f"C{i}", marker="o" if len(points) < 3 else None,
+                            label=f"{name} {'train' if part == 'train' else 'validation'}")
+        ax.set(xlabel="optimiser step", ylabel="loss", title="Training and validation loss per student")
 
 
 # ------------------------------------------------------------------------------------------ markdown
@@ -523,6 +563,14 @@ def _table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
     """Cells other than text go through `_f`, so a missing number reads "–"."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return lines + ["| " + " | ".join(map(_f, row)) + " |" for row in rows] + [""]
+
+
+def _without_empty(header: list[str], rows: list[list[Any]], empty: Mapping[str, str]) -> tuple[list[str], list]:
+    """`header` and `rows` less the columns named in `empty` whose every cell is that zero or "–": a column of
+    $0.00000 on every local row says nothing."""
+    drop = {i for i, name in enumerate(header) if name in empty and all(r[i] in (empty[name], "–") for r in rows)}
+    keep = [i for i in range(len(header)) if i not in drop]
+    return [header[i] for i in keep], [[r[i] for i in keep] for r in rows]
 
 
 def _hops_table(results: dict, key: str) -> list[str]:
@@ -671,12 +719,14 @@ def _provenance_lines(results: dict) -> list[str]:
     if not students:
         return lines + ["Students: unknown (no pipeline run folder with sft-data/ and train/ around this "
                         "evaluation).", ""]
+    loss = results["plots"].get("loss")
     return lines + _table(
         ["student", "base model", "LoRA r", "alpha", "steps", "train examples", "validation examples", "prompt",
          "final train loss", "final validation loss"],
         [[n, _unknown(s["base_model"]), _unknown(s["lora_r"]), _unknown(s["lora_alpha"]), _unknown(s["steps"]),
           _unknown(s["train_examples"]), _unknown(s["validation_examples"]), _unknown(s["student_prompt"]),
-          _unknown(s["final_train_loss"]), _unknown(s["final_validation_loss"])] for n, s in students.items()])
+          _unknown(s["final_train_loss"]), _unknown(s["final_validation_loss"])] for n, s in students.items()]
+    ) + ([f"![Training and validation loss per student]({loss})", ""] if loss else [])
 
 
 def render_markdown(results: dict) -> str:
@@ -728,7 +778,7 @@ def render_markdown(results: dict) -> str:
         ),
         "## Cost and efficiency (means per question)",
         "",
-        *_table(
+        *_table(*_without_empty(
             ["method", "steps", "tool calls", "LLM calls", "planner tok", "solver tok", "tool tok", "total tok",
              "$ / question", "$ / correct (EM)", "latency p50 s", "latency p95 s", "tool failures"],
             [[m, _f(pm["steps_mean"], 2), _f(pm["tool_calls_mean"], 2), _f(pm["llm_calls_mean"], 2),
@@ -737,7 +787,10 @@ def render_markdown(results: dict) -> str:
               _f(pm["latency_s"]["p50"], 2), _f(pm["latency_s"]["p95"], 2),
               _f((pm["tool_failures"] or {}).get("rate"), 2)]
              for m, pm in per_method.items()],
-        ),
+            {"tool tok": "0", "$ / question": _money(0.0), "$ / correct (EM)": _money(0.0)},
+        )),
+        *(["Costs are $0 for every method (local models, no prices set): their columns are left out.", ""]
+          if all(not pm["cost_per_question_usd"] for pm in per_method.values()) else []),
         f"## Paired difference against {reference} (method − reference, same questions)",
         "",
         *_table(

@@ -83,6 +83,9 @@ def pipeline_folder(tmp_path, train_examples: int = 2) -> tuple:
     write_json(tmp_path / "train" / "stu" / "distill_adapter.json",
                {"base_model": "smollm2-135m-instruct", "lora_r": 8, "lora_alpha": 16, "global_step": 12,
                 "final_train_loss": 0.2276, "final_eval_loss": 0.6969})
+    write_json(tmp_path / "train" / "stu" / "loss_history.json",
+               {"train": [{"step": s, "loss": 2.0 / s} for s in range(1, 13)],
+                "eval": [{"step": 6, "eval_loss": 0.9}, {"step": 12, "eval_loss": 0.7}], "summary": {}})
     return evals, runs
 
 
@@ -112,6 +115,17 @@ def test_provenance_and_training_size_from_the_run_folder(tmp_path):
     assert "- teacher (generation): teacher-7b, prompt fewshot, temperature 0.7" in text
     assert "- Solver: solver-m (openai)" in text
     assert "| stu | smollm2-135m-instruct | 8 | 16 | 12 | 2 | 1 | full | 0.2276 | 0.6969 |" in text
+    assert results["plots"]["loss"] == "loss.png" and (evals / "loss.png").stat().st_size > 1000
+    assert "![Training and validation loss per student](loss.png)" in text
+
+
+def test_zero_cost_columns_are_left_out_and_kept_where_a_method_costs_something():
+    free = {m: [dict(r, cost_usd=0.0) for r in recs] for m, recs in sample_run().items()}
+    text = render_markdown(compute(free, samples=50))
+    assert "$ / question" not in text and "$0.00000" not in text and "Costs are $0 for every method" in text
+    paid = render_markdown(compute(sample_run(), samples=50))  # the teacher costs $0.001 a question
+    assert "$ / question" in paid
+    assert "| $0.00100 |" in paid and "Costs are $0" not in paid
 
 
 def test_enough_training_examples_no_warning(tmp_path):
@@ -125,6 +139,7 @@ def test_missing_provenance_reads_unknown_never_a_traceback(tmp_path, damage):
     for path in (tmp_path / "train" / "stu" / "distill_adapter.json", tmp_path / "generate" / "manifest.json"):
         path.unlink() if damage == "absent" else path.write_text("{not json")
     (evals / "manifest.json").write_text(json.dumps({"reference": "teacher", "bootstrap_samples": 50}))
+    (tmp_path / "train" / "stu" / "loss_history.json").write_text("[1, 2")
     results = write_report(evals)
     p = results["provenance"]
     assert p["distill_version"] is None and p["teacher"]["model"] is None and p["solver"]["model"] == "s"
@@ -135,3 +150,4 @@ def test_missing_provenance_reads_unknown_never_a_traceback(tmp_path, damage):
     assert "| stu | unknown | unknown | unknown | unknown | 2 | 1 | full | unknown | unknown |" in text
     # the row's model is no longer named by the manifest: the row named like the folder is not `stu` either
     assert "training set size unknown" in results["verdict"]["rows"]["student"]["warnings"][0]
+    assert (evals / "loss.png").exists()  # an unreadable loss history draws no curve, and breaks nothing
