@@ -106,6 +106,8 @@ def headline(row_name: str, row: Mapping[str, Any], reference: str) -> str:
     for label, m in row["measures"].items():
         if m["reading"]:
             by.setdefault(m["reading"], []).append(label)
-    parts = [f"{word} on {', '.join(labels)}" for word, labels in sorted(by.items(), key=lambda kv: {"better": 0, "worse": 1}.get(kv[0], 2))]
+    order = {"better": 0, "worse": 1}
+    ranked = sorted(by.items(), key=lambda kv: order.get(kv[0], 2))
+    parts = [f"{word} on {', '.join(labels)}" for word, labels in ranked]
     said = "; ".join(parts) if parts else "nothing measured in common"
     return f"**{row_name}** against **{reference}**: {said}."

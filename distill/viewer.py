@@ -49,7 +49,8 @@ def _run(rec: dict, scores: Mapping[str, Any]) -> dict:
         "valid": plan.get("valid"),
         "errors": [{"code": e.get("code"), "step": e.get("step"), "message": e.get("message")}
                    for e in plan.get("errors") or []],
-        "planner_output": (rec.get("planner") or {}).get("output"),
+        # the raw text only where the plan failed to parse: the steps say the rest, and the file stays small
+        "planner_output": (rec.get("planner") or {}).get("output") if plan.get("valid") is False else None,
         "steps": _steps(rec),
         "prediction": rec.get("prediction"),
         "tokens": (rec.get("tokens") or {}).get("total"),
@@ -164,13 +165,14 @@ function el(tag, attrs, ...children) {
   }
   return node;
 }
-const fmt = (x, d = 2) => (x === null || x === undefined) ? "\\u2013" : (typeof x === "number" ? x.toFixed(d) : String(x));
+const fmt = (x, d = 2) =>
+  (x === null || x === undefined) ? "\\u2013" : (typeof x === "number" ? x.toFixed(d) : String(x));
 function option(select, value, label) { select.appendChild(el("option", {value: value}, label)); }
 
 const errorCodes = new Set();
 for (const q of DATA.questions) for (const r of Object.values(q.runs)) {
   for (const e of r.errors) if (e.code) errorCodes.add(e.code);
-  for (const s of r.steps) if (s.status && s.status !== "ok" && s.status !== "not run") errorCodes.add("step " + s.status);
+  for (const c of runCodes(r)) errorCodes.add(c);
 }
 for (const m of DATA.methods) option($("f-method"), m, m);
 for (const d of [...new Set(DATA.questions.map((q) => q.dataset))]) option($("f-dataset"), d, d);
@@ -180,8 +182,8 @@ option($("f-outcome"), "invalid", "invalid plan");
 for (const c of [...errorCodes].sort()) option($("f-outcome"), "code:" + c, "error: " + c);
 
 function runCodes(r) {
-  return r.errors.map((e) => e.code).concat(r.steps.filter((s) => s.status && s.status !== "ok" && s.status !== "not run")
-    .map((s) => "step " + s.status));
+  const failed = r.steps.filter((s) => s.status && s.status !== "ok" && s.status !== "not run");
+  return r.errors.map((e) => e.code).filter((c) => c).concat(failed.map((s) => "step " + s.status));
 }
 function matches(q, method, dataset, outcome) {
   if (dataset && q.dataset !== dataset) return false;
@@ -231,20 +233,27 @@ function drawRun(m, r) {
     (r.valid === false ? "" : (r.valid ? ", plan valid" : "")),
     r.valid === false ? el("span", {class: "invalid"}, ", plan invalid") : null,
     o ? el("span", {class: o}, " \\u00b7 " + o + " than " + DATA.reference) : null));
-  for (const e of r.errors) box.appendChild(el("div", {class: "err"}, (e.code || "") + (e.step ? " at " + e.step : "") + ": " + (e.message || "")));
+  for (const e of r.errors) {
+    const where = e.step ? " at " + e.step : "";
+    box.appendChild(el("div", {class: "err"}, (e.code || "") + where + ": " + (e.message || "")));
+  }
   for (const s of r.steps) {
     const step = el("div", {class: "step" + (s.gold.length ? " has-gold" : "")});
     if (s.description) step.appendChild(el("div", {}, s.description));
     step.appendChild(el("div", {class: "call"}, (s.id || "") + " = " + (s.tool || "") + "[" + (s.input || "") + "]"));
-    for (const g of s.gold) step.appendChild(el("span", {class: "gold-mark", title: "gold supporting page"}, "gold: " + g));
+    for (const g of s.gold) {
+      step.appendChild(el("span", {class: "gold-mark", title: "gold supporting page"}, "gold: " + g));
+    }
     if (s.status !== "ok") step.appendChild(el("div", {class: "err"}, s.status + (s.error ? ": " + s.error : "")));
     if (s.output !== null && s.output !== undefined) step.appendChild(el("pre", {class: "evidence"}, s.output));
     box.appendChild(step);
   }
   if (r.valid === false && r.planner_output) {
-    box.appendChild(el("details", {}, el("summary", {}, "planner output"), el("pre", {class: "raw"}, r.planner_output)));
+    const raw = el("pre", {class: "raw"}, r.planner_output);
+    box.appendChild(el("details", {}, el("summary", {}, "planner output"), raw));
   }
-  box.appendChild(el("div", {class: "answer"}, el("b", {}, "Solver: "), r.prediction === null ? "(no answer)" : String(r.prediction)));
+  const answer = r.prediction === null ? "(no answer)" : String(r.prediction);
+  box.appendChild(el("div", {class: "answer"}, el("b", {}, "Solver: "), answer));
   box.appendChild(el("div", {class: "num"}, "EM " + fmt(r.em, 0) + " \\u00b7 F1 " + fmt(r.f1) + " \\u00b7 recall " +
     fmt(r.recall) + " \\u00b7 " + fmt(r.tokens, 0) + " tok \\u00b7 " + fmt(r.wall_s) + " s"));
   return box;
@@ -255,7 +264,8 @@ function drawDetail() {
   const params = new URLSearchParams(location.hash.slice(1));
   if (params.get("method") && DATA.methods.includes(params.get("method"))) $("f-method").value = params.get("method");
   const want = params.get("q");
-  const q = want === null ? null : (DATA.questions.find((x) => x.key === want) || DATA.questions.find((x) => x.id === want));
+  const q = want === null ? null
+    : (DATA.questions.find((x) => x.key === want) || DATA.questions.find((x) => x.id === want));
   const box = $("detail");
   if (!q) { box.hidden = true; currentKey = null; return; }
   currentKey = q.key;
