@@ -120,6 +120,7 @@ table { border-collapse: collapse; width: 100%; }
 th, td { border-bottom: 1px solid #ddd; padding: 4px 6px; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; position: sticky; top: 0; }
 #questions tbody tr { cursor: pointer; }
+#questions td:first-child { white-space: nowrap; } #questions td:nth-child(3) { min-width: 18rem; }
 #questions tbody tr:hover { background: #eef4ff; }
 .num { font-variant-numeric: tabular-nums; white-space: nowrap; }
 .better { color: #096; font-weight: 600; } .worse { color: #c30; font-weight: 600; }
