@@ -23,6 +23,7 @@ from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
+from urllib.parse import quote
 
 import numpy as np
 
@@ -30,7 +31,10 @@ from distill.baselines import FINISH
 from distill.errors import DistillError
 from distill.evaluate import RECORDS_DIR, EvalRecord, record_key
 from distill.metrics import bootstrap_ci, evidence_recall, paired_bootstrap, score
+from distill.provenance import collect as collect_provenance
 from distill.store import dedupe, read_jsonl, replace_files, write_json
+from distill.verdict import headline, question_outcomes, verdict
+from distill.viewer import VIEWER, write_viewer
 
 RESULTS_VERSION = 1
 PLOT_CAPTIONS = {"accuracy_vs_tokens": "F1 against tokens per question",
@@ -38,6 +42,8 @@ PLOT_CAPTIONS = {"accuracy_vs_tokens": "F1 against tokens per question",
                  "recall_vs_prompt": "Evidence recall against planner prompt tokens"}
 PLOTS = {key: f"{key}.png" for key in PLOT_CAPTIONS}
 ROBUSTNESS_PLOT = "accuracy_vs_calls.png"
+LOSS_PLOT = "loss.png"
+QUESTION_LINKS = 10  # per student and outcome in the verdict; the viewer filters for all of them
 ROBUSTNESS_FIELDS = ("n", "em", "f1", "judge", "n_evidence", "evidence_recall", "llm_calls_mean",
                      "tool_calls_mean", "tool_failures")
 
@@ -102,6 +108,11 @@ def recall_of(rec: dict) -> dict | None:
 def plan_steps_of(rec: dict) -> dict | None:
     """Steps of a ReWOO plan (those kept: a plan over `max_plan_steps` is cut there); None for other kinds."""
     return {"steps": float(hops_of(rec))} if rec["kind"] == "rewoo" else None
+
+
+def plan_valid_of(rec: dict) -> dict | None:
+    """Whether a ReWOO plan parsed and checked valid (1.0 or 0.0); None for other kinds."""
+    return {"valid": float(bool((rec.get("plan") or {}).get("valid")))} if rec["kind"] == "rewoo" else None
 
 
 def too_many_steps(rec: dict) -> bool:
@@ -238,10 +249,12 @@ def _paired_on(records: list[dict], reference: list[dict], measure: Callable[[di
 def paired_vs_reference(records: list[dict], reference: list[dict], samples: int = 1000, seed: int = 0) -> dict | None:
     """method - reference: EM and F1 (`n`, `em`, `f1`) over the questions both answered; evidence recall and
     the all-gold-pages rate (`evidence`) over those both have gold pages for; steps per plan (`plan_steps`)
-    when both are ReWOO planners. None when they share no question with any of these."""
+    and the share of valid plans (`plan_valid`) when both are ReWOO planners. None when they share no question
+    with any of these."""
     out: dict[str, Any] = _paired_on(records, reference, rescore, ("em", "f1"), samples, seed) or {}
     for key, measure, metrics in (("evidence", recall_of, ("recall", "all")),
-                                  ("plan_steps", plan_steps_of, ("steps",))):
+                                  ("plan_steps", plan_steps_of, ("steps",)),
+                                  ("plan_valid", plan_valid_of, ("valid",))):
         if found := _paired_on(records, reference, measure, metrics, samples, seed):
             out[key] = found
     return out or None
@@ -359,7 +372,21 @@ def compute(by_method: dict[str, list[dict]], *, methods: list[str] | None = Non
     if sweep:
         results["robustness"] = robustness(by_method, sweep, samples, seed)
         results["plots"]["accuracy_vs_calls"] = ROBUSTNESS_PLOT
+    results["verdict"] = verdict(results, outcomes=_outcomes(by_method, reference))
     return _rounded(results)
+
+
+def question_scores(rec: dict) -> dict:
+    """EM, F1, evidence recall and all-gold of one record, as the tables count them (None where unmeasured)."""
+    s, r = rescore(rec) or {}, recall_of(rec) or {}
+    return {"em": s.get("em"), "f1": s.get("f1"), "recall": r.get("recall"), "all": r.get("all")}
+
+
+def _outcomes(by_method: dict[str, list[dict]], reference: str) -> dict[str, dict[str, list]]:
+    """Per method other than the reference: the questions it wins and loses against the reference."""
+    ref = {_key(r): question_scores(r) for r in by_method[reference]}
+    return {m: question_outcomes({_key(r): question_scores(r) for r in recs}, ref)
+            for m, recs in by_method.items() if m != reference}
 
 
 def _load(output_dir: str | Path) -> tuple[dict, dict[str, list[dict]]]:
@@ -378,6 +405,15 @@ def _load(output_dir: str | Path) -> tuple[dict, dict[str, list[dict]]]:
     results = compute(selected, methods=list(selected), reference=manifest.get("reference"),
                       samples=int(manifest.get("bootstrap_samples", 1000)), seed=int(manifest.get("seed", 0)),
                       budget=manifest.get("prompt_budget"))
+    # The verdict names the trained students where the run folder says which rows serve them.
+    provenance = collect_provenance(output_dir, manifest, results)
+    if provenance["student_rows"]:
+        results["verdict"] = _rounded(verdict(results, provenance["student_rows"], provenance["students"],
+                                              _outcomes(selected, results["reference"])))
+    if any(s["loss_history"] for s in provenance["students"].values()):
+        results["plots"]["loss"] = LOSS_PLOT
+    results = {"format_version": results["format_version"], "verdict": results.pop("verdict"),
+               "provenance": _rounded(provenance), **results}
     # A report of a run that stopped must say so: its methods may cover fewer questions than the others.
     unfinished = [m["name"] for m in manifest.get("methods", []) if m["name"] not in selected]
     if manifest.get("status", "complete") != "complete" or unfinished:
@@ -412,13 +448,22 @@ def _figure(path: Path, size: tuple[float, float] = (6.4, 4.4), panels: int = 1,
 
 def _plot_ci_points(points: list[tuple[str, float, dict | None]], path: Path, **labels: str) -> None:
     """One labelled point per method at (x, mean) with its bootstrap CI; methods without the metric are left out."""
+    shown = [(m, x, ci) for m, x, ci in points if ci is not None]
+    xs, ys = [x for _, x, _ in shown], [ci["mean"] for _, _, ci in shown]
+    span_x, span_y = (max(xs) - min(xs) or 1.0, max(ys) - min(ys) or 1.0) if shown else (1.0, 1.0)
+    placed: list[tuple[float, float, float]] = []  # each label's left, right and baseline, in points (about)
     with _figure(path) as (_, (ax,)):
-        for m, x, ci in points:
-            if ci is None:
-                continue
+        for m, x, ci in shown:
             err = [[ci["mean"] - ci["lo"]], [ci["hi"] - ci["mean"]]]
             ax.errorbar([x], [ci["mean"]], yerr=err, fmt="o", capsize=4, label=m)
-            ax.annotate(m, (x, ci["mean"]), textcoords="offset points", xytext=(6, 6), fontsize=8)
+            # a label that would print over an earlier one goes a line higher (axes ~330 x 250 points, 8 pt text)
+            left, base = (x - min(xs)) / span_x * 330 + 6, (ci["mean"] - min(ys)) / span_y * 250 + 6
+            right = left + 4.8 * len(m)
+            while any(lo < right and left < hi and abs(base - b) < 10 for lo, hi, b in placed):
+                base += 10
+            placed.append((left, right, base))
+            up = base - ((ci["mean"] - min(ys)) / span_y * 250)
+            ax.annotate(m, (x, ci["mean"]), textcoords="offset points", xytext=(6, up), fontsize=8)
         ax.set(**labels)
 
 
@@ -429,7 +474,7 @@ def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str 
     out, methods, pm = Path(output_dir), results["methods"], results["per_method"]
     _plot_ci_points([(m, pm[m]["tokens_mean"]["total"] or 0.0, pm[m]["f1"]) for m in methods],
                     out / PLOTS["accuracy_vs_tokens"], xlabel="tokens per question (mean)",
-                    ylabel="F1 (95% bootstrap CI)", title="Accuracy against cost")
+                    ylabel="F1 (95% bootstrap CI)", title="F1 against tokens per question")
     # The Planner's own trade-off: what its evidence holds against what its prompt costs (ReWOO planners).
     _plot_ci_points([(m, pm[m]["planner_prompt_tokens_mean"], pm[m]["evidence_recall"]) for m in methods
                      if pm[m]["planner_prompt_tokens_mean"] is not None],
@@ -439,6 +484,17 @@ def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str 
         panels = (("tokens_by_hops", "hops taken (plan steps; ReAct tool actions)"),
                   ("tokens_by_gold_hops", "gold hops (from the dataset)"))
         for ax, (key, label) in zip(axes, panels):
+            xs = sorted({int(h) for groups in results[key].values() for h in groups})
+            if len(xs) == 1:  # one value: a bar per method, not lines over an axis with a single point
+                bars = [(m, results[key][m][str(xs[0])]["tokens_mean"]) for m in methods if results[key][m]]
+                ax.bar(range(len(bars)), [b[1] for b in bars])
+                ax.set_xticks(range(len(bars)), [b[0] for b in bars], rotation=20, fontsize=8)
+                ax.set(xlabel=f"method (every question: {label}, {xs[0]})", ylabel="tokens per question (mean)")
+                continue
+            if not xs:
+                ax.text(0.5, 0.5, f"no question has {label}", ha="center", transform=ax.transAxes)
+                ax.set_axis_off()
+                continue
             for m in methods:
                 if groups := results[key][m]:
                     ax.plot([int(h) for h in groups], [g["tokens_mean"] for g in groups.values()], marker="o", label=m)
@@ -448,7 +504,7 @@ def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str 
     with _figure(out / PLOTS["latency"], (max(5.0, 1.3 * len(methods) + 2), 4.2), grid="y") as (_, (ax,)):
         ax.boxplot([[float(r.get("wall_s", 0.0)) for r in by_method[m]] for m in methods], showmeans=True)
         ax.set_xticks(range(1, len(methods) + 1), methods, rotation=20)
-        ax.set(ylabel="seconds per question (wall)", title="Latency")
+        ax.set(ylabel="seconds per question (wall)", title="Latency per question (wall seconds)")
     if rob := results.get("robustness"):  # accuracy against model calls, a line per method through its rates
         with _figure(out / ROBUSTNESS_PLOT) as (_, (ax,)):
             for base in rob["methods"]:
@@ -458,8 +514,25 @@ def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str 
                     ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=base)
                 for x, y, rate in points:
                     ax.annotate(f"{rate:g}", (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
-            ax.set(xlabel="model calls per question (mean)", ylabel="accuracy: F1 (mean)",
-                   title="Accuracy against model calls under tool failures\n(point labels: tool failure rate)")
+            ax.set(xlabel="model calls per question (mean)", ylabel="F1 (mean)",
+                   title="F1 against model calls under tool failures\n(point labels: tool failure rate)")
+    if loss := results["plots"].get("loss"):
+        _plot_losses(results["provenance"]["students"], out / loss)
+
+
+def _plot_losses(students: dict, path: Path) -> None:
+    """Training (solid) and validation (dashed) loss against optimiser step, a colour per student."""
+    from distill.provenance import read_json
+
+    with _figure(path, (7.5, 4.4)) as (_, (ax,)):
+        for i, (name, s) in enumerate(students.items()):
+            history = read_json(Path(s["loss_history"])) if s.get("loss_history") else None
+            for part, key, style in (("train", "loss", "-"), ("eval", "eval_loss", "--")):
+                points = [(e["step"], e[key]) for e in (history or {}).get(part) or [] if key in e and "step" in e]
+                if points:
+                    ax.plot(*zip(*points), style, color=f"C{i}", marker="o" if len(points) < 3 else None,
+                            label=f"{name} {'train' if part == 'train' else 'validation'}")
+        ax.set(xlabel="optimiser step", ylabel="loss", title="Training and validation loss per student")
 
 
 # ------------------------------------------------------------------------------------------ markdown
@@ -491,6 +564,14 @@ def _table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
     """Cells other than text go through `_f`, so a missing number reads "–"."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return lines + ["| " + " | ".join(map(_f, row)) + " |" for row in rows] + [""]
+
+
+def _without_empty(header: list[str], rows: list[list[Any]], empty: Mapping[str, str]) -> tuple[list[str], list]:
+    """`header` and `rows` less the columns named in `empty` whose every cell is that zero or "–": a column of
+    $0.00000 on every local row says nothing."""
+    drop = {i for i, name in enumerate(header) if name in empty and all(r[i] in (empty[name], "–") for r in rows)}
+    keep = [i for i in range(len(header)) if i not in drop]
+    return [header[i] for i in keep], [[r[i] for i in keep] for r in rows]
 
 
 def _hops_table(results: dict, key: str) -> list[str]:
@@ -577,6 +658,78 @@ def _incomplete_lines(incomplete: dict | None) -> list[str]:
                 + "): a method's n may be below the question count. Rerun `distill eval` to finish it.**"]
 
 
+def _ratio_text(value: float | None) -> str:
+    return "–" if value is None else f"×{value:.2f}"
+
+
+def _verdict_lines(results: dict) -> list[str]:
+    """The answer first: each student against the reference, per measure, in words and numbers."""
+    v = results.get("verdict") or {}
+    ref, rows = v.get("reference", results["reference"]), (v.get("rows") or {})
+    lines = ["## Verdict", ""]
+    if not rows:
+        return lines + [f"No student row to set against **{ref}**.", ""]
+    lines += [f"Each student − **{ref}** on the same questions, with its 95% paired bootstrap CI: *better* or "
+              "*worse* only where the CI excludes 0. Tokens and latency are each method's own means and medians "
+              "against the reference's. Per question: [report.html](report.html).", ""]
+    for m, row in rows.items():
+        lines += [headline(m, row, ref), ""]
+        lines += _table(["measure", "n", f"Δ ({m} − {ref}) [95% CI]", "reading"],
+                        [[label, x["n"], _ci_text(x["diff"]), x["reading"]] for label, x in row["measures"].items()])
+        trained = f"trained on {row['train_examples']} examples" if row["train_examples"] is not None else ""
+        lines += ["; ".join(p for p in (f"tokens per question {_ratio_text(row['tokens_ratio'])} {ref}'s",
+                                        f"latency p50 {_ratio_text(row['latency_p50_ratio'])} {ref}'s", trained) if p)
+                  + f" ([questions](report.html#method={m})).", ""]
+        for word in ("better", "worse"):
+            if keys := row["questions"][word]:
+                shown = ", ".join(f"[{k[1]}](report.html#q={quote(k[1])})" for k in keys[:QUESTION_LINKS])
+                more = f" and {len(keys) - QUESTION_LINKS} more" if len(keys) > QUESTION_LINKS else ""
+                lines += [f"Questions where {m} is {word} (F1, then evidence recall): {shown}{more}.", ""]
+        lines += [f"> **Warning:** {w}" for w in row["warnings"]] + ([""] if row["warnings"] else [])
+    return lines
+
+
+def _unknown(value: Any) -> str:
+    return "unknown" if value is None or value == "" else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _provenance_lines(results: dict) -> list[str]:
+    """Where the numbers come from; what the run folder does not say reads "unknown"."""
+    p = results.get("provenance") or {}
+    teacher, ref, solver = p.get("teacher") or {}, p.get("reference") or {}, p.get("solver") or {}
+    datasets = (p.get("datasets") or {})
+    ds = lambda items: ", ".join(f"{d['name']} ({_unknown(d.get('split'))}, n={_unknown(d.get('n'))})"  # noqa: E731
+                                 for d in items) if items else "unknown"
+    lines = [
+        "## Where these numbers come from",
+        "",
+        f"- distill {_unknown(p.get('distill_version'))}, commit {_unknown(p.get('commit'))}; config "
+        f"{_unknown(p.get('config_file'))}",
+        f"- teacher (generation): {_unknown(teacher.get('model'))}, prompt {_unknown(teacher.get('prompt'))}, "
+        f"temperature {_unknown(teacher.get('temperature'))}",
+        f"- reference planner: {_unknown(ref.get('method'))} ({_unknown(ref.get('model'))}, prompt "
+        f"{_unknown(ref.get('prompt'))})",
+        f"- Solver: {_unknown(solver.get('model'))} ({_unknown(solver.get('backend'))})",
+        f"- datasets: eval {ds(datasets.get('eval'))}; generation {ds(datasets.get('generate'))}",
+    ]
+    if fingerprints := p.get("fingerprints"):
+        lines.append("- stage fingerprints: " + "; ".join(f"{stage} {', '.join(map(str, f.values()))}"
+                                                        for stage, f in fingerprints.items()))
+    lines.append("")
+    students = p.get("students") or {}
+    if not students:
+        return lines + ["Students: unknown (no pipeline run folder with sft-data/ and train/ around this "
+                        "evaluation).", ""]
+    loss = results["plots"].get("loss")
+    return lines + _table(
+        ["student", "base model", "LoRA r", "alpha", "steps", "train examples", "validation examples", "prompt",
+         "final train loss", "final validation loss"],
+        [[n, _unknown(s["base_model"]), _unknown(s["lora_r"]), _unknown(s["lora_alpha"]), _unknown(s["steps"]),
+          _unknown(s["train_examples"]), _unknown(s["validation_examples"]), _unknown(s["student_prompt"]),
+          _unknown(s["final_train_loss"]), _unknown(s["final_validation_loss"])] for n, s in students.items()]
+    ) + ([f"![Training and validation loss per student]({loss})", ""] if loss else [])
+
+
 def render_markdown(results: dict) -> str:
     """report.md: the tables of results.json and the plots, linked."""
     per_method, paired, reference = results["per_method"], results["paired"], results["reference"]
@@ -590,6 +743,8 @@ def render_markdown(results: dict) -> str:
         "Every number here is recomputed from `records/<method>.jsonl` (`distill.report.recompute`).",
         *_incomplete_lines(results.get("incomplete")),
         "",
+        *_verdict_lines(results),
+        *_provenance_lines(results),
         "## Accuracy",
         "",
         *_table(
@@ -624,7 +779,7 @@ def render_markdown(results: dict) -> str:
         ),
         "## Cost and efficiency (means per question)",
         "",
-        *_table(
+        *_table(*_without_empty(
             ["method", "steps", "tool calls", "LLM calls", "planner tok", "solver tok", "tool tok", "total tok",
              "$ / question", "$ / correct (EM)", "latency p50 s", "latency p95 s", "tool failures"],
             [[m, _f(pm["steps_mean"], 2), _f(pm["tool_calls_mean"], 2), _f(pm["llm_calls_mean"], 2),
@@ -633,7 +788,10 @@ def render_markdown(results: dict) -> str:
               _f(pm["latency_s"]["p50"], 2), _f(pm["latency_s"]["p95"], 2),
               _f((pm["tool_failures"] or {}).get("rate"), 2)]
              for m, pm in per_method.items()],
-        ),
+            {"tool tok": "0", "$ / question": _money(0.0), "$ / correct (EM)": _money(0.0)},
+        )),
+        *(["Costs are $0 for every method (local models, no prices set): their columns are left out.", ""]
+          if all(not pm["cost_per_question_usd"] for pm in per_method.values()) else []),
         f"## Paired difference against {reference} (method − reference, same questions)",
         "",
         *_table(
@@ -673,8 +831,8 @@ def render_markdown(results: dict) -> str:
 
 
 def write_report(eval_dir: str | Path, out_dir: str | Path | None = None) -> dict:
-    """Recompute results from `<eval_dir>`'s records; write results.json, report.md and the plots to `out_dir`
-    (default: `eval_dir`). Returns the results."""
+    """Recompute results from `<eval_dir>`'s records; write results.json, report.md, the plots and report.html
+    (the per-question viewer) to `out_dir` (default: `eval_dir`). Returns the results."""
     out = Path(out_dir if out_dir is not None else eval_dir)
     results, by_method = _load(eval_dir)
     markdown = render_markdown(results)
@@ -682,6 +840,7 @@ def write_report(eval_dir: str | Path, out_dir: str | Path | None = None) -> dic
         make_plots(results, by_method, tmp)
         write_json(tmp / "results.json", results)
         (tmp / "report.md").write_text(markdown, encoding="utf-8")
+        write_viewer(tmp / VIEWER, results, by_method, question_scores)
     return results
 
 
@@ -704,13 +863,15 @@ def summary_lines(results: dict) -> list[str]:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("eval_dir", metavar="EVAL_DIR", help="an evaluation's output_dir (holds records/)")
-    parser.add_argument("--out", help="folder for report.md, results.json and the plots (default: EVAL_DIR)")
+    parser.add_argument("--out", help="folder for report.md, results.json, report.html and the plots "
+                        "(default: EVAL_DIR)")
 
 
 def main(args: argparse.Namespace) -> int:
     results = write_report(args.eval_dir, args.out)
     out = Path(args.out or args.eval_dir)
     print("\n".join(summary_lines(results) + prompt_budget_summary(results)))
+    print(f"viewer: {out / VIEWER}")
     print(f"report: {out / 'report.md'}")
     print(f"results: {out / 'results.json'}")
     return 0

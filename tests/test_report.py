@@ -446,14 +446,17 @@ def test_distill_report_writes_elsewhere_from_the_records_alone(tmp_path, capsys
     out = tmp_path / "published"
     assert cli.main(["report", str(run), "--out", str(out)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-2:] == [f"report: {out / 'report.md'}", f"results: {out / 'results.json'}"]
+    assert lines[-3:] == [f"viewer: {out / 'report.html'}", f"report: {out / 'report.md'}",
+                          f"results: {out / 'results.json'}"]
     assert [line.split()[0] for line in lines[:4]] == ["teacher", "student", "react", "direct"]
-    assert [line.split(":")[0] for line in lines[4:-2]] == ["prompt budget vs teacher"]  # the one named student
+    assert [line.split(":")[0] for line in lines[4:-3]] == ["prompt budget vs teacher"]  # the one named student
     results = json.loads((out / "results.json").read_text())
     assert results == recompute(run) and results["bootstrap_samples"] == 200
     assert all((out / name).stat().st_size > 1000 for name in results["plots"].values())
     assert "## Accuracy" in (out / "report.md").read_text()
+    assert (out / "report.html").stat().st_size > 1000
     assert not (run / "results.json").exists() and not (run / "report.md").exists()
+    assert not (run / "report.html").exists()
 
 
 def test_distill_report_on_bad_input_is_one_line_exit_2(tmp_path, capsys):

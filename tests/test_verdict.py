@@ -1,0 +1,153 @@
+"""The verdict block and the provenance of the report, from hand-made paired records and run folders."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from distill.report import compute, recompute, render_markdown, write_report
+from distill.store import write_json
+from distill.verdict import MIN_TRAIN_EXAMPLES, reading
+from tests.test_report import rec, sample_run, write_run
+
+
+def paired_rows(n: int = 20) -> dict[str, list[dict]]:
+    """The student finds both gold pages of every question, the teacher none; the teacher answers right, the
+    student wrong; both plans valid; the student spends half the tokens and twice the time."""
+    gold = {f"q{i}": [f"q{i} A", f"q{i} B"] for i in range(n)}
+    teacher = [rec("teacher", q, "Paris", "Paris", gold=g, tokens=400, wall=1.0) for q, g in gold.items()]
+    student = [rec("student", q, "Rome", "Paris", gold=g, titles=tuple(g), tokens=200, wall=2.0)
+               for q, g in gold.items()]
+    return {"teacher": teacher, "student": student}
+
+
+def test_readings_follow_the_paired_ci():
+    assert reading({"diff": 0.2, "lo": 0.05, "hi": 0.4}, 16) == "better"
+    assert reading({"diff": -0.2, "lo": -0.4, "hi": -0.01}, 16) == "worse"
+    assert reading({"diff": 0.1, "lo": 0.0, "hi": 0.3}, 16) == "no detectable difference at n=16"  # touches 0
+    assert reading({"diff": 0.0, "lo": 0.0, "hi": 0.0}, 7) == "no detectable difference at n=7"
+    assert reading(None, 0) is None
+
+
+def test_verdict_on_hand_made_paired_data():
+    results = compute(paired_rows(), methods=["teacher", "student"], reference="teacher", samples=200)
+    v = results["verdict"]
+    assert v["reference"] == "teacher" and list(v["rows"]) == ["student"]
+    row = v["rows"]["student"]
+    got = {label: m["reading"] for label, m in row["measures"].items()}
+    assert got == {"evidence recall": "better", "all gold pages": "better",
+                   "plan valid": "no detectable difference at n=20", "EM": "worse", "F1": "worse"}
+    assert row["measures"]["evidence recall"]["diff"]["diff"] == 1.0 and row["measures"]["EM"]["n"] == 20
+    # the verdict reads the report's own paired test, not a second computation
+    assert row["measures"]["F1"]["diff"] == results["paired"]["student"]["f1"]
+    assert row["measures"]["plan valid"]["diff"] == results["paired"]["student"]["plan_valid"]["valid"]
+    assert (row["tokens_ratio"], row["latency_p50_ratio"]) == (0.5, 2.0)
+    assert row["train_examples"] is None and "training set size unknown" in row["warnings"][0]
+    text = render_markdown(results)
+    assert text.index("## Verdict") < text.index("## Accuracy")
+    assert ("**student** against **teacher**: better on evidence recall, all gold pages; worse on EM, F1; "
+            "no detectable difference at n=20 on plan valid.") in text
+    assert "| evidence recall | 20 | +1.000 [+1.000, +1.000] | better |" in text
+    assert "tokens per question ×0.50 teacher's; latency p50 ×2.00 teacher's" in text
+
+
+def test_direct_and_react_rows_are_not_students_and_missing_measures_read_dash():
+    runs = sample_run()
+    results = compute(runs, methods=["teacher", "student", "react", "direct"], reference="teacher", samples=100)
+    assert list(results["verdict"]["rows"]) == ["student"]
+    trivia = {"teacher": [rec("teacher", "t", "x", "x", dataset="triviaqa")],
+              "student": [rec("student", "t", "x", "x", dataset="triviaqa")]}
+    results = compute(trivia, reference="teacher", samples=50)
+    assert results["verdict"]["rows"]["student"]["measures"]["evidence recall"] == {"n": 0, "diff": None,
+                                                                                   "reading": None}
+    assert "| evidence recall | 0 | – | – |" in render_markdown(results)
+
+
+def pipeline_folder(tmp_path, train_examples: int = 2) -> tuple:
+    """A run folder as the pipeline leaves it: eval/ (records, manifest), generate/, sft-data/ and train/."""
+    runs = sample_run()
+    manifest = {"methods": [{"name": n} for n in runs], "reference": "teacher", "bootstrap_samples": 100,
+                "code_version": "0.1.0+abc1234", "config_file": "configs/demo.yaml",
+                "config": {"solver": {"backend": "openai", "model": "solver-m"},
+                           "planners": [{"name": "student", "spec": {"model": "stu"}},
+                                        {"name": "teacher", "spec": {"model": "p"}}],
+                           "datasets": [{"name": "hotpotqa", "split": "dev", "n": 12, "source": "dev.jsonl"}]}}
+    evals = write_run(tmp_path, runs, manifest)  # tmp_path/run plays <run_dir>/eval
+    write_json(tmp_path / "generate" / "manifest.json",
+               {"config": {"planner": {"model": "teacher-7b", "temperature": 0.7}, "planner_prompt": "fewshot",
+                           "datasets": [{"name": "hotpotqa", "split": "train", "n": 64}]}})
+    write_json(tmp_path / "sft-data" / "stu" / "summary.json",
+               {"splits": {"train": {"examples": train_examples}, "validation": {"examples": 1}},
+                "student_prompt": "full", "tools": ["Wikipedia", "LLM"]})
+    write_json(tmp_path / "train" / "stu" / "distill_adapter.json",
+               {"base_model": "smollm2-135m-instruct", "lora_r": 8, "lora_alpha": 16, "global_step": 12,
+                "final_train_loss": 0.2276, "final_eval_loss": 0.6969})
+    write_json(tmp_path / "train" / "stu" / "loss_history.json",
+               {"train": [{"step": s, "loss": 2.0 / s} for s in range(1, 13)],
+                "eval": [{"step": 6, "eval_loss": 0.9}, {"step": 12, "eval_loss": 0.7}], "summary": {}})
+    return evals, runs
+
+
+def test_provenance_and_training_size_from_the_run_folder(tmp_path):
+    evals, _ = pipeline_folder(tmp_path)
+    results = write_report(evals)
+    assert json.loads((evals / "results.json").read_text()) == results == recompute(evals)
+    assert list(results)[:3] == ["format_version", "verdict", "provenance"]
+    p = results["provenance"]
+    assert (p["distill_version"], p["commit"], p["config_file"]) == ("0.1.0", "abc1234", "configs/demo.yaml")
+    assert p["teacher"] == {"model": "teacher-7b", "prompt": "fewshot", "temperature": 0.7}
+    assert p["reference"] == {"method": "teacher", "model": "p", "prompt": "zeroshot"}
+    assert p["solver"] == {"model": "solver-m", "backend": "openai"}
+    assert p["datasets"]["eval"] == [{"name": "hotpotqa", "split": "dev", "n": 12, "source": "dev.jsonl"}]
+    assert p["datasets"]["generate"][0]["split"] == "train"
+    assert p["student_rows"] == {"student": "stu"}  # the row's planner model is the LoRA module `stu`
+    s = p["students"]["stu"]
+    assert (s["base_model"], s["lora_r"], s["lora_alpha"], s["steps"]) == ("smollm2-135m-instruct", 8, 16, 12)
+    assert (s["train_examples"], s["validation_examples"], s["final_train_loss"]) == (2, 1, 0.2276)
+    row = results["verdict"]["rows"]["student"]
+    assert row["student"] == "stu" and row["train_examples"] == 2
+    assert row["warnings"] == [f"trained on 2 examples (fewer than {MIN_TRAIN_EXAMPLES}): too few for this "
+                               "comparison to say anything about distillation"]
+    text = (evals / "report.md").read_text()
+    assert "> **Warning:** trained on 2 examples" in text
+    assert "- distill 0.1.0, commit abc1234; config configs/demo.yaml" in text
+    assert "- teacher (generation): teacher-7b, prompt fewshot, temperature 0.7" in text
+    assert "- Solver: solver-m (openai)" in text
+    assert "| stu | smollm2-135m-instruct | 8 | 16 | 12 | 2 | 1 | full | 0.2276 | 0.6969 |" in text
+    assert results["plots"]["loss"] == "loss.png" and (evals / "loss.png").stat().st_size > 1000
+    assert "![Training and validation loss per student](loss.png)" in text
+
+
+def test_zero_cost_columns_are_left_out_and_kept_where_a_method_costs_something():
+    free = {m: [dict(r, cost_usd=0.0) for r in recs] for m, recs in sample_run().items()}
+    text = render_markdown(compute(free, samples=50))
+    assert "$ / question" not in text and "$0.00000" not in text and "Costs are $0 for every method" in text
+    paid = render_markdown(compute(sample_run(), samples=50))  # the teacher costs $0.001 a question
+    assert "$ / question" in paid
+    assert "| $0.00100 |" in paid and "Costs are $0" not in paid
+
+
+def test_enough_training_examples_no_warning(tmp_path):
+    evals, _ = pipeline_folder(tmp_path, train_examples=MIN_TRAIN_EXAMPLES)
+    assert recompute(evals)["verdict"]["rows"]["student"]["warnings"] == []
+
+
+@pytest.mark.parametrize("damage", ["absent", "corrupt"])
+def test_missing_provenance_reads_unknown_never_a_traceback(tmp_path, damage):
+    evals, _ = pipeline_folder(tmp_path)
+    for path in (tmp_path / "train" / "stu" / "distill_adapter.json", tmp_path / "generate" / "manifest.json"):
+        path.unlink() if damage == "absent" else path.write_text("{not json")
+    (evals / "manifest.json").write_text(json.dumps({"reference": "teacher", "bootstrap_samples": 50}))
+    (tmp_path / "train" / "stu" / "loss_history.json").write_text("[1, 2")
+    results = write_report(evals)
+    p = results["provenance"]
+    assert p["distill_version"] is None and p["teacher"]["model"] is None and p["solver"]["model"] == "s"
+    assert p["students"]["stu"]["base_model"] is None and p["students"]["stu"]["train_examples"] == 2
+    text = (evals / "report.md").read_text()
+    assert "- distill unknown, commit unknown; config unknown" in text
+    assert "- teacher (generation): unknown, prompt unknown, temperature unknown" in text
+    assert "| stu | unknown | unknown | unknown | unknown | 2 | 1 | full | unknown | unknown |" in text
+    # the row's model is no longer named by the manifest: the row named like the folder is not `stu` either
+    assert "training set size unknown" in results["verdict"]["rows"]["student"]["warnings"][0]
+    assert (evals / "loss.png").exists()  # an unreadable loss history draws no curve, and breaks nothing
