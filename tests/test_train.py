@@ -208,8 +208,27 @@ def test_any_trl_key_works_from_yaml_set_and_flags(tmp_path):
     assert s.gradient_checkpointing_kwargs == {"use_reentrant": True} and m.use_rslora and s.learning_rate == 3e-4
     assert (s.weight_decay, m.lora_dropout, cfg.distill.resume) == (0.1, 0.1, False)
     # the flags are part of the config written beside the adapter, so it reproduces the run
-    assert (cfg.data["weight_decay"], cfg.data["lora_dropout"], cfg.data["resume"]) == (0.1, 0.1, False)
+    assert (cfg.resolved["weight_decay"], cfg.resolved["lora_dropout"], cfg.resolved["resume"]) == (0.1, 0.1, False)
     assert load_config(TrainConfig, SMOKE, ["eval_strategy=no"]).sft.eval_strategy == "no"  # YAML's `no` is false
+
+
+@pytest.mark.parametrize("flags", [
+    ["--learning-rate", "2e-4", "--no-gradient-checkpointing", "--weight-decay=0.1", "--no-resume"],
+    ["--learning_rate=2e-4", "--no_gradient_checkpointing", "--weight_decay", "0.1", "--no_resume"],
+    ["--learning_r", "2e-4", "--no_gradient_c", "--weight_d", "0.1", "--no-res"],  # abbreviations, as argparse takes
+])
+def test_every_flag_spelling_trl_accepts_is_parsed_and_recorded(flags):
+    """Dashes, underscores, `--no-` and abbreviations: TRL's parser alone reads them, and the recorded config
+    (the parsed objects as flat keys) loads back to the same objects."""
+    from distill.train import load_train_config
+
+    cfg = load_train_config(str(SMOKE), ["gradient_checkpointing=true"], flags)
+    assert (cfg.sft.learning_rate, cfg.sft.gradient_checkpointing, cfg.sft.weight_decay) == (2e-4, False, 0.1)
+    assert not cfg.distill.resume
+    assert {k: cfg.resolved[k] for k in ("learning_rate", "gradient_checkpointing", "weight_decay", "resume")} == {
+        "learning_rate": 2e-4, "gradient_checkpointing": False, "weight_decay": 0.1, "resume": False}
+    again = parse_train_config(yaml.safe_load(yaml.safe_dump(cfg.resolved)))
+    assert again.resolved == cfg.resolved and again.sft.to_dict() == cfg.sft.to_dict()
 
 
 def test_indivisible_batches_and_bad_configs_are_one_line_errors(tmp_path, capsys):
@@ -351,6 +370,39 @@ def tiny_model(tmp_path_factory) -> Path:
     LlamaForCausalLM(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def _files_holding(folder: Path, secret: str) -> list[str]:
+    return [str(p) for p in folder.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+@pytest.mark.parametrize("spelling", ["dashes", "underscores"])
+def test_both_flag_spellings_train_and_no_token_is_written(spelling, sft_dir, tiny_model, tmp_path, capfd,
+                                                          monkeypatch):
+    """`python -m distill.train` with TRL-style flags as users type them, one real optimiser step of a 2-layer
+    model; a hub token given as a flag and one in the environment reach no file of the run (checkpoints pickle
+    the training arguments) and no line it prints."""
+    from distill.train import launcher_main
+
+    flag_token, env_token = "hf_FlagToken0123456789", "hf_EnvToken9876543210"
+    monkeypatch.setenv("HF_TOKEN", env_token)
+    flags = {"dashes": ["--learning-rate", "2e-4", "--no-gradient-checkpointing", "--hub-token", flag_token],
+             "underscores": ["--learning_rate=2e-4", "--no_gradient_checkpointing", f"--hub_token={flag_token}"]}
+    out = tmp_path / "adapter"
+    sets = [f"dataset_dir={sft_dir}", f"output_dir={out}", f"model_name_or_path={tiny_model}", "max_steps=1",
+            "global_batch_size=2", "eval_strategy=no", "save_strategy=steps", "save_steps=1", "warmup_ratio=0",
+            "gradient_checkpointing=true", "logging_steps=1"]
+    argv = ["--config", str(SMOKE), *(w for s in sets for w in ("--set", s)), *flags[spelling]]
+    assert launcher_main(argv) == 0
+    info = json.loads((out / "distill_adapter.json").read_text())
+    assert info["global_step"] == 1 and (out / "checkpoint-1").is_dir()
+    recorded = yaml.safe_load((out / "train_config.yaml").read_text())
+    assert recorded["learning_rate"] == 2e-4 and recorded["gradient_checkpointing"] is False
+    assert recorded.get("hub_token") is None
+    printed = capfd.readouterr()
+    for secret in (flag_token, env_token):
+        assert _files_holding(out, secret) == [], secret
+        assert secret not in printed.out + printed.err
 
 
 @pytest.mark.slow
