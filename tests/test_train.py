@@ -532,17 +532,22 @@ def test_gpu_check_arguments_grid_and_table():
 
 
 @pytest.mark.slow
-def test_pipeline_launch_trains_in_a_child_process(sft_dir, tmp_path):
-    """The pipeline's train stage on CPU: the section becomes a config file, one child process trains from it."""
+def test_pipeline_launch_trains_in_a_child_process(sft_dir, tmp_path, monkeypatch):
+    """The pipeline's train stage on CPU: the section becomes a config file, one child process trains from it.
+    Its hub_token reaches the child through the environment, and no file of the run."""
     from distill.train import launch
 
+    monkeypatch.setenv("HF_TOKEN", "restored at teardown")
+    monkeypatch.delenv("HF_TOKEN")
+    token = "hf_SectionToken0123456"
     section = yaml.safe_load(SMOKE.read_text()) | {
         "dataset_dir": str(sft_dir), "output_dir": str(tmp_path / "train"), "max_steps": 1, "global_batch_size": 2,
         "eval_strategy": "no", "save_strategy": "no", "use_rslora": True,  # a TRL key distill never mentions
     }
-    info = launch(section, gpus=0)
+    info = launch(section | {"hub_token": token}, gpus=0)
     assert info["global_step"] == 1 and info["world_size"] == 1 and info["effective_batch_size"] == 2
     assert yaml.safe_load((tmp_path / "train" / "stage_config.yaml").read_text()) == section
+    assert _files_holding(tmp_path / "train", token) == [] and os.environ["HF_TOKEN"] == token
     adapter = json.loads((tmp_path / "train" / "adapter_config.json").read_text())
     assert adapter["use_rslora"] is True and adapter["r"] == 8
 
