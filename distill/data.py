@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import Field
+
 from distill.config import Strict
 from distill.errors import DistillError
 from distill.store import read_jsonl
@@ -30,7 +32,7 @@ class DatasetSource(Strict):
     name: Literal["hotpotqa", "triviaqa"] | str
     source: str
     split: str = "train"
-    n: int | None = None  # how many distinct questions to draw; None = all
+    n: int | None = Field(default=None, ge=1)  # how many distinct questions to draw; None = all
 
 
 EXPECTED_LAYOUTS = ("rows with `question` plus `answer`/`answers` (generic), HotpotQA rows (`_id`, `context`, "
