@@ -360,7 +360,47 @@ def load_splits(dataset_dir: str):
     for column in ("prompt", "completion"):
         if column not in data["train"].column_names:
             raise DistillError(f"{dataset_dir}: no {column!r} column; expected the prompt/completion form")
-    return data["train"], data.get("validation") or None
+    val = data.get("validation") or None
+    for name, split in (("train", data["train"]), ("validation", val)):
+        if split is not None:
+            empty = [i for i, c in enumerate(split["completion"]) if not _text(c).strip()]
+            if empty:
+                raise DistillError(f"{dataset_dir}: {len(empty)} of {len(split)} {name} completions are empty "
+                                   f"(the first in row {empty[0]}); an empty completion teaches the planner to "
+                                   "write nothing")
+    return data["train"], val
+
+
+def _text(value: Any) -> str:
+    """A prompt's or completion's text, conversational (a list of messages) or plain."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(str(m.get("content") or "") for m in value if isinstance(m, dict))
+    return ""
+
+
+def check_prompt_lengths(splits: dict, tokenizer, max_length: int | None, dataset_dir: str) -> None:
+    """Before the model loads: a prompt of max_length tokens or more leaves nothing of its completion to train
+    on (TRL truncates from the end), and a run of them ends in an empty sampler after minutes of loading."""
+    if not max_length:
+        return
+    for name, split in splits.items():
+        too_long = []
+        for i, prompt in enumerate(split["prompt"] if split is not None else []):
+            if isinstance(prompt, list):
+                ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+                ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            else:
+                ids = tokenizer(str(prompt), add_special_tokens=False)["input_ids"]
+            if len(ids) >= max_length:
+                too_long.append((i, len(ids)))
+        if too_long:
+            row, tokens = too_long[0]
+            raise DistillError(
+                f"{dataset_dir}: {len(too_long)} {name} prompt(s) of max_length ({max_length}) tokens or more, "
+                f"the first in row {row} with {tokens:,}: nothing of their completions would be trained on; "
+                "leave them out or raise max_length")
 
 
 def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: bool = False):
@@ -391,6 +431,7 @@ def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: boo
     if not tokenizer.chat_template:
         raise DistillError(f"{cfg.model.model_name_or_path}: the tokenizer has no chat template; the planner prompt "
                            "is a chat")
+    check_prompt_lengths({"train": train, "validation": val}, tokenizer, args.max_length, cfg.distill.dataset_dir)
     log.info(
         "effective batch %d = per-device %d x accumulation %d x %d process(es); %d train / %d validation examples",
         cfg.distill.global_batch_size, args.per_device_train_batch_size, args.gradient_accumulation_steps,

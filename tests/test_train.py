@@ -253,6 +253,53 @@ def test_indivisible_batches_and_bad_configs_are_one_line_errors(tmp_path, capsy
     assert "not a dataset folder" in capsys.readouterr().err
 
 
+@pytest.fixture(scope="module")
+def tokenizer_only(tmp_path_factory) -> Path:
+    """A model folder with SmolLM2's tokenizer and no weights: a trainer that got as far as loading the model
+    would fail there with another error, so a refusal seen here was made before the model loads."""
+    from transformers import AutoTokenizer
+
+    from distill.llm.embedded import resolve_model_path
+
+    out = tmp_path_factory.mktemp("tokenizer") / "model"
+    AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m-instruct")).save_pretrained(out)
+    return out
+
+
+def _dataset_like(sft_dir: Path, out: Path, change) -> Path:
+    """The real sft-data output of `sft_dir` with every train row passed through `change(index, row)`."""
+    from datasets import DatasetDict, load_from_disk
+
+    data = load_from_disk(str(sft_dir))
+    DatasetDict({"train": data["train"].map(change, with_indices=True), "validation": data["validation"]}) \
+        .save_to_disk(str(out))
+    return out
+
+
+@pytest.mark.parametrize("case", ["all completions empty", "one 1 MB prompt"])
+def test_unusable_training_data_is_refused_before_the_model_loads(case, sft_dir, tokenizer_only, tmp_path, capsys):
+    from distill.cli import main as cli_main
+    from distill.train import build_trainer
+
+    def change(row, i):
+        if case == "all completions empty":
+            return {"completion": [{"role": "assistant", "content": " "}]}
+        if i == 3:
+            return {"prompt": row["prompt"][:-1] + [{"role": "user", "content": "Question: " + "why " * 250_000}]}
+        return {}
+
+    data = _dataset_like(sft_dir, tmp_path / "sft", change)
+    says = "8 of 8 train completions are empty" if case.startswith("all") else "in row 3 with"
+    with pytest.raises(DistillError, match=says):
+        build_trainer(TrainConfig.model_validate(_small(data, tmp_path / "out", model_name_or_path=str(tokenizer_only))))
+    capsys.readouterr()  # the progress bars of writing the dataset
+    assert cli_main(["train", "--config", str(SMOKE), "--set", f"dataset_dir={data}",
+                     "--set", f"model_name_or_path={tokenizer_only}", "--set", f"output_dir={tmp_path / 'out'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err, err
+    assert not (tmp_path / "out" / "adapter_model.safetensors").exists()
+
+
 def _stop_at(step: int):
     """Simulates an interruption: checkpoint at `step`, then stop, as if the job had been killed right after."""
     from transformers import TrainerCallback
