@@ -119,10 +119,10 @@ def parse_overrides(pairs: list[str] | None) -> dict:
         if len(raw) > MAX_CONFIG_BYTES:
             raise DistillError(f"--set {dotted.strip()}: the value is too large for a setting")
         try:
-            data[last] = load_yaml_text(raw, f"--set {dotted.strip()}") if raw != "" else ""
-        except DistillError as exc:
-            if "not valid YAML" not in str(exc):
-                raise
+            data[last] = _load(raw, f"--set {dotted.strip()}") if raw != "" else ""
+        except _DuplicateKey as exc:
+            raise DistillError(f"--set {dotted.strip()}: {exc.problem}") from None
+        except yaml.YAMLError:
             data[last] = raw  # not YAML: the text as it is
     return out
 
@@ -141,6 +141,10 @@ MAX_CONFIG_VALUES = 100_000
 _MERGE = "tag:yaml.org,2002:merge"
 
 
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    pass
+
+
 class _ConfigLoader(yaml.SafeLoader):
     """PyYAML's safe loader, except that a key given twice in one mapping is an error (YAML keeps the last one
     silently); `<<: *base` merges still override as they should."""
@@ -154,8 +158,7 @@ class _ConfigLoader(yaml.SafeLoader):
                 key = self.construct_object(key_node, deep=True)
                 if isinstance(key, (str, int, float, bool)) or key is None:
                     if key in seen:
-                        raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}",
-                                                                key_node.start_mark)
+                        raise _DuplicateKey(None, None, f"duplicate key {key!r}", key_node.start_mark)
                     seen.add(key)
         return super().construct_mapping(node, deep)
 
@@ -170,9 +173,9 @@ def _expanded_size(node, memo: dict[int, int]) -> int:
     return memo[id(node)]
 
 
-def load_yaml_text(text: str, where: str):
-    """The one YAML reader of configs (files and `--set` values): duplicate keys and alias bombs refused, every
-    problem one line naming `where` and the line."""
+def _load(text: str, where: str):
+    """One YAML document; syntax errors and duplicate keys raise PyYAML's errors, an alias bomb or a nesting
+    too deep for a config a DistillError."""
     loader = _ConfigLoader(text)
     try:
         node = loader.get_single_node()
@@ -182,16 +185,23 @@ def load_yaml_text(text: str, where: str):
             raise DistillError(f"{where}: anchors and aliases expand to more than {MAX_CONFIG_VALUES:,} values; "
                                "write the config out instead")
         return loader.construct_document(node)
+    except RecursionError:
+        raise DistillError(f"{where}: nested too deeply to be a config") from None
+    finally:
+        loader.dispose()
+
+
+def load_yaml_text(text: str, where: str):
+    """The one YAML reader of configs (files and `--set` values): duplicate keys and alias bombs refused, every
+    problem one line naming `where` and the line."""
+    try:
+        return _load(text, where)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark else ""
         raise DistillError(f"{where}{line}: not valid YAML ({exc.problem or exc.context})") from None
     except yaml.YAMLError as exc:
         raise DistillError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    except RecursionError:
-        raise DistillError(f"{where}: nested too deeply to be a config") from None
-    finally:
-        loader.dispose()
 
 
 def read_yaml(path: str | Path) -> dict:
