@@ -347,7 +347,7 @@ def test_cpu_smoke_config_trains_resumes_and_merges(sft_dir, tmp_path, smollm2, 
     assert info["base_model"] == "smollm2-135m-instruct" and info["lora_r"] == 8 and info["global_step"] == 6
     assert info["effective_batch_size"] == 2 and info["gradient_accumulation_steps"] == 1
     assert info["lora_target_modules"] == "all-linear" and info["max_length"] == 1024
-    assert load_config(TrainConfig, out / "train_config.yaml") == cfg
+    assert load_config(TrainConfig, out / "train_config.yaml").resolved == cfg.resolved  # the record reproduces it
 
     # The saved chat template is the one used in training, and renders the inference prompt exactly.
     saved = AutoTokenizer.from_pretrained(out)
