@@ -18,6 +18,7 @@ import functools
 import importlib.util
 import json
 import logging
+import math
 import os
 import shlex
 import subprocess
@@ -184,12 +185,16 @@ BOUNDS: dict[str, tuple[float, bool]] = {
 
 def check_bounds(values: dict) -> None:
     """One line naming the setting, for the numbers TRL would take and fail on later (or never)."""
+    from trl import ModelConfig, SFTConfig
+
+    nullable = {f.name for cls in (DistillArguments, SFTConfig, ModelConfig) for f in dataclasses.fields(cls)
+                if f.default is None}
     for name, value in values.items():
-        if name not in BOUNDS or value is None or isinstance(value, str):
+        if name not in BOUNDS or isinstance(value, str) or (value is None and name in nullable):
             continue  # strings are TRL's parser's to refuse, with its own message
         low, inclusive = BOUNDS[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            _fail(f"{name}: expected a number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            _fail(f"{name}: expected a finite number, got {value!r}")
         if value < low or (value == low and not inclusive):
             _fail(f"{name}: {value!r} must be {'>=' if inclusive else '>'} {low:g}")
         if name == "lora_dropout" and value >= 1:

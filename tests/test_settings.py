@@ -163,3 +163,18 @@ def test_any_value_of_a_numeric_setting_is_a_valid_config_or_one_line_naming_it(
         for attr, holds in (("ge", got is None or got >= getattr(bound, "ge", got)),
                             ("gt", got is None or not hasattr(bound, "gt") or got > bound.gt)):
             assert holds, (name, value, attr)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(sorted(__import__("distill.train", fromlist=["BOUNDS"]).BOUNDS)), value=ANY_VALUE)
+def test_any_value_of_a_numeric_training_setting_is_a_valid_config_or_one_line_naming_it(name, value):
+    """Through TRL's own parser, as a config key: TRL's checks and ours, never a traceback."""
+    from distill.train import TrainConfig
+
+    try:
+        cfg = load_config(TrainConfig, SMOKE, [f"{name}={yaml.safe_dump(value, default_flow_style=True).strip()}"])
+    except DistillError as exc:
+        message = str(exc)
+        assert len(message.splitlines()) == 1 and name in message, message
+        return
+    assert cfg.sft.per_device_train_batch_size >= 1 and cfg.distill.global_batch_size >= 1
