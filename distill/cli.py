@@ -14,6 +14,7 @@ import sys
 import traceback
 
 from distill.errors import DistillError, is_environment_failure, one_line
+from distill.secrets import mask, mask_log_record
 
 # (argv words, module, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(mask_log_record)
     logging.getLogger("distill").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     for noisy in ("bm25s", "httpx", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -84,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         if args.verbose:
             traceback.print_exc()
-        print(f"error: {exc if isinstance(exc, DistillError) else one_line(exc)}", file=sys.stderr)
+        print(f"error: {mask(str(exc)) if isinstance(exc, DistillError) else one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: finished work is saved; rerun the same command to resume", file=sys.stderr)

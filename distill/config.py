@@ -33,7 +33,9 @@ DEFAULT_PRICES: dict[str, dict[str, float]] = {
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    """Unknown keys are errors, and no number is infinite or NaN: no setting means either."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
 
 
 class ModelSpec(Strict):
@@ -43,15 +45,15 @@ class ModelSpec(Strict):
     model: str = "smollm2-135m-instruct"
     base_url: str | list[str] | None = None  # several URLs spread the load across servers
     api_key_env: str | None = None  # the *name* of the env var that holds the key, never the key
-    temperature: float = 0.0
-    max_tokens: int = 512
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)  # OpenAI's range; vLLM's is the same in practice
+    max_tokens: int = Field(default=512, ge=1)
     stop: list[str] | None = None  # e.g. ["\nQuestion:"] so a few-shot planner stops after its plan
-    max_concurrency: int = 8
-    timeout_s: float = 120.0
-    max_retries: int = 5  # per call, on 429/5xx/timeouts/dropped connections/bad 200 bodies
-    max_retry_after_s: float = 60.0  # a server's Retry-After is honoured up to this; beyond it, this is waited
-    prompt_per_mtok: float | None = None  # price override, dollars per million tokens
-    completion_per_mtok: float | None = None
+    max_concurrency: int = Field(default=8, ge=1)
+    timeout_s: float = Field(default=120.0, gt=0)
+    max_retries: int = Field(default=5, ge=0)  # per call, on 429/5xx/timeouts/dropped connections/bad 200 bodies
+    max_retry_after_s: float = Field(default=60.0, ge=0)  # a server's Retry-After is honoured up to this
+    prompt_per_mtok: float | None = Field(default=None, ge=0)  # price override, dollars per million tokens
+    completion_per_mtok: float | None = Field(default=None, ge=0)
     tokenizer: str | None = None  # counts tokens when a server returns no usage
     dtype: str = "float32"  # transformers backend
     device: str = "cpu"  # transformers backend: cpu, cuda, auto
@@ -78,18 +80,18 @@ class AgentConfig(Strict):
     wikipedia_backend: Literal["local", "online"] = "local"
     wikipedia_corpus: str | None = "data/demo/corpus.jsonl"
     wikipedia_scope: Literal["corpus", "question"] = "corpus"  # question: only the example's own paragraphs
-    wikipedia_top_k: int = 1
-    wikipedia_max_chars: int = 800
+    wikipedia_top_k: int = Field(default=1, ge=1)
+    wikipedia_max_chars: int = Field(default=800, ge=1)
     # online backend: a URL or email for the User-Agent (Wikimedia's policy asks for one); requests in flight;
     # retries on rate limits and server faults; seconds per request; the longest wait between two tries
     wikipedia_contact: str | None = None
-    wikipedia_max_concurrency: int = 4
-    wikipedia_max_retries: int = 5
-    wikipedia_timeout_s: float = 10.0
-    wikipedia_max_wait_s: float = 20.0
-    worker_max_concurrency: int = 8
-    tool_timeout_s: float = 30.0
-    evidence_max_chars: int = 1500
+    wikipedia_max_concurrency: int = Field(default=4, ge=1)
+    wikipedia_max_retries: int = Field(default=5, ge=0)
+    wikipedia_timeout_s: float = Field(default=10.0, gt=0)
+    wikipedia_max_wait_s: float = Field(default=20.0, ge=0)
+    worker_max_concurrency: int = Field(default=8, ge=1)
+    tool_timeout_s: float = Field(default=30.0, gt=0)
+    evidence_max_chars: int = Field(default=1500, ge=1)  # a tool's output kept as evidence; the rest is cut
     max_plan_chars: int = Field(default=DEFAULT_MAX_PLAN_CHARS, ge=1)  # planner output read; the rest: too_long
     max_plan_steps: int = Field(default=DEFAULT_MAX_PLAN_STEPS, ge=1)  # more is too_many_steps, not tool calls
     # re-planning on surprise (off: plain ReWOO): a step whose evidence has a status in replan_on asks the
@@ -98,7 +100,7 @@ class AgentConfig(Strict):
     replan_on: list[Surprise] = Field(default_factory=lambda: list(SURPRISES))
     max_replans: int = Field(default=1, ge=1)
     cache: str | None = None  # SQLite call cache path; None turns it off
-    prices: dict[str, dict[str, float]] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
+    prices: dict[str, dict[str, Annotated[float, Field(ge=0)]]] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
 
 
 def parse_overrides(pairs: list[str] | None) -> dict:
@@ -114,10 +116,14 @@ def parse_overrides(pairs: list[str] | None) -> dict:
             data = data.setdefault(key, {})
             if not isinstance(data, dict):
                 raise DistillError(f"--set {dotted.strip()}: {key} is not a mapping")
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise DistillError(f"--set {dotted.strip()}: the value is too large for a setting")
         try:
-            data[last] = yaml.safe_load(raw) if raw != "" else ""
+            data[last] = _load(raw, f"--set {dotted.strip()}") if raw != "" else ""
+        except _DuplicateKey as exc:
+            raise DistillError(f"--set {dotted.strip()}: {exc.problem}") from None
         except yaml.YAMLError:
-            data[last] = raw
+            data[last] = raw  # not YAML: the text as it is
     return out
 
 
@@ -148,14 +154,88 @@ def _merge_items(items: list, over: dict, path: str) -> list:
     return out
 
 
+# A config is a page of settings: a file beyond this is a mistake (a dataset named as a config), and anchors
+# that expand beyond this many values are an attack (`a: &a [x, x]`, `b: &b [*a, *a]`, ... doubles each line).
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_VALUES = 100_000
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    pass
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (YAML keeps the last one
+    silently); `<<: *base` merges still override as they should."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == _MERGE:
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                if isinstance(key, (str, int, float, bool)) or key is None:
+                    if key in seen:
+                        raise _DuplicateKey(None, None, f"duplicate key {key!r}", key_node.start_mark)
+                    seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _expanded_size(node, memo: dict[int, int]) -> int:
+    """Values the node stands for once every alias is expanded (memoised: linear in the nodes written)."""
+    if id(node) not in memo:
+        memo[id(node)] = 0  # a recursive alias counts once
+        children = node.value if isinstance(node, yaml.SequenceNode) else (
+            [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else [])
+        memo[id(node)] = min(1 + sum(_expanded_size(c, memo) for c in children), MAX_CONFIG_VALUES + 1)
+    return memo[id(node)]
+
+
+def _load(text: str, where: str):
+    """One YAML document; syntax errors and duplicate keys raise PyYAML's errors, an alias bomb or a nesting
+    too deep for a config a DistillError."""
+    loader = _ConfigLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, {}) > MAX_CONFIG_VALUES:
+            raise DistillError(f"{where}: anchors and aliases expand to more than {MAX_CONFIG_VALUES:,} values; "
+                               "write the config out instead")
+        return loader.construct_document(node)
+    except RecursionError:
+        raise DistillError(f"{where}: nested too deeply to be a config") from None
+    finally:
+        loader.dispose()
+
+
+def load_yaml_text(text: str, where: str):
+    """The one YAML reader of configs (files and `--set` values): duplicate keys and alias bombs refused, every
+    problem one line naming `where` and the line."""
+    try:
+        return _load(text, where)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark else ""
+        raise DistillError(f"{where}{line}: not valid YAML ({exc.problem or exc.context})") from None
+    except yaml.YAMLError as exc:
+        raise DistillError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
+
+
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
-    if not path.exists():
-        raise DistillError(f"config not found: {path}")
+    if not path.is_file():
+        raise DistillError(f"config not found: {path}" if not path.exists() else f"{path}: not a file")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise DistillError(f"{path}: {path.stat().st_size:,} bytes is too large for a config "
+                           f"(at most {MAX_CONFIG_BYTES:,})")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise DistillError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DistillError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start + 1})") from None
+    data = load_yaml_text(text, str(path)) or {}
     if not isinstance(data, dict):
         raise DistillError(f"{path}: a config must be a mapping of keys to values")
     return data

@@ -37,7 +37,7 @@ class DatasetSource(Strict):
     name: Literal["hotpotqa", "triviaqa"] | str
     source: str
     split: str = "train"
-    n: int | None = None  # how many distinct questions to draw; None = all
+    n: int | None = Field(default=None, ge=1)  # how many distinct questions to draw; None = all
     max_question_chars: int = Field(default=DEFAULT_MAX_QUESTION_CHARS, ge=1)  # longer questions are refused
 
 

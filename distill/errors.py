@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from distill.secrets import mask
+
 # Libraries whose exceptions mean "a server or the network failed", not "the code is wrong": named by module
 # so that telling them apart imports none of them.
 _CLIENT_MODULES = ("openai", "httpx", "httpcore", "aiohttp", "requests", "urllib3", "sqlite3", "huggingface_hub")
@@ -17,14 +19,15 @@ class ServerUnreachable(DistillError):
 
 
 def clip(text: str, limit: int) -> str:
-    """Text folded onto one line and cut to `limit` characters, for quoting a server's error body or the like."""
-    text = " ".join(text.split())
+    """Text folded onto one line, its secrets masked (before the cut, which could leave half a key) and cut to
+    `limit` characters, for quoting a server's error body or the like."""
+    text = " ".join(mask(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def one_line(exc: BaseException, limit: int = 500) -> str:
     """The exception as one bounded line, `Type: message` unless it is a DistillError (whose message is written
-    for users already): manifests and terminals get a reason, never a multi-line dump."""
+    for users already): manifests and terminals get a reason, never a multi-line dump, and never a secret."""
     text = str(exc).strip() or "(no message)"
     return clip(text if isinstance(exc, DistillError) else f"{type(exc).__name__}: {text}", limit)
 

@@ -160,13 +160,13 @@ class EvalConfig(AgentConfig):
     baselines: list[Literal["react", "direct"]] = Field(default_factory=list)
     datasets: list[EvalDatasetSource] = Field(default_factory=list)
     output_dir: str = "runs/eval"
-    seed: int = 0  # per-question sampling seeds and the bootstrap
+    seed: int = Field(default=0, ge=0)  # per-question sampling seeds and the bootstrap
     concurrency: int = Field(default=4, ge=1)  # questions in flight per method
     cache: str | None = "auto"  # auto: <output_dir>/cache/<method>.sqlite; a path: one shared file; null: off
     react_max_steps: int = Field(default=6, ge=1)
     react_max_tokens: int = Field(default=256, ge=1)  # per ReAct turn (a Thought and an Action)
     tool_failure_rate: float = Field(default=0.0, ge=0.0, le=1.0)
-    tool_failure_seed: int = 0
+    tool_failure_seed: int = Field(default=0, ge=0)
     judge: ModelSpec | None = None
     bootstrap_samples: int = Field(default=1000, ge=1)
     robustness: RobustnessSweep | None = None

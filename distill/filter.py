@@ -19,7 +19,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Literal, get_args
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from distill.config import Strict, add_config_args, load_config
 from distill.rewoo.record import TrajectoryRecord
@@ -44,11 +44,11 @@ class KeptRecord(TrajectoryRecord):
 
 class FilterConfig(Strict):
     criterion: Criterion = "answer"
-    min_f1: float = 0.8  # HotpotQA: correct when EM on any alias or F1 >= min_f1
+    min_f1: float = Field(default=0.8, ge=0.0, le=1.0)  # HotpotQA: correct when EM on any alias or F1 >= min_f1
     f1_datasets: list[str] = ["hotpotqa"]  # datasets where the F1 rule applies; elsewhere EM only
     use_judge: bool = False  # correct when the stored judge verdict says so (needs a judged run)
     accept_contained_answer: bool = False  # also correct when a normalised gold alias occurs in the prediction
-    max_steps: int | None = None
+    max_steps: int | None = Field(default=None, ge=1)
     reject_unused_evidence: bool = False  # drop plans where some #E is never used by a later step or the solver
     best_per_question: bool = True
 

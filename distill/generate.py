@@ -31,9 +31,9 @@ class GenerateConfig(AgentConfig):
     datasets: list[DatasetSource] = Field(default_factory=list)
     eval_sets: list[DatasetSource] = Field(default_factory=list)  # leak guard: refuse train questions found here
     output_dir: str = "runs/teacher"
-    seed: int = 0
-    samples_per_question: int = 1  # >1: rejection sampling, several plans per question
-    concurrency: int = 4  # questions in flight
+    seed: int = Field(default=0, ge=0)
+    samples_per_question: int = Field(default=1, ge=1)  # >1: rejection sampling, several plans per question
+    concurrency: int = Field(default=4, ge=1)  # questions in flight
     cache: str | None = "auto"  # auto = <output_dir>/calls.sqlite; null turns the cache off
     judge: ModelSpec | None = None  # optional LLM judge (the paper's "Acc")
     leak_policy: Literal["refuse", "exclude"] = "refuse"  # exclude: draw around eval questions instead of failing

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Hashable, Iterator
 
 from distill.errors import DistillError, ServerUnreachable, is_environment_failure, one_line
+from distill.secrets import mask, masked_argv, masked_mapping
 from distill.store import JsonlStore, overwrite_in_place, write_json
 
 
@@ -56,7 +57,7 @@ def manifest_header(command: str, cfg, config_path: str | None) -> dict:
     return {
         "command": command,
         "config_file": config_path,
-        "config": cfg.model_dump(mode="json"),
+        "config": masked_mapping(cfg.model_dump(mode="json")),
         "code_version": code_version(),
         "python": platform.python_version(),
         "started_at": now(),
@@ -78,7 +79,8 @@ def folder_lock(out: Path) -> Iterator[None]:
             raise DistillError(f"{out} is in use by {holder}; wait for it to finish or stop it") from None
         # the holder's line is written only once the lock is ours, so it never mixes two runs' words
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} ({' '.join(sys.argv)[:300]})\n".encode(), 0)
+        command = mask(" ".join(masked_argv(sys.argv)))[:300]  # the file outlives the run: no secret in it
+        os.pwrite(fd, f"pid {os.getpid()} ({command})\n".encode(), 0)
         yield
     finally:
         os.close(fd)  # releases the lock

@@ -39,6 +39,7 @@ from distill.config import Strict, add_config_args, load_config
 from distill.errors import DistillError
 from distill.llm.embedded import EMBEDDED_NAME, cache_root, is_embedded, resolve_model_path
 from distill.merge import read_json, trained_base
+from distill.secrets import MASK, mask, masked_argv, masked_env, secret_values
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,6 @@ Platform = Literal["cpu", "gpu"]
 # Config keys that fix the shapes a LoRA adapter was trained against.
 ARCH_KEYS = ("model_type", "hidden_size", "num_hidden_layers")
 WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
-# Environment entries whose values are masked wherever a command line or log line is shown.
-SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET", re.IGNORECASE)
 # A LoRA module name: what a client sends as `model`, and in the pipeline a folder name too.
 MODULE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # Interpreter-exit chatter (triton's nanobind leak report) that would push the real error out of the log tail.
@@ -403,7 +402,7 @@ def build_command(cfg: ServeConfig, platform: Platform) -> tuple[list[str], dict
         argv += ["--tensor-parallel-size", str(cfg.tensor_parallel_size)]
     argv += list(cfg.extra_args)
     env = _server_env(cfg, cpu)
-    keyed = "VLLM_API_KEY" in env or masked_argv(argv) != argv
+    keyed = "VLLM_API_KEY" in env or any(w == "--api-key" or w.startswith("--api-key=") for w in argv)
     if not is_loopback(cfg.host) and not keyed and not cfg.allow_unauthenticated:
         raise DistillError(
             f"host {cfg.host!r} lets other machines reach the server: set api_key_env to the name of an "
@@ -417,25 +416,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return host == "localhost"
-
-
-def masked_argv(argv: list[str]) -> list[str]:
-    return ["***" if i and argv[i - 1] == "--api-key" else "--api-key=***" if a.startswith("--api-key=") else a
-            for i, a in enumerate(argv)]
-
-
-def secret_values(argv: list[str], env: dict[str, str]) -> set[str]:
-    """The values never to show, to scrub from the server's own log lines (vLLM prints its arguments).
-    Values under 4 characters are left: they are no secret, and replacing them would garble every line."""
-    found = {v for k, v in env.items() if SECRET_NAME.search(k)}
-    found |= {a.removeprefix("--api-key=") for a, m in zip(argv, masked_argv(argv)) if a != m}
-    return {v for v in found if len(v) >= 4}
-
-
-def mask(text: str, secrets: set[str]) -> str:
-    for value in sorted(secrets, key=len, reverse=True):
-        text = text.replace(value, "***")
-    return text
 
 
 def _server_env(cfg: ServeConfig, cpu: bool) -> dict[str, str]:
@@ -453,8 +433,10 @@ def _server_env(cfg: ServeConfig, cpu: bool) -> dict[str, str]:
 
 def format_command(argv: list[str], env: dict[str, str]) -> str:
     """A shell line to rerun the server by hand, with keys, tokens and secrets masked."""
-    shown = {k: ("***" if SECRET_NAME.search(k) else shlex.quote(v)) for k, v in env.items() if k != "PYTHONUNBUFFERED"}
-    return " ".join([*(f"{k}={v}" for k, v in shown.items()), shlex.join(masked_argv(argv))])
+    secrets = secret_values(argv, env)
+    shown = {k: v if v == MASK else shlex.quote(mask(v, secrets)) for k, v in masked_env(env).items()
+             if k != "PYTHONUNBUFFERED"}
+    return " ".join([*(f"{k}={v}" for k, v in shown.items()), mask(shlex.join(masked_argv(argv)), secrets)])
 
 
 # ---------------------------------------------------------------- the process

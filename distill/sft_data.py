@@ -40,7 +40,7 @@ class SftDataConfig(Strict):
     tools: list[str] = Field(default_factory=lambda: list(DEFAULT_TOOLS))
     student_prompt: PlannerPrompt = "full"
     val_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
     tokenizer: str | None = "smollm2-135m-instruct"  # for the token-length summary; None or "none" skips it
 
     @field_validator("tools", mode="before")

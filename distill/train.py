@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import functools
 import importlib.util
 import json
 import logging
+import math
 import os
 import shlex
 import subprocess
@@ -32,6 +34,7 @@ from distill.config import add_config_args as configure_parser
 from distill.config import load_config
 from distill.errors import DistillError
 from distill.merge import ADAPTER_INFO
+from distill.secrets import is_secret_name, mask, mask_log_record, masked_mapping, remember
 
 log = logging.getLogger("distill.train")
 
@@ -70,12 +73,14 @@ DEFAULTS: dict[str, Any] = {
 @dataclass
 class TrainConfig:
     """The three argument classes with the flat dict they came from (which alone decides equality);
-    `model_validate` lets `distill.config.load_config` and the pipeline treat it like the other stages' configs."""
+    `model_validate` lets `distill.config.load_config` and the pipeline treat it like the other stages' configs.
+    `resolved` is the parsed objects as flat keys, flags included: what `train_config.yaml` records."""
 
     data: dict
     distill: DistillArguments = field(compare=False)
     sft: Any = field(compare=False)
     model: Any = field(compare=False)
+    resolved: dict = field(default_factory=dict, compare=False)
 
     @classmethod
     def model_validate(cls, data: dict) -> TrainConfig:
@@ -107,7 +112,7 @@ def parse_train_config(data: dict, argv: list[str] | None = None, processes: int
     import torch
 
     import_trl()
-    from trl import ModelConfig, SFTConfig, TrlParser
+    from trl import SFTConfig
 
     if "gradient_accumulation_steps" in data:
         _fail("gradient_accumulation_steps is derived from global_batch_size and the number of processes; "
@@ -122,47 +127,121 @@ def parse_train_config(data: dict, argv: list[str] | None = None, processes: int
         if not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
             _fail(f"warmup_ratio must be a number in [0, 1), got {ratio!r}")
         given["warmup_steps"] = float(ratio)
-    parser = TrlParser((DistillArguments, SFTConfig, ModelConfig), prog="distill.train")
-    parser.error = _fail  # argparse would print the whole usage of ~200 TRL options, then exit
     accelerator = torch.cuda.is_available() or torch.backends.mps.is_available() or torch.xpu.is_available()
     dynamic = {"use_cpu": not accelerator, "disable_tqdm": not sys.stderr.isatty()}
+    parser = _parser()
     unknown = parser.set_defaults_with_config(**(DEFAULTS | dynamic | given))
     if unknown:
         _fail(f"unknown key(s) {', '.join(u[2:] for u in unknown[::2])} (keys are SFTConfig, ModelConfig and "
               "DistillArguments fields: see docs/TRAINING.md)")
+    check_bounds(given)
     try:
         distill, sft, model = parser.parse_args_into_dataclasses(args=list(argv or []))
     except (ValueError, TypeError) as exc:
         _fail(str(exc).splitlines()[0])
+    check_bounds({k: v for part in (distill, sft, model) for k, v in vars(part).items() if k in BOUNDS})
     if not distill.dataset_dir:
         _fail("dataset_dir is required")
     if not model.use_peft:
         _fail("distill trains a LoRA adapter: use_peft must be true")
     if sft.data_seed is None:
         sft.data_seed = sft.seed
-    cfg = TrainConfig(dict(data), distill, sft, model)
+    if sft.hub_token:  # every checkpoint pickles the arguments (training_args.bin): the token goes where
+        remember(sft.hub_token)  # huggingface_hub reads one anyway, the environment, which children inherit
+        os.environ["HF_TOKEN"], sft.hub_token = sft.hub_token, None
+    resolved = resolved_keys((distill, sft, model), _defaults(**dynamic), set(given) | set(DEFAULTS))
+    cfg = TrainConfig(dict(data), distill, sft, model, resolved)
     sft.gradient_accumulation_steps = cfg.accumulation(world_size() if processes is None else processes)
     return cfg
 
 
+def _parser():
+    from trl import ModelConfig, SFTConfig, TrlParser
+
+    parser = TrlParser((DistillArguments, SFTConfig, ModelConfig), prog="distill.train")
+    parser.error = _fail  # argparse would print the whole usage of ~200 TRL options, then exit
+    return parser
+
+
+@functools.cache
+def _defaults(**dynamic) -> tuple:
+    """TRL's own defaults on this machine, which `resolved_keys` leaves out."""
+    parser = _parser()
+    parser.set_defaults_with_config(**dynamic)
+    return tuple(parser.parse_args_into_dataclasses(args=[]))
+
+
+# Settings of TRL's argument classes that TRL itself leaves unchecked, and the ranges where they make sense:
+# (lowest, whether the lowest is allowed). A batch of 0 would end in a ZeroDivisionError, a negative rate in nonsense.
+BOUNDS: dict[str, tuple[float, bool]] = {
+    "per_device_train_batch_size": (1, True), "per_device_eval_batch_size": (1, True),
+    "global_batch_size": (1, True), "num_processes": (1, True), "learning_rate": (0, False),
+    "num_train_epochs": (0, False), "lora_r": (1, True), "lora_alpha": (0, False), "max_length": (1, True),
+    "logging_steps": (0, False), "eval_steps": (0, False), "save_steps": (0, False), "weight_decay": (0, True),
+    "max_grad_norm": (0, True), "dataloader_num_workers": (0, True), "warmup_steps": (0, True),
+    "lora_dropout": (0, True),
+}
+
+
+def check_bounds(values: dict) -> None:
+    """One line naming the setting, for the numbers TRL would take and fail on later (or never)."""
+    from trl import ModelConfig, SFTConfig
+
+    nullable = {f.name for cls in (DistillArguments, SFTConfig, ModelConfig) for f in dataclasses.fields(cls)
+                if f.default is None}
+    for name, value in values.items():
+        if name not in BOUNDS or isinstance(value, str) or (value is None and name in nullable):
+            continue  # strings are TRL's parser's to refuse, with its own message
+        low, inclusive = BOUNDS[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            _fail(f"{name}: expected a finite number, got {value!r}")
+        if value < low or (value == low and not inclusive):
+            _fail(f"{name}: {value!r} must be {'>=' if inclusive else '>'} {low:g}")
+        if name == "lora_dropout" and value >= 1:
+            _fail(f"{name}: {value!r} must be < 1")
+
+
+def _plain(value: Any) -> Any:
+    """A parsed value as YAML can hold it (TRL's enums, its accelerator config object)."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if dataclasses.is_dataclass(value):
+        return _plain(dataclasses.asdict(value))
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+# Derived, not set: gradient_accumulation_steps from global_batch_size (refused as a key).
+NOT_RECORDED = {"gradient_accumulation_steps"}
+
+
+def resolved_keys(parts, defaults, named: set[str]) -> dict:
+    """The parsed objects as the flat keys a config file takes: every key the config or distill's recipe named,
+    and every other one whose value differs from TRL's default (so a flag in any spelling TRL accepts is
+    recorded). Loading the result again gives the same objects."""
+    out = {}
+    for part, default in zip(parts, defaults):
+        for f in dataclasses.fields(part):
+            if not f.init or f.name in NOT_RECORDED:
+                continue
+            value, base = _plain(getattr(part, f.name)), _plain(getattr(default, f.name))
+            if f.name in named or value != base:
+                out[f.name] = value
+    return out
+
+
 def load_train_config(path: str | None, overrides: list[str] | None = None, argv: list[str] | None = None):
-    """The YAML, its `--set` overrides and TRL-style flags; the flags are folded into `data` so the
-    `train_config.yaml` written with the adapter reproduces the run."""
+    """The YAML and its `--set` overrides through the one config loader, then TRL-style flags through TRL's
+    own parser: every spelling it accepts (`--learning-rate`, `--no-resume`, an abbreviation) works."""
     if not path:
         raise DistillError("--config is required (e.g. configs/smollm2-135m_lora_cpu.yaml)")
     cfg = load_config(TrainConfig, path, overrides)
-    if not argv:
-        return cfg
-    cfg = parse_train_config(cfg.data, argv)
-    parts = (cfg.distill, cfg.sft, cfg.model)
-    for token in argv:
-        if token.startswith("--"):
-            name = token[2:].split("=")[0]
-            if name.startswith("no_") and not any(hasattr(p, name) for p in parts):
-                name = name[3:]
-            value = next(getattr(p, name) for p in parts if hasattr(p, name))
-            cfg.data[name] = value.value if isinstance(value, enum.Enum) else value
-    return cfg
+    return parse_train_config(cfg.data, argv) if argv else cfg
 
 
 def world_size() -> int:
@@ -206,7 +285,8 @@ def launch(data: dict, gpus: int | None = None) -> dict:
     out = Path(cfg.sft.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = out / "stage_config.yaml"
-    config.write_text("# written by `distill pipeline` from its train section\n" + yaml.safe_dump(data, sort_keys=False))
+    written, _ = without_secrets(data)  # parse_train_config put a hub_token in the environment the child inherits
+    config.write_text("# written by `distill pipeline` from its train section\n" + yaml.safe_dump(written, sort_keys=False))
     if gpus is None:
         from torch.cuda import device_count
 
@@ -216,6 +296,13 @@ def launch(data: dict, gpus: int | None = None) -> dict:
     if subprocess.run(cmd).returncode != 0:
         raise DistillError(f"training failed ({shlex.join(cmd[1:4])}...); its error is printed above")
     return json.loads((out / ADAPTER_INFO).read_text())
+
+
+def without_secrets(data: dict) -> tuple[dict, dict]:
+    """A flat train config split into what a file may hold (known secret values masked) and its secret keys
+    (`hub_token`), which no file gets."""
+    withheld = {k: v for k, v in data.items() if is_secret_name(k) and v}
+    return masked_mapping({k: v for k, v in data.items() if k not in withheld}), withheld
 
 
 def _require(module: str, why: str, package: str | None = None) -> None:
@@ -286,6 +373,29 @@ def load_splits(dataset_dir: str):
     return data["train"], data.get("validation") or None
 
 
+def check_prompt_lengths(splits: dict, tokenizer, max_length: int | None, dataset_dir: str) -> None:
+    """Before the model loads: a prompt of max_length tokens or more leaves nothing of its completion to train
+    on (TRL truncates from the end), and a run of them ends in an empty sampler after minutes of loading."""
+    if not max_length:
+        return
+    for name, split in splits.items():
+        too_long = []
+        for i, prompt in enumerate(split["prompt"] if split is not None else []):
+            if isinstance(prompt, list):
+                ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+                ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            else:
+                ids = tokenizer(str(prompt), add_special_tokens=False)["input_ids"]
+            if len(ids) >= max_length:
+                too_long.append((i, len(ids)))
+        if too_long:
+            row, tokens = too_long[0]
+            raise DistillError(
+                f"{dataset_dir}: {len(too_long)} {name} prompt(s) of max_length ({max_length}) tokens or more, "
+                f"the first in row {row} with {tokens:,}: nothing of their completions would be trained on; "
+                "leave them out or raise max_length")
+
+
 def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: bool = False):
     """The SFTTrainer exactly as training uses it (tests take their batches from it)."""
     from transformers import AutoTokenizer
@@ -314,6 +424,7 @@ def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: boo
     if not tokenizer.chat_template:
         raise DistillError(f"{cfg.model.model_name_or_path}: the tokenizer has no chat template; the planner prompt "
                            "is a chat")
+    check_prompt_lengths({"train": train, "validation": val}, tokenizer, args.max_length, cfg.distill.dataset_dir)
     log.info(
         "effective batch %d = per-device %d x accumulation %d x %d process(es); %d train / %d validation examples",
         cfg.distill.global_batch_size, args.per_device_train_batch_size, args.gradient_accumulation_steps,
@@ -344,8 +455,10 @@ def write_outputs(trainer, cfg: TrainConfig, started: float) -> dict:
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "effective_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size,
     }
-    header = "# the config of this run (loadable again)\n" + "".join(f"# {k}: {v}\n" for k, v in derived.items())
-    (out / "train_config.yaml").write_text(header + yaml.safe_dump(cfg.data, sort_keys=False))
+    recorded, withheld = without_secrets(cfg.resolved)
+    header = "# the config of this run, as parsed (loadable again)\n" + "".join(
+        [f"# {k}: {v}\n" for k, v in derived.items()] + [f"# {k}: not recorded (a secret)\n" for k in withheld])
+    (out / "train_config.yaml").write_text(header + yaml.safe_dump(recorded, sort_keys=False))
     history = {
         "train": [{k: e[k] for k in ("step", "epoch", "loss", "learning_rate", "grad_norm") if k in e}
                   for e in logs if "loss" in e],
@@ -385,7 +498,13 @@ def train(cfg: TrainConfig, callbacks: list | None = None) -> dict:
     evaluating = trainer.eval_dataset is not None and trainer.args.eval_strategy != "no"
     if state.global_step >= state.max_steps and evaluating and last_eval != state.global_step:
         trainer.evaluate()  # e.g. eval_strategy epoch with max_steps ending mid-epoch: the curve still gets its end
-    return write_outputs(trainer, cfg, started)
+    info = write_outputs(trainer, cfg, started)
+    import transformers
+    from packaging.version import Version
+
+    if Version(transformers.__version__) >= Version("5.18.0"):
+        trainer.end()  # as TRL's sft.py: finish the trackers and destroy the process group, after the last save
+    return info
 
 
 def main(args: argparse.Namespace, rest: list[str] | None = None) -> int:
@@ -400,14 +519,18 @@ def main(args: argparse.Namespace, rest: list[str] | None = None) -> int:
 def launcher_main(argv: list[str] | None = None) -> int:
     """Entry of `accelerate launch -m distill.train` and scripts/train.py: flags other than --config/--set are
     TRL's own (`--learning_rate 2e-4`). Errors are one line, like the CLI's."""
-    parser = argparse.ArgumentParser(prog="distill.train", description="LoRA SFT of the student planner")
+    # no abbreviations of --config/--set here, so that every abbreviated flag reaches TRL's parser
+    parser = argparse.ArgumentParser(prog="distill.train", description="LoRA SFT of the student planner",
+                                     allow_abbrev=False)
     configure_parser(parser)
     args, rest = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(mask_log_record)
     try:
         return main(args, rest)
     except DistillError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {mask(str(exc))}", file=sys.stderr)
         return 2
 
 

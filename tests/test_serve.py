@@ -554,6 +554,24 @@ def test_cli_dry_run_prints_the_command(base: Path, adapter: Path, capsys) -> No
     assert "VLLM_CPU_KVCACHE_SPACE=2" in out and f"--lora-modules planner={adapter.resolve()}" in out
 
 
+def test_dry_run_masks_hf_token_flags_and_secret_env_names(base: Path, adapter: Path, capsys, monkeypatch) -> None:
+    """`--hf-token` values in extra_args and env entries such as MY_PASSWORD are shown as ***; so is a token that
+    this process holds in its own environment, wherever it appears."""
+    from distill.cli import main
+
+    monkeypatch.setenv("HF_TOKEN", "hf_ProcessToken123")
+    code = main(["serve", "--dry-run", "--set", f"base_model={base}", "--set", f"adapter={adapter}",
+                 "--set", "device=cpu", "--set", "extra_args=[--hf-token, hf_FlagToken456, --hf-token=hf_Other789]",
+                 "--set", "env={MY_PASSWORD: hunter2hunter2, DB_PASSWD: letmein99, TOKENIZERS_PARALLELISM: 'false'}",
+                 "--set", "served_model_name=hf_ProcessToken123"])
+    out = capsys.readouterr().out
+    assert code == 0
+    for secret in ("hf_FlagToken456", "hf_Other789", "hunter2hunter2", "letmein99", "hf_ProcessToken123"):
+        assert secret not in out, secret
+    assert "--hf-token '***'" in out and "--hf-token=***" in out and "MY_PASSWORD=***" in out
+    assert "TOKENIZERS_PARALLELISM=false" in out  # a name that only starts with TOKEN holds no secret
+
+
 def test_cli_reports_a_missing_adapter_as_an_error(tmp_path: Path, base: Path, capsys) -> None:
     from distill.cli import main
 

@@ -208,8 +208,27 @@ def test_any_trl_key_works_from_yaml_set_and_flags(tmp_path):
     assert s.gradient_checkpointing_kwargs == {"use_reentrant": True} and m.use_rslora and s.learning_rate == 3e-4
     assert (s.weight_decay, m.lora_dropout, cfg.distill.resume) == (0.1, 0.1, False)
     # the flags are part of the config written beside the adapter, so it reproduces the run
-    assert (cfg.data["weight_decay"], cfg.data["lora_dropout"], cfg.data["resume"]) == (0.1, 0.1, False)
+    assert (cfg.resolved["weight_decay"], cfg.resolved["lora_dropout"], cfg.resolved["resume"]) == (0.1, 0.1, False)
     assert load_config(TrainConfig, SMOKE, ["eval_strategy=no"]).sft.eval_strategy == "no"  # YAML's `no` is false
+
+
+@pytest.mark.parametrize("flags", [
+    ["--learning-rate", "2e-4", "--no-gradient-checkpointing", "--weight-decay=0.1", "--no-resume"],
+    ["--learning_rate=2e-4", "--no_gradient_checkpointing", "--weight_decay", "0.1", "--no_resume"],
+    ["--learning_r", "2e-4", "--no_gradient_c", "--weight_d", "0.1", "--no-res"],  # abbreviations, as argparse takes
+])
+def test_every_flag_spelling_trl_accepts_is_parsed_and_recorded(flags):
+    """Dashes, underscores, `--no-` and abbreviations: TRL's parser alone reads them, and the recorded config
+    (the parsed objects as flat keys) loads back to the same objects."""
+    from distill.train import load_train_config
+
+    cfg = load_train_config(str(SMOKE), ["gradient_checkpointing=true"], flags)
+    assert (cfg.sft.learning_rate, cfg.sft.gradient_checkpointing, cfg.sft.weight_decay) == (2e-4, False, 0.1)
+    assert not cfg.distill.resume
+    assert {k: cfg.resolved[k] for k in ("learning_rate", "gradient_checkpointing", "weight_decay", "resume")} == {
+        "learning_rate": 2e-4, "gradient_checkpointing": False, "weight_decay": 0.1, "resume": False}
+    again = parse_train_config(yaml.safe_load(yaml.safe_dump(cfg.resolved)))
+    assert again.resolved == cfg.resolved and again.sft.to_dict() == cfg.sft.to_dict()
 
 
 def test_indivisible_batches_and_bad_configs_are_one_line_errors(tmp_path, capsys):
@@ -232,6 +251,54 @@ def test_indivisible_batches_and_bad_configs_are_one_line_errors(tmp_path, capsy
     assert "no_such_option" in err and "lora_rank" in err and len(err.strip().splitlines()) == 3
     assert cli_main(["train", "--config", str(SMOKE), "--set", f"dataset_dir={tmp_path}"]) == 2
     assert "not a dataset folder" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tokenizer_only(tmp_path_factory) -> Path:
+    """A model folder with SmolLM2's tokenizer and no weights: a trainer that got as far as loading the model
+    would fail there with another error, so a refusal seen here was made before the model loads."""
+    from transformers import AutoTokenizer
+
+    from distill.llm.embedded import resolve_model_path
+
+    out = tmp_path_factory.mktemp("tokenizer") / "model"
+    AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m-instruct")).save_pretrained(out)
+    return out
+
+
+def _dataset_like(sft_dir: Path, out: Path, change) -> Path:
+    """The real sft-data output of `sft_dir` with every train row passed through `change(index, row)`."""
+    from datasets import DatasetDict, load_from_disk
+
+    data = load_from_disk(str(sft_dir))
+    DatasetDict({"train": data["train"].map(change, with_indices=True), "validation": data["validation"]}) \
+        .save_to_disk(str(out))
+    return out
+
+
+@pytest.mark.parametrize("case", ["all completions empty", "one 1 MB prompt"])
+def test_unusable_training_data_is_refused_before_the_model_loads(case, sft_dir, tokenizer_only, tmp_path, capsys):
+    from distill.cli import main as cli_main
+    from distill.train import build_trainer
+
+    def change(row, i):
+        if case == "all completions empty":
+            return {"completion": [{"role": "assistant", "content": " "}]}
+        if i == 3:
+            return {"prompt": row["prompt"][:-1] + [{"role": "user", "content": "Question: " + "why " * 250_000}]}
+        return {}
+
+    data = _dataset_like(sft_dir, tmp_path / "sft", change)
+    says = "train: row 1: field `completion`: the completion must be one non-empty" if case.startswith("all") \
+        else "in row 3 with"
+    with pytest.raises(DistillError, match=says):
+        build_trainer(TrainConfig.model_validate(_small(data, tmp_path / "out", model_name_or_path=str(tokenizer_only))))
+    capsys.readouterr()  # the progress bars of writing the dataset
+    assert cli_main(["train", "--config", str(SMOKE), "--set", f"dataset_dir={data}",
+                     "--set", f"model_name_or_path={tokenizer_only}", "--set", f"output_dir={tmp_path / 'out'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err, err
+    assert not (tmp_path / "out" / "adapter_model.safetensors").exists()
 
 
 def _stop_at(step: int):
@@ -282,7 +349,7 @@ def test_cpu_smoke_config_trains_resumes_and_merges(sft_dir, tmp_path, smollm2, 
     assert info["base_model"] == "smollm2-135m-instruct" and info["lora_r"] == 8 and info["global_step"] == 6
     assert info["effective_batch_size"] == 1 and info["gradient_accumulation_steps"] == 1
     assert info["lora_target_modules"] == "all-linear" and info["max_length"] == 1024
-    assert load_config(TrainConfig, out / "train_config.yaml") == cfg
+    assert load_config(TrainConfig, out / "train_config.yaml").resolved == cfg.resolved  # the record reproduces it
 
     # The saved chat template is the one used in training, and renders the inference prompt exactly.
     saved = AutoTokenizer.from_pretrained(out)
@@ -352,6 +419,39 @@ def tiny_model(tmp_path_factory) -> Path:
     LlamaForCausalLM(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def _files_holding(folder: Path, secret: str) -> list[str]:
+    return [str(p) for p in folder.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+@pytest.mark.parametrize("spelling", ["dashes", "underscores"])
+def test_both_flag_spellings_train_and_no_token_is_written(spelling, sft_dir, tiny_model, tmp_path, capfd,
+                                                          monkeypatch):
+    """`python -m distill.train` with TRL-style flags as users type them, one real optimiser step of a 2-layer
+    model; a hub token given as a flag and one in the environment reach no file of the run (checkpoints pickle
+    the training arguments) and no line it prints."""
+    from distill.train import launcher_main
+
+    flag_token, env_token = "hf_FlagToken0123456789", "hf_EnvToken9876543210"
+    monkeypatch.setenv("HF_TOKEN", env_token)
+    flags = {"dashes": ["--learning-rate", "2e-4", "--no-gradient-checkpointing", "--hub-token", flag_token],
+             "underscores": ["--learning_rate=2e-4", "--no_gradient_checkpointing", f"--hub_token={flag_token}"]}
+    out = tmp_path / "adapter"
+    sets = [f"dataset_dir={sft_dir}", f"output_dir={out}", f"model_name_or_path={tiny_model}", "max_steps=1",
+            "global_batch_size=2", "eval_strategy=no", "save_strategy=steps", "save_steps=1", "warmup_ratio=0",
+            "gradient_checkpointing=true", "logging_steps=1"]
+    argv = ["--config", str(SMOKE), *(w for s in sets for w in ("--set", s)), *flags[spelling]]
+    assert launcher_main(argv) == 0
+    info = json.loads((out / "distill_adapter.json").read_text())
+    assert info["global_step"] == 1 and (out / "checkpoint-1").is_dir()
+    recorded = yaml.safe_load((out / "train_config.yaml").read_text())
+    assert recorded["learning_rate"] == 2e-4 and recorded["gradient_checkpointing"] is False
+    assert recorded.get("hub_token") is None
+    printed = capfd.readouterr()
+    for secret in (flag_token, env_token):
+        assert _files_holding(out, secret) == [], secret
+        assert secret not in printed.out + printed.err
 
 
 @pytest.mark.slow
@@ -481,17 +581,22 @@ def test_gpu_check_arguments_grid_and_table():
 
 
 @pytest.mark.slow
-def test_pipeline_launch_trains_in_a_child_process(sft_dir, tmp_path):
-    """The pipeline's train stage on CPU: the section becomes a config file, one child process trains from it."""
+def test_pipeline_launch_trains_in_a_child_process(sft_dir, tmp_path, monkeypatch):
+    """The pipeline's train stage on CPU: the section becomes a config file, one child process trains from it.
+    Its hub_token reaches the child through the environment, and no file of the run."""
     from distill.train import launch
 
+    monkeypatch.setenv("HF_TOKEN", "restored at teardown")
+    monkeypatch.delenv("HF_TOKEN")
+    token = "hf_SectionToken0123456"
     section = yaml.safe_load(SMOKE.read_text()) | {
         "dataset_dir": str(sft_dir), "output_dir": str(tmp_path / "train"), "max_steps": 1, "global_batch_size": 2,
         "eval_strategy": "no", "save_strategy": "no", "use_rslora": True,  # a TRL key distill never mentions
     }
-    info = launch(section, gpus=0)
+    info = launch(section | {"hub_token": token}, gpus=0)
     assert info["global_step"] == 1 and info["world_size"] == 1 and info["effective_batch_size"] == 2
     assert yaml.safe_load((tmp_path / "train" / "stage_config.yaml").read_text()) == section
+    assert _files_holding(tmp_path / "train", token) == [] and os.environ["HF_TOKEN"] == token
     adapter = json.loads((tmp_path / "train" / "adapter_config.json").read_text())
     assert adapter["use_rslora"] is True and adapter["r"] == 8
     card = (tmp_path / "train" / "README.md").read_text()  # distill's card, not TRL's "fine-tuned version of [None]"

@@ -19,6 +19,7 @@ import httpx
 from distill.errors import DistillError, ServerUnreachable, clip
 from distill.llm.base import Completion, Price, Usage, weights_fingerprint
 from distill.retry import Fault, bind, retry_after_s, with_retries
+from distill.secrets import remember
 
 # Statuses that mean "not now" rather than "never": rate limits, timeouts and server errors.
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
@@ -48,10 +49,12 @@ def _api_key(env_name: str | None) -> str:
     key = os.environ.get(env_name)
     if not key:
         raise DistillError(f"environment variable {env_name} is not set (it should hold the API key)")
+    remember(key)  # whatever the variable is called, a server echoing the key back gets it masked
     return key
 
 
 def _error_message(resp) -> str:
+    """The server's own words, through `clip` (which masks secrets: some servers echo the Authorization header)."""
     try:
         err = resp.json().get("error")
         msg = err.get("message") if isinstance(err, dict) else err

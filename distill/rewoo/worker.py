@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
 from distill.errors import DistillError
+from distill.secrets import mask
 from distill.rewoo.plan import Plan, Step, substitute
 from distill.tools.base import Tool
 
@@ -118,7 +119,7 @@ async def run_plan(
                 return _failed(step, query, "timeout", f"no answer within {timeout:g}s", start, clock())
             except Exception as exc:  # any tool failure becomes recorded evidence, by design
                 log.debug("tool %s failed on %r", step.tool, query, exc_info=True)
-                return _failed(step, query, "error", f"{type(exc).__name__}: {exc}", start, clock(),
+                return _failed(step, query, "error", mask(f"{type(exc).__name__}: {exc}"), start, clock(),
                                injected=isinstance(exc, InjectedToolFailure))
             end = clock()
         text = raw.strip() if isinstance(raw, str) else ""
