@@ -22,6 +22,7 @@ from typing import Any
 
 from distill.errors import DistillError
 from distill.merge import ADAPTER_INFO, read_json, trained_base
+from distill.secrets import mask, remember
 
 CARD = "README.md"
 # What a user needs to serve the adapter (and to see how it was made); everything else stays on the machine.
@@ -136,10 +137,6 @@ def write_model_card(folder: str | Path, repo_id: str | None = None) -> Path:
     return path
 
 
-def _mask(text: str, token: str | None) -> str:
-    return text.replace(token, "***") if token else text
-
-
 def push(folder: str | Path, repo_id: str, *, token_env: str = "HF_TOKEN", private: bool = False,
          endpoint: str | None = None, timeout_s: float = 60.0, retries: int = 3, dry_run: bool = False) -> dict:
     """Write the card, then upload the allow-listed files as one commit; a failure is one line, token masked.
@@ -156,6 +153,7 @@ def push(folder: str | Path, repo_id: str, *, token_env: str = "HF_TOKEN", priva
     if dry_run:
         return {"repo_id": repo_id, "files": files, "uploaded": False}
     token = os.environ.get(token_env)
+    remember(token)  # `--token-env` may name a variable whose name says nothing of a secret
     if not token:
         raise DistillError(f"set {token_env} to a Hugging Face token with write access (it is read from there only)")
 
@@ -180,7 +178,7 @@ def push(folder: str | Path, repo_id: str, *, token_env: str = "HF_TOKEN", priva
             status = getattr(getattr(exc, "response", None), "status_code", None)
             transient = isinstance(exc, httpx2.TransportError) or status == 429 or (status or 0) >= 500
             if not transient or attempt == retries:
-                first = _mask(str(exc), token).strip().splitlines()
+                first = mask(str(exc)).strip().splitlines()
                 why = f"HTTP {status}" if status else type(exc).__name__
                 raise DistillError(f"push to {repo_id} failed ({why}): {first[0][:300] if first else ''}") from None
             time.sleep(min(2.0 ** attempt, 10.0))
