@@ -6,8 +6,12 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parents[1]
+# No example has a time limit, whichever test forgets to say so: a loaded machine must not fail a test on time.
+settings.register_profile("distill", deadline=None)
+settings.load_profile("distill")
 FIXTURES = ROOT / "tests" / "fixtures"
 BASE_NAME = "smollm2-135m-instruct"  # the base model's name on the session's vLLM server
 
