@@ -137,3 +137,13 @@ def test_a_train_section_is_written_without_its_hub_token():
 
     written, withheld = without_secrets({"hub_token": "hf_SectionToken1", "learning_rate": 1e-4, "eos_token": "<e>"})
     assert written == {"learning_rate": 1e-4, "eos_token": "<e>"} and withheld == {"hub_token": "hf_SectionToken1"}
+
+
+def test_log_lines_are_masked_with_their_arguments_filled_in(monkeypatch):
+    import logging
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-InALogLine0123")
+    record = logging.LogRecord("distill", logging.WARNING, __file__, 1, "retrying %s after %r", ("call", {
+        "headers": "Bearer sk-InALogLine0123"}), None)
+    assert secrets.mask_log_record(record) is True
+    assert record.getMessage() == "retrying call after {'headers': 'Bearer ***'}"
