@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 
@@ -396,6 +396,15 @@ def check_prompt_lengths(splits: dict, tokenizer, max_length: int | None, datase
                 "leave them out or raise max_length")
 
 
+def tracking_env(report_to: list[str], output_dir: str, env: Mapping[str, str]) -> dict[str, str]:
+    """Where the trackers write, unless the user said: transformers' TensorBoard callback writes to `./runs/`
+    of the working directory (beside distill's run folders, every run mixed in one) when TENSORBOARD_LOGGING_DIR
+    is unset; here each training logs into its own `<output_dir>/tensorboard`."""
+    if "tensorboard" in report_to and not env.get("TENSORBOARD_LOGGING_DIR"):
+        return {"TENSORBOARD_LOGGING_DIR": str(Path(output_dir) / "tensorboard")}
+    return {}
+
+
 def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: bool = False):
     """The SFTTrainer exactly as training uses it (tests take their batches from it)."""
     from transformers import AutoTokenizer
@@ -408,6 +417,7 @@ def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: boo
     args = cfg.sft
     for integration in [r for r in args.report_to if r != "none"]:
         _require(integration, f"report_to {integration}")
+    os.environ.update(tracking_env(args.report_to, args.output_dir, os.environ))
     if args.use_liger_kernel:
         _require("liger_kernel", "use_liger_kernel", "liger-kernel")
     path = resolve_model_path(cfg.model.model_name_or_path)

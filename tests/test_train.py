@@ -617,3 +617,13 @@ def test_importing_trl_leaves_the_vllm_log_level_of_later_servers_alone(tmp_path
     out = subprocess.run([sys.executable, "-c", code], env=env | {"VLLM_LOGGING_LEVEL": "DEBUG"}, capture_output=True,
                          text=True, timeout=120, cwd=tmp_path)
     assert out.stdout.strip().splitlines()[-1] == "DEBUG", out.stderr[-2000:]
+
+
+def test_tensorboard_logs_into_the_adapter_folder_unless_told_otherwise(tmp_path):
+    """transformers' callback would write to ./runs/ of the working directory, mixing every run."""
+    from distill.train import tracking_env
+
+    out = str(tmp_path / "adapter")
+    assert tracking_env(["tensorboard"], out, {}) == {"TENSORBOARD_LOGGING_DIR": str(tmp_path / "adapter" / "tensorboard")}
+    assert tracking_env(["tensorboard"], out, {"TENSORBOARD_LOGGING_DIR": "/logs"}) == {}
+    assert tracking_env(["none"], out, {}) == tracking_env(["wandb"], out, {}) == {}
