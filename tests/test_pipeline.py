@@ -85,7 +85,8 @@ def wiring_config(tmp_path: Path) -> dict:
         "run_dir": str(tmp_path / "run"),
         "teacher_server": {"base_model": "smollm2-135m-instruct"},
         "generate": {"planner": served, "solver": served, "tools": ["Wikipedia", "LLM", "Calculator"],
-                     "datasets": [{"name": "hotpotqa", "source": "data/demo/train.jsonl", "n": 6}]},
+                     "datasets": [{"name": "hotpotqa", "source": "data/demo/train.jsonl", "n": 6}],
+                     "eval_sets": [{"name": "hotpotqa", "source": "data/demo/dev.jsonl", "split": "validation"}]},
         "filter": {"min_f1": 0.5},
         "sft_data": {"tools": ["Wikipedia", "LLM", "Calculator"], "val_fraction": 0.34, "tokenizer": "none"},
         "train": {"config": "configs/smollm2-135m_lora_cpu.yaml", "max_steps": 2},
@@ -119,7 +120,7 @@ class Recorder:
 
         return running()
 
-    def generate(self, cfg, config_path):
+    def generate(self, cfg, config_path, fresh=False):
         from test_sft_data import kept_records
 
         self.calls.append(("generate", cfg))
@@ -132,15 +133,23 @@ class Recorder:
     def train(self, data):
         self.calls.append(("train", data))
         assert (Path(data["dataset_dir"]) / "dataset_dict.json").exists()  # sft-data's real output
-        (Path(data["output_dir"]) / "adapter_config.json").write_text("{}")
+        out = Path(data["output_dir"])
+        (out / "adapter_config.json").write_text("{}")
+        # "weights" that differ as a real adapter's would: with the training examples and the steps
+        examples = json.loads((Path(data["dataset_dir"]) / "summary.json").read_text())["splits"]["train"]["examples"]
+        (out / "adapter_model.safetensors").write_text(json.dumps({"examples": examples, "steps": data["max_steps"]}))
         return {"global_step": data["max_steps"], "final_train_loss": 1.5, "final_eval_loss": 1.6, "wall_s": 0.1}
 
-    def evaluate(self, cfg, config_path):
+    def evaluate(self, cfg, config_path, fresh=False):
         from test_report import rec
 
         self.calls.append(("eval", cfg))
         out = Path(cfg.output_dir)
-        write_jsonl(out / "records" / "student.jsonl", [rec("student", f"q{i}", "Paris", "Paris") for i in range(3)])
+        # the student answers as many questions right as its (first) adapter's training examples allow
+        weights = sorted((out.parent / "train").glob("*/adapter_model.safetensors"))[0]
+        right = min(3, json.loads(weights.read_text())["examples"] // 4)
+        write_jsonl(out / "records" / "student.jsonl",
+                    [rec("student", f"q{i}", "Paris" if i < right else "Rome", "Paris") for i in range(3)])
         write_jsonl(out / "records" / "direct.jsonl",
                     [rec("direct", f"q{i}", "Rome", "Paris", kind="direct", steps=0) for i in range(3)])
         manifest = {"methods": [{"name": "student"}, {"name": "direct"}], "reference": "student",
@@ -176,7 +185,11 @@ def test_each_stage_gets_its_folders_and_settings_and_done_json_its_counts(tmp_p
     assert ev.output_dir == str(run / "eval") and ev.planners[0].spec.base_url == "http://student.test/v1"
 
     done = {s: json.loads((run / s / "DONE.json").read_text()) for s in STAGES}
-    assert done["filter"] | {"seconds": 0} == {"stage": "filter", "seconds": 0, "kept": 6, "input_records": 12}
+    made_from = {"fingerprint", "settings", "inputs"}
+    assert {k: v for k, v in done["filter"].items() if k not in made_from} | {"seconds": 0} == {
+        "stage": "filter", "seconds": 0, "kept": 6, "input_records": 12}
+    assert done["filter"]["settings"]["min_f1"] == 0.5 and list(done["filter"]["inputs"]) == [
+        "generate/trajectories.jsonl"]
     summary = json.loads((run / "sft-data" / "planner" / "summary.json").read_text())
     examples = done["sft-data"]["students"]["planner"]["examples"]
     assert examples == {s: v["examples"] for s, v in summary["splits"].items()}
@@ -292,6 +305,125 @@ def test_a_student_added_to_a_finished_run_is_built_and_evaluated_alone(tmp_path
     assert set(json.loads((run / "train" / "DONE.json").read_text())["students"]) == {"student", "student_compact"}
 
 
+def run_pipeline(cfg: dict, recorder: Recorder | None = None, start: str | None = None) -> Recorder:
+    from distill.config import validate
+    from distill.pipeline import Pipeline, PipelineConfig
+
+    recorder = recorder or Recorder()
+    Pipeline(validate(PipelineConfig, cfg), "p.yaml", recorder.entries()).run_all(start)
+    return recorder
+
+
+def test_a_changed_filter_setting_reruns_filter_and_everything_after_and_the_report_changes(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """Then an unchanged rerun does no work at all: no server, no stage, no model."""
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    run_pipeline(wiring_config(tmp_path))
+    before = json.loads((run / "results.json").read_text())
+    capsys.readouterr()
+
+    cfg = wiring_config(tmp_path)
+    cfg["filter"]["best_per_question"] = False  # every correct sample, not the best one per question: 12 kept, not 6
+    again = run_pipeline(cfg)
+    out = capsys.readouterr().out
+    # sft-data and the report run for real; generation (and its teacher server) is not redone
+    assert [n for n, _ in again.calls] == ["train", "server", "eval"]
+    assert "[pipeline] generate: done, skipped (same settings and inputs)" in out
+    assert ("[pipeline] filter: settings changed (best_per_question true -> false): rerunning; "
+            "sft-data, train, eval, report follow") in out
+    assert "[pipeline] sft-data planner: rerunning (filter redone)" in out
+    assert json.loads((run / "filter" / "DONE.json").read_text())["kept"] == 12
+    after = json.loads((run / "results.json").read_text())
+    assert after["per_method"]["student"]["em"]["mean"] > before["per_method"]["student"]["em"]["mean"]
+    assert list(run.glob("train/planner.before-*/adapter_model.safetensors"))  # the old student is kept, aside
+
+    capsys.readouterr()
+    third = run_pipeline(cfg)
+    out = capsys.readouterr().out
+    assert third.calls == [] and out.count("done, skipped (same settings and inputs)") == len(STAGES)
+    assert json.loads((run / "results.json").read_text()) == after
+
+
+def test_a_changed_student_train_key_retrains_only_that_student_and_re_evaluates(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    run_pipeline(two_students(tmp_path))
+    capsys.readouterr()
+
+    cfg = two_students(tmp_path)
+    cfg["students"]["student_compact"]["train"]["max_steps"] = 4
+    again = run_pipeline(cfg)
+    out = capsys.readouterr().out
+    assert [n for n, _ in again.calls] == ["train", "server", "eval"]
+    assert again.calls[0][1]["output_dir"] == str(run / "train" / "student_compact")
+    assert again.calls[0][1]["max_steps"] == 4
+    assert "[pipeline] sft-data: done, skipped (same settings and inputs)" in out
+    assert "[pipeline] train student: done, skipped (same settings and inputs)" in out
+    assert ("[pipeline] train student_compact: settings changed (max_steps 3 -> 4): rerunning; eval, report follow"
+            in out)
+    assert "[pipeline] eval: rerunning (train student_compact redone)" in out
+    done = json.loads((run / "train" / "DONE.json").read_text())["students"]
+    assert done["student"]["global_step"] == 2 and done["student_compact"]["global_step"] == 4
+
+
+def test_an_adapter_changed_by_hand_is_evaluated_again(tmp_path, monkeypatch, capsys):
+    """Eval's inputs are the weights it serves: a student's folder replaced outside the pipeline is noticed."""
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    run_pipeline(wiring_config(tmp_path))
+    (run / "train" / "planner" / "adapter_model.safetensors").write_text('{"examples": 12, "steps": 9}')
+    capsys.readouterr()
+    again = run_pipeline(wiring_config(tmp_path))
+    assert [n for n, _ in again.calls] == ["server", "eval"]
+    assert "[pipeline] eval: input changed (train/planner): rerunning; report follow" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("marker, text", [
+    ("filter/DONE.json", "{not json"),
+    ("filter/DONE.json", "[1, 2]"),
+    ("sft-data/planner/DONE.json", '{"seconds": "soon"}'),
+])
+def test_a_corrupt_marker_is_one_line_naming_it(tmp_path, monkeypatch, capsys, marker, text):
+    from distill import cli
+
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    run_pipeline(wiring_config(tmp_path))
+    (run / marker).write_text(text)
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(wiring_config(tmp_path)))
+    capsys.readouterr()
+    assert cli.main(["pipeline", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {run / marker}") and err.count("\n") == 1, err
+
+
+def test_a_corrupt_manifest_is_one_line_naming_it(tmp_path, capsys):
+    from distill import cli
+
+    (tmp_path / "eval" / "records").mkdir(parents=True)
+    write_jsonl(tmp_path / "eval" / "records" / "direct.jsonl", [{"method": "direct", "id": "q"}])
+    for text in ("{torn", '{"examples": "all"}'):
+        (tmp_path / "eval" / "manifest.json").write_text(text)
+        assert cli.main(["report", str(tmp_path / "eval")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {tmp_path / 'eval' / 'manifest.json'}") and err.count("\n") == 1, err
+
+
+def test_a_second_pipeline_on_the_same_run_dir_is_refused(tmp_path, monkeypatch):
+    from distill.errors import DistillError
+    from distill.run import folder_lock
+
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    with folder_lock(run):  # the first pipeline, still running
+        with pytest.raises(DistillError, match=f"{run} is in use by pid"):
+            run_pipeline(wiring_config(tmp_path))
+    assert not (run / "generate").exists()
+    run_pipeline(wiring_config(tmp_path))  # once it is done, the folder is free
+
+
 def fails_before_any_stage(tmp_path: Path, cfg: dict, message: str, capsys) -> None:
     """One line, exit 2, and no run folder: the pre-run check caught it."""
     from distill import cli
@@ -319,6 +451,8 @@ def fails_before_any_stage(tmp_path: Path, cfg: dict, message: str, capsys) -> N
      "eval planner student asks the student server for model 'planner', which it does not serve"),
     (lambda c: c.update(students={"student": {"student_prompt": "full"}}),
      "eval planner student_compact asks the student server for model 'student_compact'"),
+    (lambda c: c["generate"].update(eval_sets=[{"name": "hotpotqa", "source": "data/demo/train.jsonl"}]),
+     "generate.eval_sets does not list eval dataset data/demo/dev.jsonl (split validation): add"),
 ])
 def test_a_student_served_otherwise_than_trained_fails_before_any_stage(tmp_path, monkeypatch, capsys, change,
                                                                          message):
