@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Iterator
 
 import pytest
 import yaml
@@ -476,3 +479,100 @@ def test_a_bad_key_in_any_section_fails_before_any_stage_one_line_exit_2(tmp_pat
     cfg = wiring_config(tmp_path)
     cfg[section] = (cfg.get(section, {}) if "config" not in value else {}) | value
     fails_before_any_stage(tmp_path, cfg, message, capsys)
+
+
+@contextmanager
+def relay_to(port: int) -> Iterator[int]:
+    """A TCP relay on a new port to the session's vLLM server: the same server listening elsewhere, as the
+    pipeline's next start of its teacher server would be (a second real start costs a minute of both cores)."""
+    import asyncio
+    import threading
+
+    ready, box = threading.Event(), {}
+
+    async def pipe(reader, writer) -> None:
+        try:
+            while data := await reader.read(1 << 16):
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    async def handle(client_reader, client_writer) -> None:
+        server_reader, server_writer = await asyncio.open_connection("127.0.0.1", port)
+        await asyncio.gather(pipe(client_reader, server_writer), pipe(server_reader, client_writer))
+
+    async def serve() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        box.update(port=server.sockets[0].getsockname()[1], loop=asyncio.get_running_loop(), stop=asyncio.Event())
+        ready.set()
+        async with server:
+            await box["stop"].wait()
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    ready.wait()
+    try:
+        yield box["port"]
+    finally:
+        box["loop"].call_soon_threadsafe(box["stop"].set)
+        thread.join()
+
+
+class RelayedTeacher(Recorder):
+    """The real generation stage against the session's vLLM server, reached through a new port at every start;
+    filter, training and evaluation stand in (what they do with the trajectories is not under test here)."""
+
+    def __init__(self, server_port: int):
+        super().__init__()
+        self.server_port = server_port
+        self.ports: list[int] = []
+
+    def entries(self) -> dict:
+        from distill.generate import generate
+
+        return super().entries() | {"generate": generate, "filter": self.filter}
+
+    def server(self, cfg, log_path):
+        if cfg.adapters:
+            return super().server(cfg, log_path)
+
+        @contextmanager
+        def started():
+            with relay_to(self.server_port) as port:
+                self.ports.append(port)
+                yield SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1")
+
+        return started()
+
+    def filter(self, inp, out, cfg):
+        """The real filter's report; what it keeps from a 135M teacher may be nothing, so fixed records are kept."""
+        from distill.filter import run_filter
+        from test_sft_data import kept_records
+
+        report = run_filter(inp, out, cfg)
+        write_jsonl(out, kept_records())
+        return report | {"kept": 12}
+
+
+@pytest.mark.slow
+def test_from_generate_on_a_new_port_replays_every_call_from_the_cache(tmp_path, monkeypatch, vllm_server):
+    from urllib.parse import urlparse
+
+    monkeypatch.chdir(ROOT)
+    cfg = wiring_config(tmp_path)
+    cfg["generate"] |= {"tools": ["Wikipedia", "LLM"], "concurrency": 2}
+    cfg["generate"]["datasets"][0]["n"] = 2
+    cfg["generate"]["planner"] = cfg["generate"]["planner"] | {"max_tokens": 64}
+    cfg["generate"]["solver"] = cfg["generate"]["solver"] | {"max_tokens": 12}
+    teacher = RelayedTeacher(urlparse(vllm_server.base_url).port)
+    run_pipeline(cfg, teacher)
+    summary = json.loads((tmp_path / "run" / "generate" / "summary.json").read_text())
+    assert summary["records"] == 2 and summary["cache"]["misses"] > 0
+
+    run_pipeline(cfg, teacher, start="generate")
+    summary = json.loads((tmp_path / "run" / "generate" / "summary.json").read_text())
+    assert len(set(teacher.ports)) == 2  # the teacher listened elsewhere the second time
+    assert summary["records"] == 2 and summary["cache"]["misses"] == 0 and summary["cache"]["hits"] > 0
