@@ -50,6 +50,9 @@ from distill.store import content_digest, write_json
 STAGES = ("generate", "filter", "sft-data", "train", "eval", "report")
 SERVER = "@server"
 STAGE_CONFIG = "config"
+# Files in a student's sft-data folder that are not its training data: the marker, and the cache files `datasets`
+# writes beside the data when training maps over it (a rerun must not take them for new data).
+SFT_DATA_NOT_INPUT = ("DONE.json", "cache-*.arrow", "tmp*")
 # The library function behind each stage, and the server class; `Pipeline(entries=...)` swaps some of them so
 # a test can check what every stage is handed without running a model.
 ENTRIES = {
@@ -349,7 +352,7 @@ class Pipeline:
         settings = settings_of(DEFAULTS | {k: v for k, v in self.train_section(name).items() if k != "dataset_dir"})
         data = f"sft-data/{name}"
         return Unit("train", self.run / "train" / name, settings,
-                    {data: content_digest(self.run / data, skip={"DONE.json"})}, name, ("eval", "report"))
+                    {data: content_digest(self.run / data, skip=SFT_DATA_NOT_INPUT)}, name, ("eval", "report"))
 
     def eval_unit(self) -> Unit:
         from distill.llm.base import weights_fingerprint

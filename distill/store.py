@@ -51,15 +51,18 @@ def file_digest(path: str | Path) -> str:
 
 
 def content_digest(path: str | Path, skip: Iterable[str] = ()) -> str | None:
-    """A file's digest, or a folder's (every file under it by relative name, except those named in `skip`), or
-    None when there is nothing there: what a later stage was made from, so a rerun can tell it changed."""
+    """A file's digest, or a folder's (every file under it by relative name, except names matching a `skip`
+    pattern), or None when there is nothing there: what a later stage was made from, so a rerun can tell it
+    changed."""
+    from fnmatch import fnmatch
+
     path = Path(path)
     if path.is_file():
         return file_digest(path)
     if not path.is_dir():
         return None
-    skip = set(skip)
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name not in skip)
+    skip = list(skip)
+    files = sorted(p for p in path.rglob("*") if p.is_file() and not any(fnmatch(p.name, pat) for pat in skip))
     return stable_hash({str(p.relative_to(path)): file_digest(p) for p in files})
 
 
