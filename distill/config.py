@@ -258,3 +258,9 @@ def add_config_args(parser, default: str | None = None) -> None:
     parser.add_argument("--config", default=default, help="YAML config (keys are the config's field names)")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
                         help="override a config key (repeatable; dotted for nested)")
+
+
+def add_fresh_arg(parser) -> None:
+    parser.add_argument("--fresh", action="store_true",
+                        help="records in the output folder made with other settings are set aside (renamed, not "
+                             "deleted) and made anew; without it such a folder is refused")

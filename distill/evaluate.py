@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from distill.config import AgentConfig, ModelSpec, PlannerPrompt, Strict, add_config_args, load_config
+from distill.config import AgentConfig, ModelSpec, PlannerPrompt, Strict, add_config_args, add_fresh_arg, load_config
 from distill.data import DatasetSource
 from distill.errors import DistillError
 from distill.rewoo.record import CallShape, Count, Seconds, Shape, TokensShape, TrajectoryRecord
@@ -322,47 +322,74 @@ def build_method(cfg: EvalConfig, method: Method, cache=None):
     )
 
 
-def check_resumable(records: list[dict], cfg: EvalConfig, method: Method, path: Path) -> None:
-    """Refuse to resume a record file made under other settings (say, `--set tool_failure_rate=1.0` into the
-    directory of a clean run): its records would be kept as if they answered the new question."""
-    from distill.rewoo.prompts import canonical_prompt_kind
+# Settings that only the report reads (it takes them from the manifest), and those of one method rather than all:
+# left out of the shared part of a method's fingerprint.
+_NOT_SHARED = {"planners", "baselines", "robustness", "prompt_budget", "bootstrap_samples", "planner", "planner_prompt",
+               "replan", "tool_failure_rate"}
+_PLAN_KEYS = {"max_plan_chars", "max_plan_steps", "replan_on", "max_replans"}  # ReWOO's alone
+_TOOL_KEYS = {"tools", "llm_tool", "evidence_max_chars", "tool_failure_seed", "wikipedia_backend", "wikipedia_corpus",
+              "wikipedia_scope", "wikipedia_top_k", "wikipedia_max_chars"}  # Direct calls no tool
 
-    want = {"tool_failure_rate": method.tool_failure_rate, "kind": method.kind, "solver model": cfg.solver.model}
-    if method.kind == "rewoo":
-        want |= {"planner model": method.spec.model, "planner_prompt": method.prompt, "replan": method.replan}
-    for rec in records:
-        have = {
-            "tool_failure_rate": rec.get("tool_failure_rate", 0.0),
-            "kind": rec.get("kind"),
-            "solver model": (rec.get("solver") or {}).get("model"),
-            "planner model": (rec.get("planner") or {}).get("model"),
-            "planner_prompt": canonical_prompt_kind(rec.get("planner_prompt")),
-            "replan": "replans" in rec,
-        }
-        for what, value in want.items():
-            if have[what] != value:
-                raise DistillError(
-                    f"{path} holds records made with {what} {have[what]!r}, but the config says {value!r}: "
-                    f"use another output_dir, or delete that file to redo {method.name}"
-                )
+
+def method_settings(cfg: EvalConfig, method: Method, identities: Mapping[str, Any]) -> dict:
+    """What one method's records depend on: its own row, the shared settings it uses (seed, tools, plan limits,
+    the Wikipedia scope and corpus, the judge...), each model by what its server serves (a LoRA module by its
+    adapter's weights), and the input files. Not `n`: asking for more questions only adds records."""
+    from distill.run import settings_of, source_digests, with_identity
+
+    data = settings_of(cfg.model_dump(mode="json", exclude=_NOT_SHARED))
+    for ds in data["datasets"]:
+        ds.pop("n", None)
+    drop = set() if method.kind == "react" else {"react_max_steps", "react_max_tokens"}
+    drop |= set() if method.kind == "rewoo" else _PLAN_KEYS
+    drop |= _TOOL_KEYS if method.kind == "direct" else set()
+    data = {k: v for k, v in data.items() if k not in drop}
+    for name in ("solver", "llm_tool", "judge"):
+        if name in data:
+            data[name] = with_identity(data[name], identities.get(name))
+    row = {k: v for k, v in asdict(method).items() if k not in ("name", "spec")}
+    if method.spec is not None:
+        row["planner"] = with_identity(settings_of(method.spec.model_dump(mode="json")), identities[method.name])
+    sources = [ds.source for ds in cfg.datasets] + ([cfg.wikipedia_corpus] if method.kind != "direct" else [])
+    return data | {"method": row, "inputs": source_digests(sources)}
+
+
+def run_fingerprints(cfg: EvalConfig, methods: list[Method]) -> dict[str, dict]:
+    """{method: {"fingerprint", "settings"}}; every endpoint is asked once what it serves."""
+    from distill.run import fingerprint, model_identities
+
+    specs = {"solver": cfg.solver, "llm_tool": cfg.llm_tool, "judge": cfg.judge}
+    identities = model_identities(specs | {m.name: m.spec for m in methods if m.spec is not None})
+    out = {}
+    for method in methods:
+        settings = method_settings(cfg, method, identities)
+        out[method.name] = {"fingerprint": fingerprint(settings), "settings": settings}
+    return out
 
 
 def records_path(out: Path, method: Method) -> Path:
     return out / RECORDS_DIR / f"{method.name}.jsonl"
 
 
-def preflight(cfg: EvalConfig, methods: list[Method], out: Path) -> None:
-    """Before any model is loaded: repair torn last lines, and check every existing record file fits the
-    config, so a mismatch fails at once rather than after the first methods have run."""
+def preflight(cfg: EvalConfig, methods: list[Method], out: Path, runs: dict[str, dict], fresh: bool) -> None:
+    """Before any model is loaded: repair torn last lines, and check every existing record file was made with
+    this config (its fingerprint), so a mismatch fails at once rather than after the first methods have run."""
+    from distill.run import check_fingerprint, read_manifest
     from distill.store import JsonlStore
 
+    old = read_manifest(out / "manifest.json")
     for method in methods:
         if (path := records_path(out, method)).exists():
             with JsonlStore(path, key=record_key, schema=EvalRecord) as store:  # it says so when it cuts a torn line
-                check_resumable(store.records(), cfg, method, path)
+                records = store.records()
+            made = old.fingerprints.get(method.name) if old else None
+            want = runs[method.name]
+            check_fingerprint(path, records, want["fingerprint"], want["settings"], made, fresh,
+                              f"{method.name} records")
 
 
-def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, errors, runs: dict) -> None:
+def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, errors, runs: dict,
+               fp: str | None = None) -> None:
     """Run (or resume) one method over every example; `runs[method]` gets how it ended, even when it stops."""
     from distill.run import add_judgement, build_judge, run_records
     from distill.store import CallCache
@@ -376,7 +403,7 @@ def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, error
         async def work(example) -> dict:
             rec = await agent.run(example)
             rec.update(kind=method.kind, planner_prompt=method.prompt, question_type=getattr(example, "type", None),
-                       gold_hops=gold_hops(example), tool_failure_rate=method.tool_failure_rate)
+                       gold_hops=gold_hops(example), tool_failure_rate=method.tool_failure_rate, fingerprint=fp)
             if method.robustness_of is not None:
                 rec["robustness_of"] = method.robustness_of
             await add_judgement(judge_model, example, rec)
@@ -388,9 +415,10 @@ def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, error
                     schema=EvalRecord)
 
 
-def evaluate(cfg: EvalConfig, config_path: str | None = None) -> dict:
+def evaluate(cfg: EvalConfig, config_path: str | None = None, fresh: bool = False) -> dict:
     """Run (or resume) every method, writing its records; returns the finished manifest (the report is the
-    next stage's job, so it can be rebuilt without running any model)."""
+    next stage's job, so it can be rebuilt without running any model). `fresh` sets a method's records made
+    with other settings aside instead of refusing them; the methods whose settings match still resume."""
     from distill.run import manifest_header, run_lifecycle
     from distill.store import JsonlStore
 
@@ -405,25 +433,34 @@ def evaluate(cfg: EvalConfig, config_path: str | None = None) -> dict:
         "prompt_budget": cfg.prompt_budget.model_dump() if cfg.prompt_budget else None,
         "examples": [[ex.dataset, ex.id] for ex in examples],
     }
-    with run_lifecycle(out, manifest, check=lambda: preflight(cfg, methods, out)), JsonlStore(out / ERRORS) as errors:
+
+    def check() -> None:  # once the folder is ours; the models' servers are asked what they serve
+        manifest["fingerprints"] = run_fingerprints(cfg, methods)
+        preflight(cfg, methods, out, manifest["fingerprints"], fresh)
+
+    with run_lifecycle(out, manifest, check=check), JsonlStore(out / ERRORS) as errors:
+        fps = manifest["fingerprints"]
         t0 = time.perf_counter()
         runs = manifest.setdefault("runs", {})
         for method in methods:
-            run_method(cfg, method, examples_for(cfg, method, examples), out, errors, runs)
+            run_method(cfg, method, examples_for(cfg, method, examples), out, errors, runs,
+                       fps[method.name]["fingerprint"])
         manifest.update(wall_s_this_run=round(time.perf_counter() - t0, 2))
     return manifest
 
 
 # ------------------------------------------------------------------------------------------ command line
 
-configure_parser = add_config_args
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    add_config_args(parser)
+    add_fresh_arg(parser)
 
 
 def main(args: argparse.Namespace) -> int:
     if not args.config:
         raise DistillError("--config is required (e.g. configs/eval_smollm2_cpu.yaml)")
     cfg = load_config(EvalConfig, args.config, args.set)
-    manifest = evaluate(cfg, args.config)
+    manifest = evaluate(cfg, args.config, fresh=args.fresh)
     for name, run in manifest["runs"].items():
         print(f"{name:<16} {run['records']} records")
     print(f"records: {Path(cfg.output_dir) / RECORDS_DIR}")

@@ -5,8 +5,9 @@
 
 A teacher run costs real money and hours, so: one record per (example, sample) appended and fsynced as soon
 as it exists, a rerun of the same command finishes what is missing, and every model and tool call goes
-through a content-addressed cache, so even a deleted output is rebuilt without paying again. The lock, the
-manifest, error records and what stops a run are distill.run's.
+through a content-addressed cache, so even a deleted output is rebuilt without paying again. A rerun resumes only
+into records made with the same settings (their fingerprint, see distill.run); `--fresh` sets other records
+aside. The lock, the manifest, error records and what stops a run are distill.run's.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from distill.config import AgentConfig, ModelSpec, add_config_args, load_config
+from distill.config import AgentConfig, ModelSpec, add_config_args, add_fresh_arg, load_config
 from distill.data import DatasetSource
 from distill.errors import DistillError
 
@@ -65,18 +66,54 @@ def record_key(rec: dict) -> tuple[str, int]:
     return (rec["id"], rec["sample"])
 
 
-def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
-    """Run (or resume) generation; returns the summary that is also written to summary.json."""
+def run_settings(cfg: GenerateConfig) -> dict:
+    """What a trajectory depends on: the settings but which questions are drawn (`n`, the samples, the leak
+    guard: more questions only add records), each model by what its server serves, and the input files."""
+    from distill.run import model_identities, settings_of, source_digests, with_identity
+
+    data = settings_of(cfg.model_dump(mode="json", exclude={"eval_sets", "leak_policy", "samples_per_question"}))
+    for ds in data["datasets"]:
+        ds.pop("n", None)
+    models = {"planner": cfg.planner, "solver": cfg.solver, "llm_tool": cfg.llm_tool, "judge": cfg.judge}
+    for name, identity in model_identities(models).items():
+        data[name] = with_identity(data[name], identity)
+    return data | {"inputs": source_digests([ds.source for ds in cfg.datasets] + [cfg.wikipedia_corpus])}
+
+
+def check_resumable(out: Path, fp: str, settings: dict, fresh: bool) -> None:
+    """Before the manifest is rewritten: the records already in `out` must be made with these settings."""
+    from distill.run import check_fingerprint, read_manifest
+    from distill.store import JsonlStore
+
+    if not (path := out / TRAJECTORIES).exists():
+        return
+    old = read_manifest(out / "manifest.json")
+    made = old and {"fingerprint": old.fingerprint, "settings": old.run_settings}
+    with JsonlStore(path, key=record_key) as store:  # it says so when it cuts a torn last line
+        records = store.records()
+    check_fingerprint(path, records, fp, settings, made, fresh, "trajectories")
+
+
+def generate(cfg: GenerateConfig, config_path: str | None = None, fresh: bool = False) -> dict:
+    """Run (or resume) generation; returns the summary that is also written to summary.json. `fresh` sets
+    records made with other settings aside instead of refusing them."""
     from distill.rewoo.agent import build_agent, retries_of
     from distill.rewoo.record import TrajectoryRecord
-    from distill.run import add_judgement, build_judge, manifest_header, run_lifecycle, run_records
+    from distill.run import add_judgement, build_judge, fingerprint, manifest_header, run_lifecycle, run_records
     from distill.store import CallCache, JsonlStore, write_json
 
     out = Path(cfg.output_dir)
     examples = load_questions(cfg)
     items = [((ex.id, s), (ex, s)) for ex in examples for s in range(cfg.samples_per_question)]
     manifest = manifest_header("generate", cfg, config_path) | {"planned_records": len(items)}
-    with run_lifecycle(out, manifest), CallCache.open(cfg.cache, out / "calls.sqlite") as cache:
+
+    def check() -> None:  # once the folder is ours; the models' servers are asked what they serve
+        settings = run_settings(cfg)
+        manifest.update(fingerprint=fingerprint(settings), run_settings=settings)
+        check_resumable(out, manifest["fingerprint"], settings, fresh)
+
+    with run_lifecycle(out, manifest, check=check), CallCache.open(cfg.cache, out / "calls.sqlite") as cache:
+        fp = manifest["fingerprint"]
         agent = build_agent(cfg, cache, method="rewoo-teacher", seed=cfg.seed)
         judge_model = build_judge(cfg, cache)
 
@@ -84,7 +121,7 @@ def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
             example, sample = item
             rec = await agent.run(example, sample)
             await add_judgement(judge_model, example, rec)
-            return rec
+            return rec | {"fingerprint": fp}
 
         t0 = time.perf_counter()
         with JsonlStore(out / ERRORS) as errors:
@@ -107,14 +144,16 @@ def generate(cfg: GenerateConfig, config_path: str | None = None) -> dict:
 
 # ------------------------------------------------------------------------------------------ command line
 
-configure_parser = add_config_args  # a config file and its --set overrides are all of generate's flags
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    add_config_args(parser)
+    add_fresh_arg(parser)
 
 
 def main(args: argparse.Namespace) -> int:
     if not args.config:
         raise DistillError("--config is required (e.g. configs/generate_teacher.yaml)")
     cfg = load_config(GenerateConfig, args.config, args.set)
-    summary = generate(cfg, args.config)
+    summary = generate(cfg, args.config, fresh=args.fresh)
     print(json.dumps(summary, indent=2))
     print(f"trajectories: {cfg.output_dir}/{TRAJECTORIES}")
     return 0

@@ -3,17 +3,25 @@
     distill pipeline --config configs/demo_smollm2_cpu.yaml [--from train] [--set key=value]
 
 generate -> filter -> sft-data -> train -> eval (the students served by vLLM, against base and teacher
-Planners, ReAct and Direct) -> report. A stage whose `DONE.json` exists is skipped, unless an earlier stage did
-new work or a student was added since (then it runs again, and what it finished stays done); an unfinished one
-resumes (generation and evaluation records are appended as they finish, training restarts from its last
-checkpoint).
+Planners, ReAct and Direct) -> report. A run is iterated (another filter, learning rate or planner, then the
+same command again), so every stage knows what it was made from: its `DONE.json` holds the fingerprint of its
+resolved section (after `config:` files, `--set` and defaults; settings of speed and patience left out) and of
+its inputs (the digests of the files it reads, the adapter weights eval serves). On a rerun a stage whose
+fingerprint is unchanged is skipped; a changed one is redone, and so is everything made from it, per student:
+a changed `students.<name>.train` key retrains that student alone, then eval and the report follow. Each stage
+prints one line saying which it did and why (`filter: settings changed (min_f1 0.5 -> 0.9): rerunning;
+sft-data, train, eval, report follow`). An unfinished stage resumes (generation and evaluation records are
+appended as they finish, training restarts from its last checkpoint); a redone student's folders and records
+made with other settings are set aside (renamed `*.before-<time>`), never deleted. A second pipeline on the
+same `run_dir` is refused while one runs.
 
 `students: {name: sft_data overrides [+ train: {train overrides}]}` trains several students on the same kept
 examples (e.g. one on the `full` prompt, one on the `compact` one): sft-data and train run once per student
 into `sft-data/<name>` and `train/<name>`, each with its own DONE.json, and evaluation serves every adapter from
 one vLLM server as the LoRA module `<name>`. Without `students` there is one, named as student_server names its
 LoRA module (`planner`). `--from STAGE` moves that stage's folder and the later ones aside (nothing is deleted)
-and reruns them; the call cache at the run folder's root makes a rerun of generation cost nothing.
+and reruns them; the call cache at the run folder's root, which knows a model by what it serves rather than
+the port it listens on, makes a rerun of generation cost nothing.
 
 Model endpoints may say `base_url: "@server"`: the pipeline starts a vLLM server (the teacher's for
 generation, the students', base model plus LoRA adapters, for evaluation) and fills in its address.
@@ -23,23 +31,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pkgutil
 import time
 from contextlib import nullcontext
-from datetime import datetime
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from distill.config import Strict, add_config_args, load_config, validate
 from distill.errors import DistillError
-from distill.store import write_json
+from distill.run import describe_changes, fingerprint, folder_lock, set_aside, settings_of, source_digests
+from distill.store import content_digest, write_json
 
 STAGES = ("generate", "filter", "sft-data", "train", "eval", "report")
 SERVER = "@server"
 STAGE_CONFIG = "config"
+# Files in a student's sft-data folder that are not its training data: the marker, and the cache files `datasets`
+# writes beside the data when training maps over it (a rerun must not take them for new data).
+SFT_DATA_NOT_INPUT = ("DONE.json", "cache-*.arrow", "tmp*")
 # The library function behind each stage, and the server class; `Pipeline(entries=...)` swaps some of them so
 # a test can check what every stage is handed without running a model.
 ENTRIES = {
@@ -108,6 +121,73 @@ def fill_server(obj: Any, url: str | None) -> Any:
     return obj
 
 
+class StageMarker(BaseModel):
+    """`DONE.json`: a finished stage, or one student's part of a per-student stage, with what it was made from:
+    its settings (the resolved section, less distill.run's RUNTIME_KEYS), the digests of its inputs, and their
+    fingerprint. A rerun compares the fingerprint to decide, and the settings and inputs to say why."""
+
+    model_config = ConfigDict(extra="allow")
+
+    stage: str | None = None
+    fingerprint: str | None = None  # None: a marker written before stages kept one
+    settings: dict[str, Any] = Field(default_factory=dict)
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def read_marker(path: Path) -> StageMarker | None:
+    """The marker at `path`, None when the work is not done; one that cannot be read is one line naming it."""
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DistillError(f"{path}: not a readable stage marker ({exc}); delete it to redo that stage") from None
+    return validate(StageMarker, data, f"{path} (not a stage marker; delete it to redo that stage)")
+
+
+@dataclass
+class Unit:
+    """One piece of work with its own marker: a stage, or one student's sft-data or training."""
+
+    stage: str
+    folder: Path
+    settings: Any
+    inputs: dict[str, Any]
+    student: str | None = None
+    followers: tuple[str, ...] = ()  # what must be redone after it: named in the line a rerun prints
+
+    @property
+    def label(self) -> str:
+        return self.stage if self.student is None else f"{self.stage} {self.student}"
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint({"settings": self.settings, "inputs": self.inputs})
+
+    def head(self) -> dict:
+        return {"stage": self.stage, "fingerprint": self.fingerprint, "settings": self.settings, "inputs": self.inputs}
+
+    def why(self, marker: StageMarker | None, after: list[str]) -> str | None:
+        """Why this unit must run, as its line says it; None when its marker says it is done as configured."""
+        if marker is None:
+            return "running (not done yet)"
+        if after:
+            return f"rerunning ({', '.join(after)} redone)"
+        if marker.fingerprint == self.fingerprint:
+            return None
+        if marker.fingerprint is None:
+            reason = "made before stages kept fingerprints"
+        elif marker.settings != self.settings:
+            reason = f"settings changed ({describe_changes(marker.settings, self.settings)})"
+        elif changed := sorted(k for k in marker.inputs.keys() | self.inputs.keys()
+                               if marker.inputs.get(k) != self.inputs.get(k)):
+            reason = f"input changed ({', '.join(changed)})"
+        else:
+            reason = "fingerprint changed"
+        return f"{reason}: rerunning" + (f"; {', '.join(self.followers)} follow" if self.followers else "")
+
+
 class Pipeline:
     def __init__(self, cfg: PipelineConfig, config_path: str | None = None,
                  entries: Mapping[str, Callable] | None = None):
@@ -115,31 +195,55 @@ class Pipeline:
         self.run = Path(cfg.run_dir)
         self.config_path = config_path
         self.entries = dict(entries or {})
+        self.redone: set[str] = set()  # labels of the units that did work in this run
 
     def entry(self, name: str) -> Callable:
         return self.entries.get(name) or pkgutil.resolve_name(ENTRIES[name])
 
-    def once(self, folder: Path, label: str, step: Callable[[], dict], **head) -> dict:
-        """`step()` unless `folder/DONE.json` says it finished; the marker keeps what it returned and its time,
-        so a rerun after a crash redoes only what did not finish."""
-        marker = folder / "DONE.json"
-        if marker.exists():
-            print(f"[pipeline] {label}: done, skipped", flush=True)
-            return json.loads(marker.read_text())
-        print(f"[pipeline] {label}: running", flush=True)
-        folder.mkdir(parents=True, exist_ok=True)
+    def once(self, unit: Unit, step: Callable[[], dict], depends: list[str] = ()) -> dict:
+        """`step()` unless the unit's marker holds its fingerprint and nothing it is made from was redone in this
+        run; the marker keeps what `step` returned, its time and what it was made from."""
+        path = unit.folder / "DONE.json"
+        marker = read_marker(path)
+        why = unit.why(marker, [d for d in depends if d in self.redone])
+        if why is None:
+            print(f"[pipeline] {unit.label}: done, skipped (same settings and inputs)", flush=True)
+            return marker.model_dump()
+        print(f"[pipeline] {unit.label}: {why}", flush=True)
+        if marker is not None:
+            path.unlink()  # a rerun that crashes must not leave the old marker standing for it
+            if unit.student is not None:  # a student's folder: training must not resume an old checkpoint
+                set_aside(unit.folder)
+        unit.folder.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        info = head | step() | {"seconds": round(time.perf_counter() - t0, 1)}
-        write_json(marker, info)
-        print(f"[pipeline] {label}: finished in {info['seconds']:.0f}s", flush=True)
+        info = unit.head() | step() | {"seconds": round(time.perf_counter() - t0, 1)}
+        write_json(path, info)
+        self.redone.add(unit.label)
+        print(f"[pipeline] {unit.label}: finished in {info['seconds']:.0f}s", flush=True)
         return info
+
+    def each_student(self, stage: str, step: Callable[[str], dict], units: dict[str, Unit],
+                     depends: Callable[[str], list[str]]) -> None:
+        """`step(name)` for every student whose own `<stage>/<name>/DONE.json` does not hold its fingerprint;
+        the stage's marker lists them all (and is skipped as a whole when none has work)."""
+        whole = Unit(stage, self.run / stage, {}, {name: u.fingerprint for name, u in units.items()})
+        marker = read_marker(whole.folder / "DONE.json")
+        after = [d for name in units for d in depends(name) if d in self.redone]
+        if (marker is not None and marker.fingerprint == whole.fingerprint and not after
+                and all(read_marker(u.folder / "DONE.json") is not None for u in units.values())):
+            print(f"[pipeline] {stage}: done, skipped (same settings and inputs)", flush=True)
+            return
+        students = {name: self.once(unit, partial(step, name), depends(name)) for name, unit in units.items()}
+        keep = {name: {k: v for k, v in info.items() if k not in ("settings", "inputs")}
+                for name, info in students.items()}
+        seconds = round(sum(info["seconds"] for info in students.values()), 1)
+        write_json(whole.folder / "DONE.json", whole.head() | {"students": keep, "seconds": seconds})
 
     def rerun_from(self, stage: str) -> None:
         """Move the stage's folder and every later one aside, so they rerun from scratch, losing nothing."""
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         for d in (self.run / s for s in STAGES[STAGES.index(stage):]):
             if d.exists():
-                d.rename(d.with_name(f"{d.name}.before-{stamp}"))
+                set_aside(d)
 
     # ------------------------------------------------------------------ stage settings, checked before any stage
     def students(self) -> dict[str, dict]:
@@ -205,7 +309,7 @@ class Pipeline:
         from distill.serve import served_name
 
         url = "http://127.0.0.1:1/v1"
-        self.generate_config(url)
+        gen = self.generate_config(url)
         self.filter_config()
         sft = {name: self.sft_data_config(name) for name in self.students()}
         for name in sft:
@@ -215,6 +319,53 @@ class Pipeline:
             self.server_config("teacher_server")
         served = {served_name(self.server_config("student_server")), *sft}
         check_students_served_as_trained(sft, ev, url, served)
+        check_leak_guard_covers_eval(gen, ev)
+
+    # ------------------------------------------------------------------ what each unit is made from
+    def server_settings(self, name: str) -> dict | None:
+        """A server's settings stand for the models it serves: its address is chosen when it starts."""
+        if getattr(self.cfg, name) is None:
+            return None
+        cfg = self.server_config(name)
+        return settings_of(cfg.model_dump(mode="json", exclude={"adapters"})) | {"adapters": sorted(cfg.adapters)}
+
+    def generate_unit(self) -> Unit:
+        cfg = self.generate_config(SERVER)
+        settings = settings_of(cfg.model_dump(mode="json")) | {"teacher_server": self.server_settings("teacher_server")}
+        sources = [ds.source for ds in [*cfg.datasets, *cfg.eval_sets]] + [cfg.wikipedia_corpus]
+        return Unit("generate", self.run / "generate", settings, source_digests(sources), followers=STAGES[1:])
+
+    def filter_unit(self) -> Unit:
+        kept = "generate/trajectories.jsonl"
+        return Unit("filter", self.run / "filter", settings_of(self.filter_config().model_dump(mode="json")),
+                    {kept: content_digest(self.run / kept)}, followers=STAGES[2:])
+
+    def sft_data_unit(self, name: str) -> Unit:
+        settings = settings_of(self.sft_data_config(name).model_dump(mode="json", exclude={"kept", "out"}))
+        kept = "filter/kept.jsonl"
+        return Unit("sft-data", self.run / "sft-data" / name, settings, {kept: content_digest(self.run / kept)},
+                    name, (f"train {name}", "eval", "report"))
+
+    def train_unit(self, name: str) -> Unit:
+        from distill.train import DEFAULTS
+
+        settings = settings_of(DEFAULTS | {k: v for k, v in self.train_section(name).items() if k != "dataset_dir"})
+        data = f"sft-data/{name}"
+        return Unit("train", self.run / "train" / name, settings,
+                    {data: content_digest(self.run / data, skip=SFT_DATA_NOT_INPUT)}, name, ("eval", "report"))
+
+    def eval_unit(self) -> Unit:
+        from distill.llm.base import weights_fingerprint
+
+        cfg = self.eval_config(SERVER)
+        settings = settings_of(cfg.model_dump(mode="json")) | {"student_server": self.server_settings("student_server")}
+        adapters = {f"train/{n}": weights_fingerprint(str(self.run / "train" / n)) for n in self.students()}
+        sources = [ds.source for ds in cfg.datasets] + [cfg.wikipedia_corpus]
+        return Unit("eval", self.run / "eval", settings, adapters | source_digests(sources), followers=("report",))
+
+    def report_unit(self) -> Unit:
+        records = "eval/records"
+        return Unit("report", self.run / "report", {}, {records: content_digest(self.run / records)})
 
     # ------------------------------------------------------------------ stages
     def server(self, name: str):
@@ -224,8 +375,10 @@ class Pipeline:
         return self.entry("server")(self.server_config(name), log_path=self.run / f"{name}.vllm.log")
 
     def generate(self) -> dict:
+        """Records made with other settings are set aside: what the pipeline keeps is what it was told."""
         with self.server("teacher_server") as srv:
-            return self.entry("generate")(self.generate_config(srv.base_url if srv else None), self.config_path)
+            cfg = self.generate_config(srv.base_url if srv else None)
+            return self.entry("generate")(cfg, self.config_path, fresh=True)
 
     def filter(self) -> dict:
         from distill.filter import format_report
@@ -238,39 +391,24 @@ class Pipeline:
             raise DistillError("the filter kept no trajectory: more samples_per_question or more questions")
         return {"kept": report["kept"], "input_records": report["input_records"]}
 
-    def new_students(self, stage: str, marker: Path) -> list[str]:
-        """Students the config names that this per-student stage's marker does not list (added since it ran)."""
-        if stage not in ("sft-data", "train"):
-            return []
-        return sorted(set(self.students()) - set(json.loads(marker.read_text()).get("students", {})))
-
-    def each_student(self, stage: str, step: Callable[[str], dict]) -> dict:
-        """`step(name)` for every student, each with its own `<stage>/<name>/DONE.json`."""
-        return {"students": {name: self.once(self.run / stage / name, f"{stage} {name}", partial(step, name))
-                             for name in self.students()}}
-
-    def sft_data(self) -> dict:
+    def sft_data(self, name: str) -> dict:
         from distill.sft_data import format_summary
 
-        def build(name: str) -> dict:
-            summary = self.entry("sft-data")(self.sft_data_config(name))
-            print(format_summary(summary))
-            return {"student_prompt": summary["student_prompt"],
-                    "examples": {split: s["examples"] for split, s in summary["splits"].items()}}
+        summary = self.entry("sft-data")(self.sft_data_config(name))
+        print(format_summary(summary))
+        return {"student_prompt": summary["student_prompt"],
+                "examples": {split: s["examples"] for split, s in summary["splits"].items()}}
 
-        return self.each_student("sft-data", build)
-
-    def train(self) -> dict:
-        def train(name: str) -> dict:
-            # accelerate launch with one process per visible GPU (one plain process on CPU), from the checked section
-            info = self.entry("train")(self.train_section(name))
-            return {k: info.get(k) for k in ("global_step", "final_train_loss", "final_eval_loss", "wall_s")}
-
-        return self.each_student("train", train)
+    def train(self, name: str) -> dict:
+        # accelerate launch with one process per visible GPU (one plain process on CPU), from the checked section
+        info = self.entry("train")(self.train_section(name))
+        return {k: info.get(k) for k in ("global_step", "final_train_loss", "final_eval_loss", "wall_s")}
 
     def eval(self) -> dict:
+        """Methods whose records were made otherwise (a retrained student) are redone; the others resume."""
         with self.server("student_server") as srv:
-            manifest = self.entry("eval")(self.eval_config(srv.base_url if srv else None), self.config_path)
+            cfg = self.eval_config(srv.base_url if srv else None)
+            manifest = self.entry("eval")(cfg, self.config_path, fresh=True)
         return {"methods": [m["name"] for m in manifest["methods"]]}
 
     def report(self) -> dict:
@@ -279,25 +417,43 @@ class Pipeline:
 
         results = self.entry("report")(self.run / "eval", self.run)
         print("\n".join(summary_lines(results) + prompt_budget_summary(results)))
-        timings = {s: json.loads((self.run / s / "DONE.json").read_text())["seconds"] for s in STAGES[:-1]}
+        timings = {s: read_marker(self.run / s / "DONE.json").seconds for s in STAGES[:-1]}
         write_json(self.run / "pipeline.json", {"stage_seconds": timings, "config_file": self.config_path})
         return {"stage_seconds": timings}
 
     def run_all(self, start: str | None = None) -> None:
+        """Every stage in order, each unit skipped when its marker says it is done as configured; a unit that
+        does work makes the units made from it work too. One pipeline per run folder at a time."""
         self.check()
         self.run.mkdir(parents=True, exist_ok=True)
-        if start:
-            self.rerun_from(start)
-        redo = False
-        for stage in STAGES:
-            marker = self.run / stage / "DONE.json"
-            if marker.exists() and (redo or self.new_students(stage, marker)):
-                marker.unlink()  # an earlier stage did new work, or a student was added: finished parts stay done
-            redo = redo or not marker.exists()
-            self.once(self.run / stage, stage, getattr(self, stage.replace("-", "_")), stage=stage)
+        with folder_lock(self.run):
+            if start:
+                self.rerun_from(start)
+            names = list(self.students())
+            self.once(self.generate_unit(), self.generate)
+            self.once(self.filter_unit(), self.filter, ["generate"])
+            self.each_student("sft-data", self.sft_data, {n: self.sft_data_unit(n) for n in names},
+                              lambda n: ["filter"])
+            self.each_student("train", self.train, {n: self.train_unit(n) for n in names},
+                              lambda n: [f"sft-data {n}"])
+            self.once(self.eval_unit(), self.eval, [f"train {n}" for n in names])
+            self.once(self.report_unit(), self.report, ["eval"])
         print(f"\nreport:  {self.run / 'report.md'}")
         print(f"results: {self.run / 'results.json'}")
 
+
+def check_leak_guard_covers_eval(gen: Any, ev: Any) -> None:
+    """The leak guard keeps `generate.eval_sets` questions out of training; a dataset eval scores on that it
+    does not list would be checked against nothing, and a leaked question would inflate the student's score."""
+    def where(ds) -> tuple[str, str]:
+        return (ds.source if ds.source.startswith("hub:") else os.path.normpath(ds.source), ds.split)
+
+    guarded = {where(ds) for ds in gen.eval_sets}
+    if missing := [ds for ds in ev.datasets if where(ds) not in guarded]:
+        ds = missing[0]
+        raise DistillError(f"generate.eval_sets does not list eval dataset {ds.source} (split {ds.split}): add "
+                           f"{{name: {ds.name}, source: {ds.source}, split: {ds.split}}} there, so the leak guard "
+                           "keeps its questions out of training")
 
 def check_students_served_as_trained(sft: Mapping[str, Any], ev: Any, url: str, served: set[str]) -> None:
     """Every model eval asks this pipeline's server for must be one it serves (the base or a student), and a row

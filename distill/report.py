@@ -17,7 +17,6 @@ own table and plot, each swept method at each failure rate beside its main run o
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections import defaultdict
 from contextlib import contextmanager
@@ -392,8 +391,10 @@ def _outcomes(by_method: dict[str, list[dict]], reference: str) -> dict[str, dic
 def _load(output_dir: str | Path) -> tuple[dict, dict[str, list[dict]]]:
     """The results and the records they come from: methods in manifest order (others after, alphabetically),
     restricted to the manifest's questions."""
-    path = Path(output_dir) / "manifest.json"
-    manifest = json.loads(path.read_text()) if path.exists() else {}
+    from distill.run import read_manifest
+
+    found = read_manifest(Path(output_dir) / "manifest.json")
+    manifest = found.model_dump(exclude_unset=True) if found else {}
     by_method = load_records(output_dir)
     order = [m["name"] for m in manifest.get("methods", []) if m["name"] in by_method]
     order += sorted(m for m in by_method if m not in order)

@@ -12,6 +12,12 @@ or `not_run` when the whole run stopped, so `planned = done + errors + not_run`.
 Ctrl-C/SIGTERM, and (`failed`, with the last error as the one-line reason) when going on would only turn every
 remaining item into an error: `ServerUnreachable`, `max_consecutive_errors` failures in a row, or a record that
 could not be written.
+
+Every record carries the `fingerprint` of what it was made from (the settings that shape a record, the models'
+identities as their servers report them, the digests of the input files), and the manifest the settings
+themselves: a run resumes only into records with its own fingerprint, and otherwise says what differs.
+Settings that change only how fast or how patiently a run goes (`RUNTIME_KEYS`) are left out, so raising a
+timeout resumes rather than redoes.
 """
 
 from __future__ import annotations
@@ -28,11 +34,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Hashable, Iterator
+from typing import Any, Awaitable, Callable, Hashable, Iterable, Iterator, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from distill.errors import DistillError, ServerUnreachable, is_environment_failure, one_line
 from distill.secrets import mask, masked_argv, masked_mapping
-from distill.store import JsonlStore, overwrite_in_place, write_json
+from distill.store import JsonlStore, content_digest, overwrite_in_place, stable_hash, write_json
 
 
 def now() -> str:
@@ -64,6 +72,166 @@ def manifest_header(command: str, cfg, config_path: str | None) -> dict:
     }
 
 
+class ManifestMethod(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+
+
+class Manifest(BaseModel):
+    """`manifest.json`, as far as anything reads it back (the report, a resumed run): a file that does not fit
+    is one line naming it, never a traceback further on."""
+
+    model_config = ConfigDict(extra="allow")
+
+    command: str | None = None
+    status: Literal["running", "complete", "interrupted", "failed"] | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    fingerprint: str | None = None  # generate: its records' fingerprint, with the settings behind it
+    run_settings: dict[str, Any] | None = None
+    fingerprints: dict[str, dict[str, Any]] = Field(default_factory=dict)  # eval: per method, the same two
+    methods: list[ManifestMethod] = Field(default_factory=list)
+    reference: str | None = None
+    bootstrap_samples: int = 1000
+    seed: int = 0
+    prompt_budget: dict[str, Any] | None = None
+    examples: list[list[str]] = Field(default_factory=list)
+
+
+def read_manifest(path: Path) -> Manifest | None:
+    """The manifest at `path`, None when there is none."""
+    import json
+
+    from distill.config import validate
+
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DistillError(f"{path}: not a readable manifest ({one_line(exc)}); restore it, or move the folder "
+                           "aside and rerun") from None
+    return validate(Manifest, data, f"{path} (not a run manifest)")
+
+
+# ------------------------------------------------------------------------------------------ fingerprints
+
+RUNTIME_KEYS = frozenset({
+    "output_dir", "cache", "concurrency", "worker_max_concurrency", "wikipedia_max_concurrency",
+    "wikipedia_max_retries", "wikipedia_timeout_s", "wikipedia_max_wait_s", "wikipedia_contact", "tool_timeout_s",
+    "max_concurrency", "timeout_s", "max_retries", "max_retry_after_s", "api_key_env", "host", "port",
+    "health_timeout_s", "log_file",
+})
+
+
+def settings_of(value: Any) -> Any:
+    """A config dump without its RUNTIME_KEYS, at any depth, in JSON's own types (so it compares equal to
+    itself read back from a marker or a manifest)."""
+    import json
+
+    def strip(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: strip(x) for k, x in v.items() if k not in RUNTIME_KEYS}
+        if isinstance(v, (list, tuple)):
+            return [strip(x) for x in v]
+        return v
+
+    return json.loads(json.dumps(strip(value), sort_keys=True))
+
+
+def fingerprint(settings: Any) -> str:
+    return stable_hash(settings)[:16]
+
+
+def source_digests(sources: Iterable[str | None]) -> dict[str, str | None]:
+    """Digests of the input files among `sources` (dataset sources, a corpus); a hub id is known by its name."""
+    return {src: content_digest(src) for src in sorted({s for s in sources if s and not s.startswith("hub:")})}
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        return {k: v for key, sub in value.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: value}
+
+
+def describe_changes(old: Any, new: Any, limit: int = 3) -> str:
+    """`min_f1 0.5 -> 0.9, criterion evidence -> answer`: the settings that differ, by dotted name."""
+    import json
+
+    def show(v: Any) -> str:
+        text = "unset" if v is _UNSET else json.dumps(v) if not isinstance(v, str) else v
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    a, b = _flat(old), _flat(new)
+    keys = [k for k in sorted(a.keys() | b.keys()) if a.get(k, _UNSET) != b.get(k, _UNSET)]
+    parts = [f"{k} {show(a.get(k, _UNSET))} -> {show(b.get(k, _UNSET))}" for k in keys[:limit]]
+    return ", ".join(parts) + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+_UNSET = object()
+
+
+def model_identities(specs: dict[str, Any]) -> dict[str, dict | None]:
+    """{name: what that ModelSpec's endpoint serves} (see `llm.spec_identity`); None for an unset one. Each
+    endpoint is asked once, however many roles share it."""
+    import asyncio
+
+    from distill.llm import spec_identity
+
+    async def ask() -> dict[str, dict | None]:
+        seen: dict[str, dict] = {}
+        out: dict[str, dict | None] = {}
+        for name, spec in specs.items():
+            if spec is None:
+                out[name] = None
+                continue
+            key = spec.model_dump_json(include={"backend", "model", "base_url", "api_key_env"})
+            if key not in seen:
+                seen[key] = await spec_identity(spec)
+            out[name] = seen[key]
+        return out
+
+    return asyncio.run(ask())
+
+
+def with_identity(spec_settings: dict | None, identity: dict | None) -> dict | None:
+    """A model's settings with where it listens replaced by what it serves."""
+    if spec_settings is None:
+        return None
+    return {k: v for k, v in spec_settings.items() if k != "base_url"} | {"serves": identity}
+
+
+def set_aside(path: Path) -> Path:
+    """Rename `path` to `<name>.before-<time>` beside it (never over an earlier one): out of a rerun's way, kept."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    target, n = path.with_name(f"{path.name}.before-{stamp}"), 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.before-{stamp}-{n}")
+    path.rename(target)
+    return target
+
+
+def check_fingerprint(path: Path, records: list[dict], want: str, settings: dict, made: dict | None,
+                      fresh: bool, what: str) -> None:
+    """Refuse to resume into `path` when its records were made otherwise (`made`: the fingerprint and settings
+    the folder's manifest recorded for them); with `fresh`, set the file aside and start it anew instead."""
+    found = {r.get("fingerprint") for r in records}
+    if found <= {want}:
+        return
+    if fresh:
+        print(f"note: {path} was made with other settings; set aside as {set_aside(path).name}", file=sys.stderr)
+        return
+    if made and made.get("fingerprint") in found and isinstance(made.get("settings"), dict):
+        differs = describe_changes(made["settings"], settings) or "the inputs"
+    elif None in found:
+        differs = "no fingerprint: made by an older version"
+    else:
+        differs = f"fingerprint {sorted(f for f in found if f)[0]}, now {want}"
+    raise DistillError(f"{path} holds {what} made with other settings ({differs}): rerun with --fresh to set them "
+                       "aside (nothing is deleted) and start over, or use another output_dir")
+
+
 @contextmanager
 def folder_lock(out: Path) -> Iterator[None]:
     """Hold `out`'s lock for the block, or raise a DistillError naming the process that holds it."""
@@ -93,11 +261,13 @@ class RunStopped(DistillError):
 @contextmanager
 def run_lifecycle(out: Path, manifest: dict, check: Callable[[], None] | None = None) -> Iterator[dict]:
     """Lock the folder, mark the manifest `running`, and on leaving write how the run ended (the block fills
-    `manifest` with what it wants kept). `check` runs first, so a refusal leaves the earlier manifest as it was.
+    `manifest` with what it wants kept). `check` runs first, so a refusal leaves the earlier manifest as it was
+    (a server that cannot be reached there is no refusal: the manifest says `failed` and why).
     A failure of the user's world (I/O, a server) leaves as a one-line DistillError; a bug keeps its traceback.
     """
     def mark(status: str, **more: Any) -> None:
         manifest.update(status=status, **more)
+        Manifest.model_validate(manifest)  # what is written is what the readers accept
         try:
             write_json(out / "manifest.json", manifest)
         except DistillError:
@@ -115,7 +285,11 @@ def run_lifecycle(out: Path, manifest: dict, check: Callable[[], None] | None = 
 
     with folder_lock(out):
         if check is not None:
-            check()
+            try:
+                check()
+            except ServerUnreachable as exc:  # not a refusal: the run was tried, and its manifest says why not
+                mark("failed", reason=one_line(exc), finished_at=now())
+                raise
         mark("running")
         try:
             yield manifest

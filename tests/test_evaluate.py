@@ -239,38 +239,97 @@ def test_the_prompt_budget_is_off_by_default_and_the_manifest_carries_it_to_the_
     assert got["max_prompt_fraction"] == 0.25 and got["rows"]["student"]["met"] is True
 
 
-def test_resuming_into_a_run_made_with_other_settings_is_refused_before_any_model_loads(tmp_path):
-    from distill.evaluate import evaluate
+def made_by(cfg: EvalConfig, monkeypatch) -> None:
+    """The folder a finished run with `cfg` leaves: its manifest, and a record per method carrying that run's
+    fingerprint. The records' content is not under test, so no model runs."""
+    import distill.evaluate as ev
     from distill.store import write_jsonl
 
-    out = tmp_path / "eval"
-    old = {"method": "direct", "id": "mini-1", "kind": "direct", "tool_failure_rate": 0.0,
-           "solver": {"model": "smollm2-135m-instruct"}, "planner": None, "planner_prompt": None} | RECORD_REST
-    write_jsonl(out / "records" / "direct.jsonl", [old])
-    cfg = validate(EvalConfig, BASE | {"output_dir": str(out), "tool_failure_rate": 1.0})
-    with pytest.raises(DistillError, match="tool_failure_rate 0.0, but the config says 1.0"):
-        evaluate(cfg)
-    assert not (out / "manifest.json").exists()
-    other_solver = validate(EvalConfig, BASE | {"output_dir": str(out), "solver": {"model": "other"}})
-    with pytest.raises(DistillError, match="solver model"):
-        evaluate(other_solver)
+    def one_record(cfg, method, examples, out, errors, runs, fp=None):
+        planner = {"model": "m"} if method.kind == "rewoo" else None  # a record the schema accepts
+        record = {"method": method.name, "id": "mini-1", "kind": method.kind, "planner": planner,
+                  "tool_failure_rate": method.tool_failure_rate, "fingerprint": fp} | RECORD_REST
+        write_jsonl(ev.records_path(out, method), [record])
+
+    with monkeypatch.context() as m:
+        m.setattr(ev, "run_method", one_record)
+        ev.evaluate(cfg)
 
 
-def test_a_sweep_record_file_made_at_another_rate_is_refused_before_any_model_loads(tmp_path):
+@pytest.mark.parametrize("change, differs", [
+    ({"seed": 1}, "seed 0 -> 1"),
+    ({"tools": ["Wikipedia", "Calculator"]}, 'tools ["Wikipedia", "LLM", "Calculator"] -> ["Wikipedia", "Calculator"]'),
+    ({"max_plan_steps": 3}, "max_plan_steps 6 -> 3"),
+    ({"wikipedia_scope": "question"}, "wikipedia_scope corpus -> question"),
+    ({"wikipedia_corpus": str(MINI)}, "wikipedia_corpus data/demo/corpus.jsonl -> "),
+    ({"judge": PLANNER}, "judge.backend unset -> transformers"),
+    ({"tool_failure_rate": 1.0}, "method.tool_failure_rate 0.0 -> 1.0"),
+    ({"planners": [TWO["planners"][0] | {"prompt": "full"}, TWO["planners"][1]]}, "method.prompt fewshot -> full"),
+])
+def test_resuming_into_a_run_made_with_other_settings_is_refused_before_any_model_loads(tmp_path, monkeypatch,
+                                                                                         change, differs):
     from distill.evaluate import evaluate
-    from distill.store import write_jsonl
 
+    monkeypatch.chdir(ROOT)
     out = tmp_path / "eval"
-    old = {"method": "react@fail1", "id": "mini-1", "kind": "react", "tool_failure_rate": 0.3,
-           "robustness_of": "react", "solver": {"model": "smollm2-135m-instruct"}, "planner": None,
-           "planner_prompt": None} | RECORD_REST
-    write_jsonl(out / "records" / "react@fail1.jsonl", [old])
-    cfg = validate(EvalConfig, BASE | {"output_dir": str(out), "baselines": ["react"],
-                                       "robustness": {"rates": [1.0], "methods": ["react"]}})
-    with pytest.raises(DistillError, match=r"react@fail1.jsonl holds records made with tool_failure_rate 0.3, "
-                                           r"but the config says 1.0"):
+    made_by(validate(EvalConfig, BASE | TWO | {"output_dir": str(out)}), monkeypatch)
+    manifest = (out / "manifest.json").read_text()
+    cfg = validate(EvalConfig, BASE | TWO | {"output_dir": str(out)} | change)
+    with pytest.raises(DistillError, match=r"teacher.jsonl holds teacher records made with other settings \(") as err:
         evaluate(cfg)
-    assert not (out / "manifest.json").exists()
+    assert differs in str(err.value) and "--fresh" in str(err.value)
+    assert (out / "manifest.json").read_text() == manifest  # refused before anything was touched
+
+
+def test_more_questions_resume_and_fresh_sets_aside_only_the_methods_made_otherwise(tmp_path, monkeypatch):
+    import distill.evaluate as ev
+
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "eval"
+    first = validate(EvalConfig, BASE | TWO | {"output_dir": str(out)})
+    made_by(first, monkeypatch)
+    more = validate(EvalConfig, BASE | TWO | {"output_dir": str(out), "datasets": [BASE["datasets"][0] | {"n": 3}]})
+    methods = ev.methods_of(more)
+    ev.preflight(more, methods, out, ev.run_fingerprints(more, methods), fresh=False)  # more questions only add
+
+    other = BASE | {"planners": [TWO["planners"][0] | {"spec": PLANNER | {"max_tokens": 8}}, TWO["planners"][1]]}
+    cfg = validate(EvalConfig, other | {"output_dir": str(out)})
+    kept = (out / "records" / "teacher.jsonl").read_text()
+    ev.preflight(cfg, methods := ev.methods_of(cfg), out, ev.run_fingerprints(cfg, methods), fresh=True)
+    assert not (out / "records" / "teacher.jsonl").exists()
+    assert [p.read_text() for p in (out / "records").glob("teacher.jsonl.before-*")] == [kept]
+    assert (out / "records" / "student.jsonl").exists() and (out / "records" / "direct.jsonl").exists()
+
+
+def test_eval_refuses_a_folder_whose_served_adapter_was_retrained(tmp_path, monkeypatch, capsys):
+    """The weights behind a served LoRA name are part of what a record was made from (a stand-in for vLLM's
+    /v1/models tells where they are, as vLLM does). On the command line: one line, exit 2."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from test_openai_backend import ServedModels, _save_adapter
+
+    monkeypatch.chdir(ROOT)
+    ServedModels.root = str(tmp_path / "adapter")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ServedModels)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        served = {"backend": "openai", "base_url": url, "model": "planner", "max_retries": 0}
+        out = tmp_path / "eval"
+        cfg = BASE | {"output_dir": str(out), "baselines": [],
+                      "planners": [{"name": "student", "prompt": "full", "spec": served}]}
+        _save_adapter(tmp_path / "adapter", seed=0)
+        made_by(validate(EvalConfig, cfg), monkeypatch)
+        _save_adapter(tmp_path / "adapter", seed=1)  # retrained, served again as `planner`
+        path = tmp_path / "eval.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        assert cli.main(["eval", "--config", str(path)]) == 2
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "student.jsonl holds student records made with other settings" in err, err
+    assert "method.planner.serves.servers" in err
 
 
 # ----------------------------------------------------------------------------------------- tool failures

@@ -111,3 +111,44 @@ def test_resume_after_sigint_and_sigkill_keeps_each_record_once(tmp_path, vllm_s
     counts = collections.Counter((r["id"], r["sample"]) for r in records)
     assert len(counts) == 8 and set(counts.values()) == {1}
     assert json.loads((tmp_path / "run" / "manifest.json").read_text())["status"] == "complete"
+
+
+def test_generate_refuses_a_folder_made_with_other_settings_and_fresh_sets_it_aside(tmp_path, capsys):
+    """A stand-in for an OpenAI-compatible server (its /v1/models names what it serves, as vLLM's does) answers
+    every call; the check under test is the folder's."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from distill import cli
+    from test_openai_backend import ServedModels
+
+    ServedModels.calls, ServedModels.fail_first, ServedModels.root = 0, 0, str(tmp_path / "weights")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ServedModels)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        served = {"backend": "openai", "base_url": f"http://127.0.0.1:{server.server_address[1]}/v1",
+                  "model": "planner", "max_retries": 0}
+        path = write_config(tmp_path, n=2, samples=1, planner=served, solver=served, tools=["Calculator"])
+        cfg = load_config(GenerateConfig, path)
+        generate(cfg)
+        out = Path(cfg.output_dir)
+        made = (out / "trajectories.jsonl").read_text()
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert {r["fingerprint"] for r in read_jsonl(out / "trajectories.jsonl")} == {manifest["fingerprint"]}
+
+        capsys.readouterr()
+        assert cli.main(["generate", "--config", str(path), "--set", "planner.temperature=0.5"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "trajectories.jsonl holds trajectories made with other settings " \
+            "(planner.temperature 0.0 -> 0.5): rerun with --fresh" in err, err
+        assert (out / "trajectories.jsonl").read_text() == made  # nothing touched
+
+        assert cli.main(["generate", "--config", str(path), "--set", "samples_per_question=2"]) == 0  # only adds
+        assert cli.main(["generate", "--config", str(path), "--set", "planner.temperature=0.5", "--fresh"]) == 0
+    finally:
+        server.shutdown()
+        ServedModels.fail_first = 2
+    aside = list(out.glob("trajectories.jsonl.before-*"))
+    assert len(aside) == 1 and len(read_jsonl(aside[0])) == 4  # the 2 + 2 records of the first settings, kept
+    new = read_jsonl(out / "trajectories.jsonl")
+    assert len(new) == 2 and new[0]["fingerprint"] != manifest["fingerprint"]

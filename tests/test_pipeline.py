@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Iterator
 
 import pytest
 import yaml
@@ -92,7 +95,8 @@ def wiring_config(tmp_path: Path) -> dict:
         "run_dir": str(tmp_path / "run"),
         "teacher_server": {"base_model": "smollm2-135m-instruct"},
         "generate": {"planner": served, "solver": served, "tools": ["Wikipedia", "LLM", "Calculator"],
-                     "datasets": [{"name": "hotpotqa", "source": "data/demo/train.jsonl", "n": 6}]},
+                     "datasets": [{"name": "hotpotqa", "source": "data/demo/train.jsonl", "n": 6}],
+                     "eval_sets": [{"name": "hotpotqa", "source": "data/demo/dev.jsonl", "split": "validation"}]},
         "filter": {"min_f1": 0.5},
         "sft_data": {"tools": ["Wikipedia", "LLM", "Calculator"], "val_fraction": 0.34, "tokenizer": "none"},
         "train": {"config": "configs/smollm2-135m_lora_cpu.yaml", "max_steps": 2},
@@ -126,7 +130,7 @@ class Recorder:
 
         return running()
 
-    def generate(self, cfg, config_path):
+    def generate(self, cfg, config_path, fresh=False):
         from test_sft_data import kept_records
 
         self.calls.append(("generate", cfg))
@@ -137,17 +141,28 @@ class Recorder:
         return {"records": len(records)}
 
     def train(self, data):
+        from datasets import load_from_disk
+
         self.calls.append(("train", data))
-        assert (Path(data["dataset_dir"]) / "dataset_dict.json").exists()  # sft-data's real output
-        (Path(data["output_dir"]) / "adapter_config.json").write_text("{}")
+        # sft-data's real output, read as TRL does: mapping over it leaves `datasets`' cache files in the folder
+        load_from_disk(data["dataset_dir"])["train"].map(lambda row: {"n": len(row["completion"])})
+        out = Path(data["output_dir"])
+        (out / "adapter_config.json").write_text("{}")
+        # "weights" that differ as a real adapter's would: with the training examples and the steps
+        examples = json.loads((Path(data["dataset_dir"]) / "summary.json").read_text())["splits"]["train"]["examples"]
+        (out / "adapter_model.safetensors").write_text(json.dumps({"examples": examples, "steps": data["max_steps"]}))
         return {"global_step": data["max_steps"], "final_train_loss": 1.5, "final_eval_loss": 1.6, "wall_s": 0.1}
 
-    def evaluate(self, cfg, config_path):
+    def evaluate(self, cfg, config_path, fresh=False):
         from test_report import rec
 
         self.calls.append(("eval", cfg))
         out = Path(cfg.output_dir)
-        write_jsonl(out / "records" / "student.jsonl", [rec("student", f"q{i}", "Paris", "Paris") for i in range(3)])
+        # the student answers as many questions right as its (first) adapter's training examples allow
+        weights = sorted((out.parent / "train").glob("*/adapter_model.safetensors"))[0]
+        right = min(3, json.loads(weights.read_text())["examples"] // 4)
+        write_jsonl(out / "records" / "student.jsonl",
+                    [rec("student", f"q{i}", "Paris" if i < right else "Rome", "Paris") for i in range(3)])
         write_jsonl(out / "records" / "direct.jsonl",
                     [rec("direct", f"q{i}", "Rome", "Paris", kind="direct", steps=0) for i in range(3)])
         manifest = {"methods": [{"name": "student"}, {"name": "direct"}], "reference": "student",
@@ -183,7 +198,11 @@ def test_each_stage_gets_its_folders_and_settings_and_done_json_its_counts(tmp_p
     assert ev.output_dir == str(run / "eval") and ev.planners[0].spec.base_url == "http://student.test/v1"
 
     done = {s: json.loads((run / s / "DONE.json").read_text()) for s in STAGES}
-    assert done["filter"] | {"seconds": 0} == {"stage": "filter", "seconds": 0, "kept": 6, "input_records": 12}
+    made_from = {"fingerprint", "settings", "inputs"}
+    assert {k: v for k, v in done["filter"].items() if k not in made_from} | {"seconds": 0} == {
+        "stage": "filter", "seconds": 0, "kept": 6, "input_records": 12}
+    assert done["filter"]["settings"]["min_f1"] == 0.5 and list(done["filter"]["inputs"]) == [
+        "generate/trajectories.jsonl"]
     summary = json.loads((run / "sft-data" / "planner" / "summary.json").read_text())
     examples = done["sft-data"]["students"]["planner"]["examples"]
     assert examples == {s: v["examples"] for s, v in summary["splits"].items()}
@@ -299,6 +318,125 @@ def test_a_student_added_to_a_finished_run_is_built_and_evaluated_alone(tmp_path
     assert set(json.loads((run / "train" / "DONE.json").read_text())["students"]) == {"student", "student_compact"}
 
 
+def run_pipeline(cfg: dict, recorder: Recorder | None = None, start: str | None = None) -> Recorder:
+    from distill.config import validate
+    from distill.pipeline import Pipeline, PipelineConfig
+
+    recorder = recorder or Recorder()
+    Pipeline(validate(PipelineConfig, cfg), "p.yaml", recorder.entries()).run_all(start)
+    return recorder
+
+
+def test_a_changed_filter_setting_reruns_filter_and_everything_after_and_the_report_changes(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """Then an unchanged rerun does no work at all: no server, no stage, no model."""
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    run_pipeline(wiring_config(tmp_path))
+    before = json.loads((run / "results.json").read_text())
+    capsys.readouterr()
+
+    cfg = wiring_config(tmp_path)
+    cfg["filter"]["best_per_question"] = False  # every correct sample, not the best one per question: 12 kept, not 6
+    again = run_pipeline(cfg)
+    out = capsys.readouterr().out
+    # sft-data and the report run for real; generation (and its teacher server) is not redone
+    assert [n for n, _ in again.calls] == ["train", "server", "eval"]
+    assert "[pipeline] generate: done, skipped (same settings and inputs)" in out
+    assert ("[pipeline] filter: settings changed (best_per_question true -> false): rerunning; "
+            "sft-data, train, eval, report follow") in out
+    assert "[pipeline] sft-data planner: rerunning (filter redone)" in out
+    assert json.loads((run / "filter" / "DONE.json").read_text())["kept"] == 12
+    after = json.loads((run / "results.json").read_text())
+    assert after["per_method"]["student"]["em"]["mean"] > before["per_method"]["student"]["em"]["mean"]
+    assert list(run.glob("train/planner.before-*/adapter_model.safetensors"))  # the old student is kept, aside
+
+    capsys.readouterr()
+    third = run_pipeline(cfg)
+    out = capsys.readouterr().out
+    assert third.calls == [] and out.count("done, skipped (same settings and inputs)") == len(STAGES)
+    assert json.loads((run / "results.json").read_text()) == after
+
+
+def test_a_changed_student_train_key_retrains_only_that_student_and_re_evaluates(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    run_pipeline(two_students(tmp_path))
+    capsys.readouterr()
+
+    cfg = two_students(tmp_path)
+    cfg["students"]["student_compact"]["train"]["max_steps"] = 4
+    again = run_pipeline(cfg)
+    out = capsys.readouterr().out
+    assert [n for n, _ in again.calls] == ["train", "server", "eval"]
+    assert again.calls[0][1]["output_dir"] == str(run / "train" / "student_compact")
+    assert again.calls[0][1]["max_steps"] == 4
+    assert "[pipeline] sft-data: done, skipped (same settings and inputs)" in out
+    assert "[pipeline] train student: done, skipped (same settings and inputs)" in out
+    assert ("[pipeline] train student_compact: settings changed (max_steps 3 -> 4): rerunning; eval, report follow"
+            in out)
+    assert "[pipeline] eval: rerunning (train student_compact redone)" in out
+    done = json.loads((run / "train" / "DONE.json").read_text())["students"]
+    assert done["student"]["global_step"] == 2 and done["student_compact"]["global_step"] == 4
+
+
+def test_an_adapter_changed_by_hand_is_evaluated_again(tmp_path, monkeypatch, capsys):
+    """Eval's inputs are the weights it serves: a student's folder replaced outside the pipeline is noticed."""
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    run_pipeline(wiring_config(tmp_path))
+    (run / "train" / "planner" / "adapter_model.safetensors").write_text('{"examples": 12, "steps": 9}')
+    capsys.readouterr()
+    again = run_pipeline(wiring_config(tmp_path))
+    assert [n for n, _ in again.calls] == ["server", "eval"]
+    assert "[pipeline] eval: input changed (train/planner): rerunning; report follow" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("marker, text", [
+    ("filter/DONE.json", "{not json"),
+    ("filter/DONE.json", "[1, 2]"),
+    ("sft-data/planner/DONE.json", '{"seconds": "soon"}'),
+])
+def test_a_corrupt_marker_is_one_line_naming_it(tmp_path, monkeypatch, capsys, marker, text):
+    from distill import cli
+
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    run_pipeline(wiring_config(tmp_path))
+    (run / marker).write_text(text)
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(wiring_config(tmp_path)))
+    capsys.readouterr()
+    assert cli.main(["pipeline", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {run / marker}") and err.count("\n") == 1, err
+
+
+def test_a_corrupt_manifest_is_one_line_naming_it(tmp_path, capsys):
+    from distill import cli
+
+    (tmp_path / "eval" / "records").mkdir(parents=True)
+    write_jsonl(tmp_path / "eval" / "records" / "direct.jsonl", [{"method": "direct", "id": "q"}])
+    for text in ("{torn", '{"examples": "all"}'):
+        (tmp_path / "eval" / "manifest.json").write_text(text)
+        assert cli.main(["report", str(tmp_path / "eval")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {tmp_path / 'eval' / 'manifest.json'}") and err.count("\n") == 1, err
+
+
+def test_a_second_pipeline_on_the_same_run_dir_is_refused(tmp_path, monkeypatch):
+    from distill.errors import DistillError
+    from distill.run import folder_lock
+
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    with folder_lock(run):  # the first pipeline, still running
+        with pytest.raises(DistillError, match=f"{run} is in use by pid"):
+            run_pipeline(wiring_config(tmp_path))
+    assert not (run / "generate").exists()
+    run_pipeline(wiring_config(tmp_path))  # once it is done, the folder is free
+
+
 def fails_before_any_stage(tmp_path: Path, cfg: dict, message: str, capsys) -> None:
     """One line, exit 2, and no run folder: the pre-run check caught it."""
     from distill import cli
@@ -326,6 +464,8 @@ def fails_before_any_stage(tmp_path: Path, cfg: dict, message: str, capsys) -> N
      "eval planner student asks the student server for model 'planner', which it does not serve"),
     (lambda c: c.update(students={"student": {"student_prompt": "full"}}),
      "eval planner student_compact asks the student server for model 'student_compact'"),
+    (lambda c: c["generate"].update(eval_sets=[{"name": "hotpotqa", "source": "data/demo/train.jsonl"}]),
+     "generate.eval_sets does not list eval dataset data/demo/dev.jsonl (split validation): add"),
 ])
 def test_a_student_served_otherwise_than_trained_fails_before_any_stage(tmp_path, monkeypatch, capsys, change,
                                                                          message):
@@ -349,3 +489,100 @@ def test_a_bad_key_in_any_section_fails_before_any_stage_one_line_exit_2(tmp_pat
     cfg = wiring_config(tmp_path)
     cfg[section] = (cfg.get(section, {}) if "config" not in value else {}) | value
     fails_before_any_stage(tmp_path, cfg, message, capsys)
+
+
+@contextmanager
+def relay_to(port: int) -> Iterator[int]:
+    """A TCP relay on a new port to the session's vLLM server: the same server listening elsewhere, as the
+    pipeline's next start of its teacher server would be (a second real start costs a minute of both cores)."""
+    import asyncio
+    import threading
+
+    ready, box = threading.Event(), {}
+
+    async def pipe(reader, writer) -> None:
+        try:
+            while data := await reader.read(1 << 16):
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    async def handle(client_reader, client_writer) -> None:
+        server_reader, server_writer = await asyncio.open_connection("127.0.0.1", port)
+        await asyncio.gather(pipe(client_reader, server_writer), pipe(server_reader, client_writer))
+
+    async def serve() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        box.update(port=server.sockets[0].getsockname()[1], loop=asyncio.get_running_loop(), stop=asyncio.Event())
+        ready.set()
+        async with server:
+            await box["stop"].wait()
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    ready.wait()
+    try:
+        yield box["port"]
+    finally:
+        box["loop"].call_soon_threadsafe(box["stop"].set)
+        thread.join()
+
+
+class RelayedTeacher(Recorder):
+    """The real generation stage against the session's vLLM server, reached through a new port at every start;
+    filter, training and evaluation stand in (what they do with the trajectories is not under test here)."""
+
+    def __init__(self, server_port: int):
+        super().__init__()
+        self.server_port = server_port
+        self.ports: list[int] = []
+
+    def entries(self) -> dict:
+        from distill.generate import generate
+
+        return super().entries() | {"generate": generate, "filter": self.filter}
+
+    def server(self, cfg, log_path):
+        if cfg.adapters:
+            return super().server(cfg, log_path)
+
+        @contextmanager
+        def started():
+            with relay_to(self.server_port) as port:
+                self.ports.append(port)
+                yield SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1")
+
+        return started()
+
+    def filter(self, inp, out, cfg):
+        """The real filter's report; what it keeps from a 135M teacher may be nothing, so fixed records are kept."""
+        from distill.filter import run_filter
+        from test_sft_data import kept_records
+
+        report = run_filter(inp, out, cfg)
+        write_jsonl(out, kept_records())
+        return report | {"kept": 12}
+
+
+@pytest.mark.slow
+def test_from_generate_on_a_new_port_replays_every_call_from_the_cache(tmp_path, monkeypatch, vllm_server):
+    from urllib.parse import urlparse
+
+    monkeypatch.chdir(ROOT)
+    cfg = wiring_config(tmp_path)
+    cfg["generate"] |= {"tools": ["Wikipedia", "LLM"], "concurrency": 2}
+    cfg["generate"]["datasets"][0]["n"] = 2
+    cfg["generate"]["planner"] = cfg["generate"]["planner"] | {"max_tokens": 64}
+    cfg["generate"]["solver"] = cfg["generate"]["solver"] | {"max_tokens": 12}
+    teacher = RelayedTeacher(urlparse(vllm_server.base_url).port)
+    run_pipeline(cfg, teacher)
+    summary = json.loads((tmp_path / "run" / "generate" / "summary.json").read_text())
+    assert summary["records"] == 2 and summary["cache"]["misses"] > 0
+
+    run_pipeline(cfg, teacher, start="generate")
+    summary = json.loads((tmp_path / "run" / "generate" / "summary.json").read_text())
+    assert len(set(teacher.ports)) == 2  # the teacher listened elsewhere the second time
+    assert summary["records"] == 2 and summary["cache"]["misses"] == 0 and summary["cache"]["hits"] > 0

@@ -163,19 +163,15 @@ def test_student_prompt_bytes_are_the_same_in_sft_data_eval_and_ask(tmp_path, ca
     assert "For example" not in system and trained[-1]["content"].endswith(question)
 
 
-def test_an_eval_run_recorded_under_the_old_name_resumes_as_full_but_not_as_compact(tmp_path):
-    """Records written before `compact` existed say `zeroshot`: the same student prompt as `full`."""
+def test_an_eval_config_under_the_old_name_resumes_as_full_but_not_as_compact():
+    """Configs written before `compact` existed say `zeroshot`: the same student prompt as `full`, so records made
+    with one resume under the other (the same fingerprint); `compact` is another prompt."""
     from distill.config import validate
-    from distill.errors import DistillError
-    from distill.evaluate import EvalConfig, check_resumable, methods_of
+    from distill.evaluate import EvalConfig, methods_of, run_fingerprints
 
-    spec = {"model": "planner"}
-    old = [{"kind": "rewoo", "planner_prompt": "zeroshot", "planner": spec, "solver": {"model": "s"}}]
-    for kind in ("full", "compact"):
-        cfg = validate(EvalConfig, {"planners": [{"name": "student", "prompt": kind, "spec": spec}],
-                                    "solver": {"model": "s"}})
-        if kind == "full":
-            check_resumable(old, cfg, methods_of(cfg)[0], tmp_path / "student.jsonl")
-        else:
-            with pytest.raises(DistillError, match="planner_prompt 'full', but the config says 'compact'"):
-                check_resumable(old, cfg, methods_of(cfg)[0], tmp_path / "student.jsonl")
+    spec = {"model": "smollm2-135m-instruct"}
+    fps = {}
+    for kind in ("zeroshot", "full", "compact"):
+        cfg = validate(EvalConfig, {"planners": [{"name": "student", "prompt": kind, "spec": spec}]})
+        fps[kind] = run_fingerprints(cfg, methods_of(cfg))["student"]["fingerprint"]
+    assert fps["zeroshot"] == fps["full"] != fps["compact"]

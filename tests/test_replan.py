@@ -253,19 +253,23 @@ def test_eval_runs_replan_as_a_method_counting_the_extra_planner_call(smollm2) -
 
 
 def test_eval_refuses_to_resume_records_made_with_the_other_replan_setting(tmp_path) -> None:
-    from distill.evaluate import check_resumable
+    from distill.evaluate import run_fingerprints
+    from distill.run import check_fingerprint
 
     planner = {"backend": "transformers", "model": "smollm2-135m-instruct"}
-    cfg = validate(EvalConfig, {
-        "datasets": [{"name": "hotpotqa", "source": "unused.jsonl", "n": 1}],
-        "planners": [{"name": "student+replan", "prompt": "zeroshot", "spec": planner, "replan": True}],
-    })
-    (method,) = methods_of(cfg)
-    rec = {"kind": "rewoo", "planner_prompt": "zeroshot", "solver": {"model": cfg.solver.model},
-           "planner": {"model": "smollm2-135m-instruct"}, "tool_failure_rate": 0.0}
-    check_resumable([rec | {"replans": []}], cfg, method, tmp_path / "r.jsonl")
-    with pytest.raises(DistillError, match="replan False"):
-        check_resumable([rec], cfg, method, tmp_path / "r.jsonl")
+    made = {}
+    for replan in (True, False):
+        cfg = validate(EvalConfig, {
+            "datasets": [{"name": "hotpotqa", "source": "unused.jsonl", "n": 1}],
+            "planners": [{"name": "student", "prompt": "zeroshot", "spec": planner, "replan": replan}],
+        })
+        made[replan] = run_fingerprints(cfg, methods_of(cfg))["student"]
+    records = [{"fingerprint": made[True]["fingerprint"]}]
+    check_fingerprint(tmp_path / "r.jsonl", records, made[True]["fingerprint"], made[True]["settings"], made[True],
+                      False, "records")
+    with pytest.raises(DistillError, match="method.replan true -> false"):
+        check_fingerprint(tmp_path / "r.jsonl", records, made[False]["fingerprint"], made[False]["settings"],
+                          made[True], False, "records")
 
 
 class ContinuingPlanner:

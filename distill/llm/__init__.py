@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from distill.llm.base import ChatModel, Price
+from types import SimpleNamespace
+
+from distill.llm.base import ChatModel, Price, identity_of
 from distill.llm.cached import CachedChat
 
 
@@ -37,3 +39,15 @@ def build_chat(spec, prices: dict | None = None, cache=None) -> ChatModel:
         )
     return model if cache is None else CachedChat(model, cache)
 
+
+
+async def spec_identity(spec) -> dict:
+    """What a ModelSpec's endpoint serves, as the call cache keys it (`identity_of`), without loading any
+    weights: a run's fingerprint needs it before its first call."""
+    if spec.backend == "transformers":
+        return await identity_of(SimpleNamespace(name=spec.model))
+    from distill.llm.openai_backend import OpenAIChat
+
+    model = OpenAIChat(spec.model, spec.base_urls, spec.api_key_env, timeout_s=spec.timeout_s,
+                       max_retries=spec.max_retries, max_retry_after_s=spec.max_retry_after_s)
+    return await model.identity()

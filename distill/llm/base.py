@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+from distill.store import file_digest
 
 
 @dataclass
@@ -55,23 +56,6 @@ class ChatModel(Protocol):
 
 # Weight files that say which model a folder holds; a retrained adapter changes its adapter_model file.
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
-# Past this size a file is fingerprinted by its size, mtime and both ends: hashing a 15 GB merged 7B model
-# would cost half a minute per run, while a retrained file of the same name never keeps all four.
-FULL_HASH_MAX_BYTES = 2 << 30
-
-
-@functools.cache
-def _file_digest(path: str, size: int, mtime_ns: int) -> str:
-    with open(path, "rb") as f:
-        if size <= FULL_HASH_MAX_BYTES:
-            return hashlib.file_digest(f, "sha256").hexdigest()
-        digest = hashlib.sha256(f"{size}:{mtime_ns}".encode())
-        digest.update(f.read(16 << 20))
-        f.seek(-(16 << 20), 2)
-        digest.update(f.read())
-        return digest.hexdigest()
-
-
 def weights_fingerprint(location: str | None) -> str | None:
     """A hash of the weight files under a local folder (or of one file); None when it is not readable here
     (a hub id, a path on the server's machine), in which case the caller's identity keeps only the name."""
@@ -84,8 +68,7 @@ def weights_fingerprint(location: str | None) -> str | None:
             return None
         digest = hashlib.sha256()
         for p in files:
-            stat = p.stat()
-            digest.update(f"{p.name}:{_file_digest(str(p), stat.st_size, stat.st_mtime_ns)}\n".encode())
+            digest.update(f"{p.name}:{file_digest(p)}\n".encode())
         return digest.hexdigest()
     except OSError:
         return None

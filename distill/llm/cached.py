@@ -1,6 +1,7 @@
 """Cache wrappers: a model or tool call seen before (same model, messages, sampling, seed) is not paid twice.
-A model's key holds its identity (`identity_of`), not just its name, so a retrained adapter served again under
-the same name is never answered from the old cache."""
+A model's key holds its identity (`identity_of`): what it serves, not just its name, so a retrained adapter served
+again under the same name is never answered from the old cache; and not where it listens, so the same model on
+another port (the pipeline starts its servers on a free one) is."""
 
 from __future__ import annotations
 

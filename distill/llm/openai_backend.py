@@ -172,12 +172,15 @@ class OpenAIChat:
         return Completion(text, used, latency, self.price.cost(used), self.name)
 
     async def identity(self) -> dict:
-        """The servers and what they serve under this name (CachedChat asks once per run). vLLM's /v1/models gives
-        each model's `root` (a LoRA module's adapter folder); where that folder is readable here, a hash of its
-        weights goes in too, so an adapter retrained and served again as `planner` gets new cache keys."""
+        """What is served under this name (CachedChat asks once per run), not where: the pipeline starts its
+        servers on a free port, and the same teacher on another port must replay from the cache. vLLM's
+        /v1/models gives each model's `root` (the model folder or hub id, a LoRA module's adapter folder);
+        where that folder is readable here a hash of its weights goes in too, so an adapter retrained and
+        served again as `planner` gets new keys. A server that does not say what it serves (a hosted API) is
+        known by its URL and the name alone."""
         served = []
         for url in sorted(set(self._urls)):
-            entry = {"base_url": url}
+            entry: dict = {"base_url": url}
             try:
                 models = await self._call("GET", "/models", None, _parse_json, self._urls.index(url))
             except ServerError as exc:
@@ -186,9 +189,9 @@ class OpenAIChat:
                 models = None  # a server without /models: its URL and the name are all we know
             data = models.get("data") if isinstance(models, dict) else None
             for m in data if isinstance(data, list) else []:
-                if isinstance(m, dict) and m.get("id") == self.name:
-                    root = m.get("root") if isinstance(m.get("root"), str) else None
-                    weights = await asyncio.to_thread(weights_fingerprint, root)
-                    entry |= {"root": root, "parent": m.get("parent"), "weights": weights}
-            served.append(entry)
+                if isinstance(m, dict) and m.get("id") == self.name and isinstance(m.get("root"), str):
+                    weights = await asyncio.to_thread(weights_fingerprint, m["root"])
+                    entry = {"root": m["root"], "parent": m.get("parent"), "weights": weights}
+            if entry not in served:
+                served.append(entry)
         return {"model": self.name, "servers": served}
