@@ -36,6 +36,7 @@ from distill.data import DatasetSource
 from distill.errors import DistillError
 from distill.rewoo.record import CallShape, Count, Seconds, Shape, TokensShape, TrajectoryRecord
 from distill.rewoo.worker import InjectedToolFailure
+from distill.run import MAX_BOOTSTRAP_SAMPLES
 
 # An evaluation's output: one JSONL of records per method under RECORDS_DIR, a record keyed by `record_key`;
 # the report reads them back through these two names.
@@ -168,7 +169,7 @@ class EvalConfig(AgentConfig):
     tool_failure_rate: float = Field(default=0.0, ge=0.0, le=1.0)
     tool_failure_seed: int = Field(default=0, ge=0)
     judge: ModelSpec | None = None
-    bootstrap_samples: int = Field(default=1000, ge=1)
+    bootstrap_samples: int = Field(default=1000, ge=1, le=MAX_BOOTSTRAP_SAMPLES)
     robustness: RobustnessSweep | None = None
     prompt_budget: PromptBudget | None = None  # off unless set; the report reads it from the manifest
 

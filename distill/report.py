@@ -27,8 +27,9 @@ from urllib.parse import quote
 import numpy as np
 
 from distill.baselines import FINISH
+from distill.config import validate
 from distill.errors import DistillError
-from distill.evaluate import RECORDS_DIR, EvalRecord, record_key
+from distill.evaluate import RECORDS_DIR, EvalRecord, PromptBudget, record_key
 from distill.metrics import bootstrap_ci, evidence_recall, paired_bootstrap, score
 from distill.provenance import collect as collect_provenance
 from distill.store import dedupe, read_jsonl, replace_files, write_json
@@ -403,9 +404,13 @@ def _load(output_dir: str | Path) -> tuple[dict, dict[str, list[dict]]]:
     selected = {m: recs for m, recs in selected.items() if recs}
     if not selected:
         raise DistillError("no records match the questions listed in manifest.json")
+    budget = manifest.get("prompt_budget")
+    if budget is not None:  # eval's own setting, read back: the same class checks it
+        where = f"{Path(output_dir) / 'manifest.json'} prompt_budget"
+        budget = validate(PromptBudget, budget, where).model_dump()
     results = compute(selected, methods=list(selected), reference=manifest.get("reference"),
                       samples=int(manifest.get("bootstrap_samples", 1000)), seed=int(manifest.get("seed", 0)),
-                      budget=manifest.get("prompt_budget"))
+                      budget=budget)
     # The verdict names the trained students where the run folder says which rows serve them.
     provenance = collect_provenance(output_dir, manifest, results)
     if provenance["student_rows"]:

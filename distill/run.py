@@ -72,6 +72,10 @@ def manifest_header(command: str, cfg, config_path: str | None) -> dict:
     }
 
 
+# Far above what a CI needs (1,000 gives two decimals); beyond it a report would resample for hours.
+MAX_BOOTSTRAP_SAMPLES = 100_000
+
+
 class ManifestMethod(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -92,8 +96,8 @@ class Manifest(BaseModel):
     fingerprints: dict[str, dict[str, Any]] = Field(default_factory=dict)  # eval: per method, the same two
     methods: list[ManifestMethod] = Field(default_factory=list)
     reference: str | None = None
-    bootstrap_samples: int = 1000
-    seed: int = 0
+    bootstrap_samples: int = Field(default=1000, ge=1, le=MAX_BOOTSTRAP_SAMPLES)  # the report resamples this often
+    seed: int = Field(default=0, ge=0)
     prompt_budget: dict[str, Any] | None = None
     examples: list[list[str]] = Field(default_factory=list)
 

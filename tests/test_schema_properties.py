@@ -176,3 +176,64 @@ def test_dataset_row_any_value_anywhere(data):
         assert len(ex.question) <= 4000 and not any(ord(c) < 32 and c not in "\t\n\r" for c in ex.question)
         assert all(isinstance(t, str) and isinstance(i, int) for t, i in ex.supporting_facts or [])
         assert not any(isinstance(x, float) and math.isnan(x) for x in (ex.id, ex.question))
+
+
+# --- what a stage reads back about earlier runs: the run manifest and the stage marker -------------------
+
+MANIFEST = {"command": "eval", "status": "complete", "config": {"seed": 0}, "reference": "m",
+            "methods": [{"name": "m", "kind": "rewoo"}], "fingerprints": {"m": {"fingerprint": "ab", "settings": {}}},
+            "bootstrap_samples": 20, "seed": 0, "prompt_budget": None,
+            "examples": [["hotpotqa", "q0"], ["hotpotqa", "q1"]]}
+
+
+@SETTINGS
+@given(st.data())
+def test_manifest_any_value_anywhere_report(data):
+    """The report reads eval's manifest for its bookkeeping (order, reference, questions, bootstrap): a damaged
+    one is one line naming manifest.json, or a report."""
+    manifest = data.draw(damaged(MANIFEST))
+    records = [eval_record("m", f"q{i}", "Paris", "Paris", kind="rewoo", steps=2, gold=["Paris"], titles=("Paris",))
+               for i in range(2)]
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        (run / "records").mkdir(parents=True)
+        write_lines(run / "records" / "m.jsonl", records)
+        (run / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+        try:
+            write_report(run)
+        except DistillError as exc:
+            message = str(exc)
+            assert "\n" not in message and len(message) <= 800, message
+            return
+        assert "# Evaluation report" in (run / "report.md").read_text()
+
+
+def _marker() -> dict:
+    from distill.pipeline import Unit
+
+    unit = Unit("filter", Path("run/filter"), {"min_f1": 0.5, "criterion": "evidence"}, {"kept.jsonl": "d1"})
+    return unit.head() | {"kept": 3, "input_records": 12, "seconds": 0.4}
+
+
+@SETTINGS
+@given(st.data())
+def test_stage_marker_any_value_anywhere_pipeline(data):
+    """A rerun reads each DONE.json to decide skip or redo: a damaged one is one line naming it, or a decision
+    (`why` is None: skip; a line: redo) the pipeline can print."""
+    from distill.pipeline import Unit, read_marker
+
+    marker = data.draw(damaged(_marker()))
+    unit = Unit("filter", Path("run/filter"), {"min_f1": 0.5, "criterion": "evidence"}, {"kept.jsonl": "d1"},
+                followers=("sft-data", "train"))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "DONE.json"
+        path.write_text(json.dumps(marker), encoding="utf-8")
+        try:
+            read = read_marker(path)
+        except DistillError as exc:
+            check_error(exc, str(path))
+            return
+    why = unit.why(read, [])
+    assert why is None or (isinstance(why, str) and "\n" not in why)
+    if marker == _marker():
+        assert why is None
