@@ -456,7 +456,12 @@ def write_outputs(trainer, cfg: TrainConfig, started: float) -> dict:
     from distill.llm.embedded import resolve_model_path
     from distill.store import write_json
 
-    trainer.save_model(cfg.sft.output_dir)
+    from distill.store import replace_files
+
+    # staged, then renamed over the old adapter: a full disk mid-save keeps the last adapter whole and names the
+    # file that failed (every rank stages; only the main process writes files, ZeRO-3 gathers on all of them)
+    with replace_files(cfg.sft.output_dir) as staging:
+        trainer.save_model(str(staging))
     if not trainer.is_world_process_zero():
         return {}
     out, args, model, logs = Path(cfg.sft.output_dir), trainer.args, cfg.model, trainer.state.log_history

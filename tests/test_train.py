@@ -627,3 +627,34 @@ def test_tensorboard_logs_into_the_adapter_folder_unless_told_otherwise(tmp_path
     assert tracking_env(["tensorboard"], out, {}) == {"TENSORBOARD_LOGGING_DIR": str(tmp_path / "adapter" / "tensorboard")}
     assert tracking_env(["tensorboard"], out, {"TENSORBOARD_LOGGING_DIR": "/logs"}) == {}
     assert tracking_env(["none"], out, {}) == tracking_env(["wandb"], out, {}) == {}
+
+
+@pytest.mark.slow  # trains a 2-layer model twice
+def test_a_full_disk_while_saving_keeps_the_last_adapter_and_names_the_file(sft_dir, tiny_model, tmp_path,
+                                                                             monkeypatch):
+    """The adapter is staged and renamed over the old one; the full disk is a fake (an ENOSPC from the
+    safetensors write, after half the bytes), since a real one cannot be made here."""
+    import errno
+
+    import safetensors.torch
+
+    from distill.train import train
+
+    out = tmp_path / "adapter"
+    overrides = [f"dataset_dir={sft_dir}", f"output_dir={out}", f"model_name_or_path={tiny_model}", "max_steps=1",
+                 "global_batch_size=1", "per_device_train_batch_size=1", "eval_strategy=no", "save_strategy=no"]
+    train(load_config(TrainConfig, SMOKE, overrides))
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    real_save = safetensors.torch.save_file
+
+    def disk_full(tensors, filename, *args, **kwargs):
+        real_save(tensors, filename, *args, **kwargs)
+        data = Path(filename).read_bytes()
+        Path(filename).write_bytes(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(filename))
+
+    monkeypatch.setattr("peft.peft_model.safe_save_file", disk_full)  # what PeftModel.save_pretrained calls
+    with pytest.raises(DistillError, match=rf"cannot write {out}/adapter_model.safetensors: No space left on device"):
+        train(load_config(TrainConfig, SMOKE, overrides + ["resume=false", "learning_rate=0.5"]))
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert not [p for p in out.iterdir() if p.name.startswith(".staging")]
