@@ -170,6 +170,10 @@ PROXY_FAULTS = ("429 retry-after", "429", "500", "503", "dropped", "slow", "no c
 class FaultProxy:
     """HTTP proxy on 127.0.0.1 in front of a real server. Every `every`-th chat request gets the next fault of
     a seeded shuffle of PROXY_FAULTS instead of an answer; the rest are forwarded. It counts what it did.
+    No request body is faulted twice: a retry that lands on a fault's turn is forwarded and the fault waits
+    for the next new request, so whether one call exhausts its retries never hangs on how concurrent
+    requests happened to interleave (at one in two, seven faults in a row for one call would otherwise be
+    a matter of chance on a loaded machine).
     A "slow" request is held unanswered until the client hangs up or the proxy stops, so the client's timeout
     fires whatever the machine's load, without a sleep that has to outlast it."""
 
@@ -181,6 +185,8 @@ class FaultProxy:
         self.injected: Counter[str] = Counter()
         self.chat_requests = 0
         self.forwarded = 0
+        self.pending = 0  # faults due but not yet given: their turn fell on a retry
+        self._faulted: set[bytes] = set()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
 
@@ -208,11 +214,14 @@ class FaultProxy:
             await self._stop.wait()
         await self._client.aclose()
 
-    def _next_fault(self) -> str | None:
+    def _next_fault(self, body: bytes) -> str | None:
         self.chat_requests += 1
-        if self.chat_requests % self.every:
+        self.pending += self.chat_requests % self.every == 0
+        if not self.pending or body in self._faulted:
             return None
-        fault = self._order[(self.chat_requests // self.every - 1) % len(self._order)]
+        self.pending -= 1
+        self._faulted.add(body)
+        fault = self._order[sum(self.injected.values()) % len(self._order)]
         self.injected[fault] += 1
         return fault
 
@@ -233,7 +242,7 @@ class FaultProxy:
             headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
             length = int({k.lower(): v for k, v in headers.items()}.get("content-length", 0))
             body = await reader.readexactly(length) if length else b""
-            fault = self._next_fault() if path.endswith("/chat/completions") else None
+            fault = self._next_fault(body) if path.endswith("/chat/completions") else None
             if fault == "dropped":
                 return  # closed without a word
             if fault == "slow":
@@ -293,7 +302,8 @@ def test_generation_through_a_faulty_proxy_keeps_every_record(tmp_path: Path, vl
           f"{dict(sorted(proxy.injected.items()))}, retries {summary['retries']} {summary['faults']}, records {len(records)}/6, "
           f"generate wall {wall:.0f}s")
     assert set(proxy.injected) == set(PROXY_FAULTS)  # every kind, at the set rate of one request in two
-    assert injected == proxy.chat_requests // proxy.every and proxy.chat_requests - proxy.forwarded == injected
+    assert injected + proxy.pending == proxy.chat_requests // proxy.every  # one in `every`, none given twice
+    assert proxy.chat_requests - proxy.forwarded == injected
     # Every answer the client received reached the cache. On a loaded machine the server can also answer after
     # the client's timeout_s: the proxy forwarded it, the client saw a timeout and asked again ("late").
     late = proxy.forwarded - summary["cache"]["model_misses"]
