@@ -4,9 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# --no-compile: byte-compiling every file of torch and vLLM at install took over half of `make install` (2 min
-# 16 s -> 1 min 5 s here); Python compiles the modules it imports, once, on first use.
-PIP_INSTALL := $(PIP) install -q --no-compile
+# pip byte-compiles at install (keep it: where PYTHONDONTWRITEBYTECODE is set, as on CI machines, nothing
+# compiled later is kept, and every vLLM and training process would compile torch and vLLM again on start).
+PIP_INSTALL := $(PIP) install -q
 # Where torch comes from. Here the CPU wheel torch==2.13.0 is on the package index; elsewhere PyPI's
 # torch==2.13.0 is a CUDA build on Linux, so point pip at PyTorch's CPU index, e.g.
 #   make demo TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
