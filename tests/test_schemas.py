@@ -398,15 +398,13 @@ def test_distill_score_refuses_a_blank_gold_answer(tmp_path, capsys):
 def test_a_lone_surrogate_in_a_model_reply_is_mended_so_the_record_can_be_written(tmp_path):
     """A server's JSON can spell a lone surrogate (`\\ud800`); the record holds U+FFFD in its place, and a
     surrogate pair split into two code points is joined back."""
-    import time
-
     from distill.llm.base import Completion
     from distill.rewoo.record import TrajectoryRecord, make_record
     from distill.store import JsonlStore
 
     example = Example("q1", "hotpotqa", "train", "Who?", ["x"])
     reply = Completion("Paris \ud800 \ud83d\ude00", model="m")
-    record = make_record(example, "rewoo", 0, time.perf_counter(), evidence=[], solver={"output": reply.text},
+    record = make_record(example, "rewoo", 0, 0.0, evidence=[], solver={"output": reply.text},
                          prediction=reply.text, solver_calls=[reply], tools={})
     assert record["prediction"] == "Paris \ufffd \U0001F600" and record["solver"]["output"] == record["prediction"]
     with JsonlStore(tmp_path / "t.jsonl", schema=TrajectoryRecord) as store:
