@@ -37,6 +37,7 @@ from distill.errors import DistillError
 from distill.rewoo.record import CallShape, Count, Seconds, Shape, TokensShape, TrajectoryRecord
 from distill.rewoo.worker import InjectedToolFailure
 from distill.run import MAX_BOOTSTRAP_SAMPLES
+from distill.tracking import Integration, open_tracker, require
 
 # An evaluation's output: one JSONL of records per method under RECORDS_DIR, a record keyed by `record_key`;
 # the report reads them back through these two names.
@@ -172,6 +173,8 @@ class EvalConfig(AgentConfig):
     bootstrap_samples: int = Field(default=1000, ge=1, le=MAX_BOOTSTRAP_SAMPLES)
     robustness: RobustnessSweep | None = None
     prompt_budget: PromptBudget | None = None  # off unless set; the report reads it from the manifest
+    # progress figures per method to TensorBoard (<output_dir>/tensorboard) and/or W&B; the pipeline takes training's
+    report_to: list[Integration] = Field(default_factory=list)
 
     @field_validator("planners", mode="before")
     @classmethod
@@ -390,7 +393,7 @@ def preflight(cfg: EvalConfig, methods: list[Method], out: Path, runs: dict[str,
 
 
 def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, errors, runs: dict,
-               fp: str | None = None) -> None:
+               fp: str | None = None, tracker=None) -> None:
     """Run (or resume) one method over every example; `runs[method]` gets how it ended, even when it stops."""
     from distill.run import add_judgement, build_judge, run_records
     from distill.store import CallCache
@@ -413,7 +416,7 @@ def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, error
         items = [((method.name, ex.id), ex) for ex in examples]
         run_records(records_path(out, method), items, work, record_key, errors, concurrency=cfg.concurrency,
                     desc=method.name, keep=lambda result: runs.update({method.name: result.summary()}),
-                    schema=EvalRecord)
+                    schema=EvalRecord, tracker=tracker)
 
 
 def evaluate(cfg: EvalConfig, config_path: str | None = None, fresh: bool = False) -> dict:
@@ -439,13 +442,15 @@ def evaluate(cfg: EvalConfig, config_path: str | None = None, fresh: bool = Fals
         manifest["fingerprints"] = run_fingerprints(cfg, methods)
         preflight(cfg, methods, out, manifest["fingerprints"], fresh)
 
-    with run_lifecycle(out, manifest, check=check), JsonlStore(out / ERRORS) as errors:
+    require(cfg.report_to)
+    with run_lifecycle(out, manifest, check=check), JsonlStore(out / ERRORS) as errors, \
+            open_tracker(cfg.report_to, out, "eval") as tracker:
         fps = manifest["fingerprints"]
         t0 = time.perf_counter()
         runs = manifest.setdefault("runs", {})
         for method in methods:
             run_method(cfg, method, examples_for(cfg, method, examples), out, errors, runs,
-                       fps[method.name]["fingerprint"])
+                       fps[method.name]["fingerprint"], tracker)
         manifest.update(wall_s_this_run=round(time.perf_counter() - t0, 2))
     return manifest
 

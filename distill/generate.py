@@ -23,6 +23,7 @@ from pydantic import Field
 from distill.config import AgentConfig, ModelSpec, add_config_args, add_fresh_arg, load_config
 from distill.data import DatasetSource
 from distill.errors import DistillError
+from distill.tracking import Integration, open_tracker, require
 
 TRAJECTORIES = "trajectories.jsonl"
 ERRORS = "errors.jsonl"  # one line per failed attempt at a record; a rerun retries them
@@ -38,6 +39,8 @@ class GenerateConfig(AgentConfig):
     cache: str | None = "auto"  # auto = <output_dir>/calls.sqlite; null turns the cache off
     judge: ModelSpec | None = None  # optional LLM judge (the paper's "Acc")
     leak_policy: Literal["refuse", "exclude"] = "refuse"  # exclude: draw around eval questions instead of failing
+    # progress figures to TensorBoard (<output_dir>/tensorboard) and/or W&B; the pipeline takes training's
+    report_to: list[Integration] = Field(default_factory=list)
 
 
 def load_questions(cfg: GenerateConfig):
@@ -112,7 +115,9 @@ def generate(cfg: GenerateConfig, config_path: str | None = None, fresh: bool = 
         manifest.update(fingerprint=fingerprint(settings), run_settings=settings)
         check_resumable(out, manifest["fingerprint"], settings, fresh)
 
-    with run_lifecycle(out, manifest, check=check), CallCache.open(cfg.cache, out / "calls.sqlite") as cache:
+    require(cfg.report_to)
+    with run_lifecycle(out, manifest, check=check), CallCache.open(cfg.cache, out / "calls.sqlite") as cache, \
+            open_tracker(cfg.report_to, out, "generate") as tracker:
         fp = manifest["fingerprint"]
         agent = build_agent(cfg, cache, method="rewoo-teacher", seed=cfg.seed)
         judge_model = build_judge(cfg, cache)
@@ -128,6 +133,7 @@ def generate(cfg: GenerateConfig, config_path: str | None = None, fresh: bool = 
             result = run_records(
                 out / TRAJECTORIES, items, work, record_key, errors, concurrency=cfg.concurrency, desc="generate",
                 keep=lambda r: manifest.update(counts=r.counts(), records_on_disk=r.done), schema=TrajectoryRecord,
+                tracker=tracker,
             )
         summary = result.summary() | {
             "planned_records": len(items),

@@ -46,6 +46,7 @@ from distill.config import Strict, add_config_args, load_config, validate
 from distill.errors import DistillError
 from distill.run import describe_changes, fingerprint, folder_lock, set_aside, settings_of, source_digests
 from distill.store import content_digest, write_json
+from distill.tracking import PACKAGES
 
 STAGES = ("generate", "filter", "sft-data", "train", "eval", "report")
 SERVER = "@server"
@@ -258,7 +259,7 @@ class Pipeline:
         from distill.generate import GenerateConfig
 
         paths = {"output_dir": str(self.run / "generate"), "cache": str(self.run / "calls.sqlite")}
-        return validate(GenerateConfig, fill_server(self.cfg.generate, url) | paths, "generate")
+        return validate(GenerateConfig, self.tracking() | fill_server(self.cfg.generate, url) | paths, "generate")
 
     def filter_config(self):
         from distill.filter import FilterConfig
@@ -302,7 +303,15 @@ class Pipeline:
         from distill.evaluate import EvalConfig
 
         # per-method caches in the output folder: latency stays honest
-        return validate(EvalConfig, fill_server(self.cfg.eval, url) | {"output_dir": str(self.run / "eval")}, "eval")
+        section = self.tracking() | fill_server(self.cfg.eval, url) | {"output_dir": str(self.run / "eval")}
+        return validate(EvalConfig, section, "eval")
+
+    def tracking(self) -> dict:
+        """Generation and evaluation report their progress where training reports (`train.report_to`) unless
+        their own section says otherwise: one tracker for the whole run."""
+        report_to = self.cfg.train.get("report_to", [])
+        named = [report_to] if isinstance(report_to, str) else list(report_to)
+        return {"report_to": [r for r in named if r in PACKAGES]}
 
     def check(self) -> None:
         """Validate every stage's section before the first one runs: a typo in `eval` should not wait an hour."""

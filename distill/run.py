@@ -124,7 +124,7 @@ RUNTIME_KEYS = frozenset({
     "output_dir", "cache", "concurrency", "worker_max_concurrency", "wikipedia_max_concurrency",
     "wikipedia_max_retries", "wikipedia_timeout_s", "wikipedia_max_wait_s", "wikipedia_contact", "tool_timeout_s",
     "max_concurrency", "timeout_s", "max_retries", "max_retry_after_s", "api_key_env", "host", "port",
-    "health_timeout_s", "log_file",
+    "health_timeout_s", "log_file", "report_to",
 })
 
 
@@ -404,6 +404,7 @@ def run_resumable(
     concurrency: int = 4,
     max_consecutive_errors: int | None = None,
     desc: str = "run",
+    tracker=None,
 ) -> RunResult:
     """Run every item whose key is not in the store yet (error records are retried); never raises for a
     question's failure or a stop: the result says how the run ended (see the module docstring)."""
@@ -427,6 +428,8 @@ def run_resumable(
     def advance() -> None:
         bar.update(1)
         bar.set_postfix_str(stats.postfix())
+        if tracker is not None:
+            tracker.log(desc, stats.summary() | {"errors": stats.errors})
 
     async def run() -> None:
         pending = iter(todo)  # shared by the workers: no await between two `next`s
@@ -498,12 +501,13 @@ def run_resumable(
 
 
 def run_records(path: Path, items: list, work: Callable, key: Callable[[dict], Any], errors, *, concurrency: int,
-                desc: str, keep: Callable[[Any], None], schema=None) -> Any:
+                desc: str, keep: Callable[[Any], None], schema=None, tracker=None) -> Any:
     """One pass of the run loop over one record file; `keep(result)` puts its counts in the manifest before a
     stop is raised, so the manifest of a stopped run still says how far it got. `schema` is the record model
     every line on disk and every new record must fit."""
     with JsonlStore(path, key=key, schema=schema) as store:
-        result = run_resumable(items, work, store, key, errors=errors, concurrency=concurrency, desc=desc)
+        result = run_resumable(items, work, store, key, errors=errors, concurrency=concurrency, desc=desc,
+                               tracker=tracker)
     keep(result)
     raise_if_stopped(result)
     if result.errors:

@@ -35,6 +35,7 @@ from distill.config import load_config
 from distill.errors import DistillError
 from distill.merge import ADAPTER_INFO
 from distill.secrets import is_secret_name, mask, mask_log_record, masked_mapping, remember
+from distill.tracking import require as require_trackers
 
 log = logging.getLogger("distill.train")
 
@@ -415,8 +416,7 @@ def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: boo
     from distill.llm.embedded import resolve_model_path
 
     args = cfg.sft
-    for integration in [r for r in args.report_to if r != "none"]:
-        _require(integration, f"report_to {integration}")
+    require_trackers(args.report_to)
     os.environ.update(tracking_env(args.report_to, args.output_dir, os.environ))
     if args.use_liger_kernel:
         _require("liger_kernel", "use_liger_kernel", "liger-kernel")

@@ -108,7 +108,8 @@ def test_shipped_configs_load_with_openai_planners():
     demo = load_config(EvalConfig, ROOT / "configs" / "eval_smollm2_cpu.yaml")
     assert [m.name for m in methods_of(demo)] == [
         "teacher", "teacher+replan", "student", "base", "react", "direct", "teacher@fail0.3", "teacher@fail1",
-        "teacher+replan@fail0.3", "teacher+replan@fail1", "react@fail0.3", "react@fail1",
+        "teacher+replan@fail0.3", "teacher+replan@fail1", "student@fail0.3", "student@fail1", "react@fail0.3",
+        "react@fail1",
     ]
     student = next(p for p in demo.planners if p.name == "student")
     assert student.spec.backend == "openai" and student.spec.model == "planner" and student.prompt == "full"
@@ -245,7 +246,7 @@ def made_by(cfg: EvalConfig, monkeypatch) -> None:
     import distill.evaluate as ev
     from distill.store import write_jsonl
 
-    def one_record(cfg, method, examples, out, errors, runs, fp=None):
+    def one_record(cfg, method, examples, out, errors, runs, fp=None, tracker=None):
         planner = {"model": "m"} if method.kind == "rewoo" else None  # a record the schema accepts
         record = {"method": method.name, "id": "mini-1", "kind": method.kind, "planner": planner,
                   "tool_failure_rate": method.tool_failure_rate, "fingerprint": fp} | RECORD_REST

@@ -152,3 +152,45 @@ def test_generate_refuses_a_folder_made_with_other_settings_and_fresh_sets_it_as
     assert len(aside) == 1 and len(read_jsonl(aside[0])) == 4  # the 2 + 2 records of the first settings, kept
     new = read_jsonl(out / "trajectories.jsonl")
     assert len(new) == 2 and new[0]["fingerprint"] != manifest["fingerprint"]
+
+
+def test_generate_reports_its_progress_to_tensorboard_and_refuses_a_missing_tracker(tmp_path, capsys):
+    """The same stand-in server; the TensorBoard event file is real and read back with TensorBoard's own reader."""
+    import importlib.util
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from distill import cli
+    from test_openai_backend import ServedModels
+
+    ServedModels.calls, ServedModels.fail_first, ServedModels.root = 0, 0, str(tmp_path / "weights")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ServedModels)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        served = {"backend": "openai", "base_url": f"http://127.0.0.1:{server.server_address[1]}/v1",
+                  "model": "planner", "max_retries": 0}
+        path = write_config(tmp_path, n=3, samples=1, planner=served, solver=served, tools=["Calculator"])
+        if importlib.util.find_spec("wandb") is None:  # the tracker named but not installed: refused before any work
+            assert cli.main(["generate", "--config", str(path), "--set", "report_to=[wandb]"]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and "report_to: wandb needs the package 'wandb' (pip install wandb)" in err
+            assert not (tmp_path / "run").exists()
+        assert cli.main(["generate", "--config", str(path), "--set", "report_to=[tensorboard]"]) == 0
+        out = tmp_path / "run"
+        records = read_jsonl(out / "trajectories.jsonl")
+        # the tracker is not part of what a record is made from: the same run without it resumes, doing nothing
+        calls = ServedModels.calls
+        assert cli.main(["generate", "--config", str(path)]) == 0
+        assert read_jsonl(out / "trajectories.jsonl") == records and ServedModels.calls == calls
+    finally:
+        server.shutdown()
+        ServedModels.fail_first = 2
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    logged = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    assert [step for step, _ in logged["generate/records"]] == [1, 2, 3]
+    assert logged["generate/valid_plan_rate"][-1][1] == pytest.approx(
+        sum(r["plan"]["valid"] for r in records) / 3)
+    assert logged["generate/tokens"][-1][1] == sum(r["tokens"]["total"] for r in records)

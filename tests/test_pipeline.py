@@ -586,3 +586,16 @@ def test_from_generate_on_a_new_port_replays_every_call_from_the_cache(tmp_path,
     summary = json.loads((tmp_path / "run" / "generate" / "summary.json").read_text())
     assert len(set(teacher.ports)) == 2  # the teacher listened elsewhere the second time
     assert summary["records"] == 2 and summary["cache"]["misses"] == 0 and summary["cache"]["hits"] > 0
+
+
+def test_generation_and_evaluation_report_where_training_reports_unless_their_section_says(tmp_path):
+    from distill.config import validate
+    from distill.pipeline import Pipeline, PipelineConfig
+
+    cfg = wiring_config(tmp_path)
+    cfg["train"] = cfg["train"] | {"report_to": ["tensorboard", "mlflow"]}  # mlflow: training's alone
+    pipe = Pipeline(validate(PipelineConfig, cfg), "p.yaml")
+    assert pipe.generate_config("http://127.0.0.1:1/v1").report_to == ["tensorboard"]
+    assert pipe.eval_config("http://127.0.0.1:1/v1").report_to == ["tensorboard"]
+    cfg["eval"] = cfg["eval"] | {"report_to": ["none"]}
+    assert Pipeline(validate(PipelineConfig, cfg), "p.yaml").eval_config("http://127.0.0.1:1/v1").report_to == ["none"]
