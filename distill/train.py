@@ -57,6 +57,9 @@ class DistillArguments:
     num_processes: int | None = field(
         default=None, metadata={"help": "`distill pipeline` only: training processes (default: one per GPU)"}
     )
+    init_adapter: str | None = field(
+        default=None, metadata={"help": "continue this LoRA adapter (its weights and LoRA config) instead of a new one"}
+    )
 
 
 # distill's recipe where it differs from TRL's defaults (the paper: LoRA r 8, alpha 16 on all linear layers,
@@ -441,12 +444,33 @@ def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: boo
         args.world_size, len(train), len(val) if val is not None else 0,
     )
     try:
+        model, peft_config = path, get_peft_config(cfg.model)
+        if cfg.distill.init_adapter and not resuming:  # a resumed run's checkpoint already holds the adapter
+            model, peft_config = continued_adapter(cfg, path), None
         return SFTTrainer(
-            model=path, args=args, train_dataset=train, eval_dataset=val, processing_class=tokenizer,
-            peft_config=get_peft_config(cfg.model), callbacks=callbacks,
+            model=model, args=args, train_dataset=train, eval_dataset=val, processing_class=tokenizer,
+            peft_config=peft_config, callbacks=callbacks,
         )
     except OSError as exc:
         raise DistillError(f"cannot load model {cfg.model.model_name_or_path!r}: {str(exc).splitlines()[0]}") from None
+
+
+def continued_adapter(cfg: TrainConfig, path: str):
+    """The base model (loaded as TRL loads it) with `init_adapter`'s LoRA weights, trainable: expert iteration and
+    GRPO continue the SFT student, they do not start a new adapter. Its rank and targets are the adapter's own."""
+    from peft import PeftModel
+    from trl.trainer.utils import create_model_from_path
+
+    folder = Path(cfg.distill.init_adapter)
+    if not (folder / "adapter_config.json").is_file():
+        raise DistillError(f"init_adapter {folder}: no adapter_config.json (a LoRA adapter folder, e.g. train's output)")
+    base = create_model_from_path(path, **(cfg.sft.model_init_kwargs or {}))
+    cfg.sft.model_init_kwargs = None  # used here; TRL warns about them beside a loaded model
+    model = PeftModel.from_pretrained(base, str(folder), is_trainable=True)
+    lora = model.peft_config["default"]
+    cfg.model.lora_r, cfg.model.lora_alpha = lora.r, lora.lora_alpha
+    cfg.model.lora_target_modules = sorted(lora.target_modules) if lora.target_modules else None
+    return model
 
 
 def write_outputs(trainer, cfg: TrainConfig, started: float) -> dict:

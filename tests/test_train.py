@@ -659,3 +659,39 @@ def test_a_full_disk_while_saving_keeps_the_last_adapter_and_names_the_file(sft_
         train(load_config(TrainConfig, SMOKE, overrides + ["resume=false", "learning_rate=0.5"]))
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     assert not [p for p in out.iterdir() if p.name.startswith(".staging")]
+
+
+def test_init_adapter_continues_that_adapter_from_its_weights_and_leaves_the_base(sft_dir, lora_adapter, tmp_path):
+    """Expert iteration and GRPO continue the SFT student: at step 0 the trainable weights are the adapter's
+    own (a new LoRA would start with lora_B at zero), its rank and targets are kept, and a step moves only them."""
+    from safetensors.torch import load_file
+
+    from distill.train import build_trainer, write_outputs
+
+    cfg = TrainConfig.model_validate(_small(sft_dir, tmp_path / "out", max_steps=1, init_adapter=str(lora_adapter),
+                                            lora_r=16, lora_target_modules="all-linear"))
+    trainer = build_trainer(cfg)
+    saved = load_file(str(lora_adapter / "adapter_model.safetensors"))
+    params = dict(trainer.model.named_parameters())
+    lora = {n: p for n, p in params.items() if "lora_" in n}
+    assert len(lora) == len(saved) and all(p.requires_grad for p in lora.values())
+    assert not any(p.requires_grad for n, p in params.items() if "lora_" not in n)
+    by_key = {k.replace(".weight", ""): v for k, v in saved.items()}  # PEFT saves without the adapter name
+    for name, param in lora.items():
+        assert param.detach().equal(by_key[name.replace(".default.weight", "")]), name
+    base_before = {n: p.detach().clone() for n, p in params.items() if "lora_" not in n}
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    assert sum(not after[n].detach().equal(by_key[n.replace(".default.weight", "")]) for n in lora) == len(lora)
+    assert all(after[n].detach().equal(p) for n, p in base_before.items())
+    info = write_outputs(trainer, cfg, 0.0)
+    assert (info["lora_r"], info["lora_target_modules"]) == (8, ["q_proj", "v_proj"])  # the adapter's, not r 16
+
+
+def test_init_adapter_must_be_an_adapter_folder(sft_dir, tmp_path):
+    from distill.errors import DistillError
+    from distill.train import build_trainer
+
+    cfg = TrainConfig.model_validate(_small(sft_dir, tmp_path / "out", init_adapter=str(tmp_path)))
+    with pytest.raises(DistillError, match="init_adapter .*: no adapter_config.json"):
+        build_trainer(cfg)
