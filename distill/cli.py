@@ -25,6 +25,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("score",), "distill.metrics", "score predictions with official EM/F1"),
     (("sft-data",), "distill.sft_data", "turn kept trajectories into an SFT dataset"),
     (("train",), "distill.train", "LoRA SFT of the student planner (prefer `accelerate launch -m distill.train`)"),
+    (("improve",), "distill.improve", "improve the trained student on its own plans, scored by the Worker"),
     (("merge",), "distill.merge", "merge a LoRA adapter into full weights"),
     (("push",), "distill.push", "share a trained adapter on the Hugging Face Hub, with its model card"),
     (("serve",), "distill.serve", "serve the student planner with vLLM"),

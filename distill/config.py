@@ -249,6 +249,21 @@ def validate(cls: type[C], data: dict, source: str = "config") -> C:
         raise DistillError(f"{source}: {problems}") from None
 
 
+def read_json_model(path: Path, cls: type[C], what: str, remedy: str) -> C | None:
+    """A JSON file a stage wrote (a manifest, a stage marker), checked against its model: None when it is
+    missing; unreadable or of another shape, one line naming the file, what it should be and `remedy`."""
+    import json
+
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DistillError(f"{path}: not a readable {what} ({reason}); {remedy}") from None
+    return validate(cls, data, f"{path} (not a {what}; {remedy})")
+
+
 def load_config(cls: type[C], path: str | Path | None = None, overrides: list[str] | None = None) -> C:
     data = _merge(read_yaml(path) if path else {}, parse_overrides(overrides))
     return validate(cls, data, str(path or "config"))

@@ -42,7 +42,7 @@ from typing import Any, Callable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from distill.config import Strict, add_config_args, load_config, validate
+from distill.config import Strict, add_config_args, load_config, read_json_model, validate
 from distill.errors import DistillError
 from distill.run import describe_changes, fingerprint, folder_lock, set_aside, settings_of, source_digests
 from distill.store import content_digest, write_json
@@ -138,13 +138,7 @@ class StageMarker(BaseModel):
 
 def read_marker(path: Path) -> StageMarker | None:
     """The marker at `path`, None when the work is not done; one that cannot be read is one line naming it."""
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DistillError(f"{path}: not a readable stage marker ({exc}); delete it to redo that stage") from None
-    return validate(StageMarker, data, f"{path} (not a stage marker; delete it to redo that stage)")
+    return read_json_model(path, StageMarker, "stage marker", "delete it to redo that stage")
 
 
 @dataclass

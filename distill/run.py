@@ -104,18 +104,9 @@ class Manifest(BaseModel):
 
 def read_manifest(path: Path) -> Manifest | None:
     """The manifest at `path`, None when there is none."""
-    import json
+    from distill.config import read_json_model
 
-    from distill.config import validate
-
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DistillError(f"{path}: not a readable manifest ({one_line(exc)}); restore it, or move the folder "
-                           "aside and rerun") from None
-    return validate(Manifest, data, f"{path} (not a run manifest)")
+    return read_json_model(path, Manifest, "run manifest", "restore it, or move the folder aside and rerun")
 
 
 # ------------------------------------------------------------------------------------------ fingerprints

@@ -1,0 +1,298 @@
+"""After SFT: the student improves on its own plans, scored by the real Worker (expert iteration).
+
+    distill improve --config configs/improve_smollm2_cpu.yaml [--set rounds=2] [--fresh]
+
+Imitation of filtered teacher plans is the weakest way to train a planner (Search-R1, AgentFlow); a ReWOO
+Planner writes its whole plan in one generation, so improving it is a single-turn problem the Worker can score
+without a Solver call (`distill.reward`). Each round serves the current adapter as the vLLM LoRA module
+`policy`, samples `samples` plans per training question from the student's own prompt, scores each with the
+planner reward, keeps the best plan of each question whose reward reaches `min_reward`, builds SFT examples
+from them with the one prompt builder (`distill sft-data`'s own code) and continues training the same adapter
+from its weights (`train.init_adapter`) for the few steps `train` says. Round i lives in `round_<i>/`:
+`samples.jsonl` (every plan with its reward and the reward's parts), `kept.jsonl`, `sft-data/`, `adapter/`,
+`summary.json` (mean reward, kept, reward by part) and `DONE.json`. The last round's adapter is the result.
+
+Resumable like every stage: samples are appended as they are scored (a SIGKILLed run redoes only what was in
+flight), training restarts from its last checkpoint, a finished round is skipped when its settings and its
+starting adapter are unchanged. The leak guard holds: no question of `eval_sets` is ever sampled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from distill.config import AgentConfig, add_config_args, add_fresh_arg, load_config, read_json_model
+from distill.data import DatasetSource
+from distill.errors import DistillError
+from distill.reward import RewardConfig
+from distill.rewoo.record import TrajectoryRecord
+
+POLICY = "policy"  # the LoRA module name the round's adapter is served under
+SAMPLES, KEPT, DONE = "samples.jsonl", "kept.jsonl", "DONE.json"
+
+
+class SampleRecord(TrajectoryRecord):
+    """One sampled plan of one round, scored: a trajectory record (no Solver call) with its reward."""
+
+    round: int = Field(ge=1)
+    reward: float
+    reward_parts: dict[str, float | None]
+    fingerprint: str
+
+
+class RoundMarker(BaseModel):
+    """`round_<i>/DONE.json` (a finished round) and `settings.json` (what its samples are made from)."""
+
+    model_config = ConfigDict(extra="forbid")
+    fingerprint: str
+    settings: dict[str, Any] | None = None
+    summary: dict[str, Any] | None = None
+
+
+class ImproveConfig(AgentConfig):
+    """The inherited planner is the policy's sampling settings (temperature, max_tokens; with `server` its
+    address and model are the round's own); `planner_prompt` must be the prompt the student was trained on."""
+
+    method: Literal["expert_iteration"] = "expert_iteration"
+    adapter: str  # the SFT student's adapter folder: round 1 starts from it
+    datasets: list[DatasetSource] = Field(default_factory=list)  # training questions (never eval questions)
+    eval_sets: list[DatasetSource] = Field(default_factory=list)  # leak guard: refuse train questions found here
+    leak_policy: Literal["refuse", "exclude"] = "refuse"
+    output_dir: str = "runs/improve"
+    seed: int = Field(default=0, ge=0)
+    rounds: int = Field(default=1, ge=1, le=20)
+    samples: int = Field(default=4, ge=1, le=64)  # plans sampled per question per round
+    min_reward: float = Field(default=0.5, ge=0, le=20)  # a question's best plan is kept from this reward up
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    server: dict[str, Any] | None = None  # ServeConfig keys: a vLLM server per round; None: `planner`'s endpoint
+    train: dict[str, Any] = Field(default_factory=dict)  # TrainConfig keys of the continued training
+    val_fraction: float = Field(default=0.0, ge=0, lt=1)  # of the kept questions, for the round's eval loss
+    concurrency: int = Field(default=4, ge=1)  # questions sampled and scored at once
+
+    @model_validator(mode="after")
+    def _check(self) -> "ImproveConfig":
+        if self.rounds > 1 and self.server is None:
+            raise ValueError("rounds > 1 needs `server` (each round serves the adapter the last one trained); "
+                             "without it the planner endpoint would keep serving round 1's")
+        return self
+
+
+def record_key(rec: dict) -> tuple[str, int]:
+    return (rec["id"], rec["sample"])
+
+
+def base_model_of(adapter: str) -> str:
+    from distill.serve import read_adapter
+
+    info = read_adapter(adapter)
+    if not info.base_model:
+        raise DistillError(f"adapter {adapter}: it does not say which base model it was trained on")
+    return info.base_model
+
+
+def round_settings(cfg: ImproveConfig, adapter_in: str) -> dict:
+    """What a round is made from: the settings but the round count and folders, the starting adapter's
+    weights, the input files."""
+    from distill.llm.base import weights_fingerprint
+    from distill.run import settings_of, source_digests
+
+    data = settings_of(cfg.model_dump(mode="json", exclude={"rounds", "eval_sets", "leak_policy", "adapter"}))
+    return data | {"adapter_weights": weights_fingerprint(adapter_in),
+                   "inputs": source_digests([ds.source for ds in cfg.datasets] + [cfg.wikipedia_corpus])}
+
+
+def sample_round(cfg: ImproveConfig, i: int, spec, examples: list, out: Path, fp: str, cache) -> Any:
+    """Sample and score every (question, k) missing from the round's samples file."""
+    from distill.llm import build_chat
+    from distill.rewoo.agent import make_tools_for
+    from distill.rewoo.plan import parse_plan
+    from distill.rewoo.prompts import planner_messages
+    from distill.rewoo.record import call_record, sample_seed
+    from distill.reward import score_plan
+    from distill.rewoo.worker import WorkerConfig
+    from distill.run import run_records
+    from distill.store import JsonlStore
+    from distill.tools.registry import tool_descriptions
+
+    descriptions = tool_descriptions(cfg.tools)
+    policy = build_chat(spec, cfg.prices, cache)
+    llm_tool = build_chat(cfg.llm_tool or cfg.solver, cfg.prices, cache)
+    tools_for = make_tools_for(cfg, llm_tool, cache)
+    worker = WorkerConfig(cfg.worker_max_concurrency, cfg.tool_timeout_s, cfg.evidence_max_chars)
+    reward_cfg = cfg.reward.model_copy(update={"max_plan_steps": min(cfg.reward.max_plan_steps, cfg.max_plan_steps)})
+
+    async def work(item) -> dict:
+        example, k = item
+        messages = planner_messages(example.question, descriptions, cfg.planner_prompt)
+        out_ = await policy.chat(messages, temperature=spec.temperature, max_tokens=spec.max_tokens, stop=spec.stop,
+                                 seed=sample_seed(example.id, k, cfg.seed + i))
+        reward = await score_plan(out_.text, example, tools_for(example), reward_cfg, worker)
+        plan = parse_plan(out_.text, tools=list(descriptions), max_plan_chars=cfg.max_plan_chars,
+                          max_plan_steps=reward_cfg.max_plan_steps)
+        return {
+            "id": example.id, "dataset": example.dataset, "question": example.question, "answers": example.answers,
+            "method": f"improve-round-{i}", "sample": k, "planner": call_record(messages, out_),
+            "plan": plan.to_dict(), "evidence": reward.evidence, "round": i, "reward": round(reward.total, 6),
+            "reward_parts": reward.parts, "fingerprint": fp,
+        }
+
+    items = [((ex.id, k), (ex, k)) for ex in examples for k in range(cfg.samples)]
+    with JsonlStore(out / "errors.jsonl") as errors:
+        return run_records(out / SAMPLES, items, work, record_key, errors, concurrency=cfg.concurrency,
+                           desc=f"improve round {i}", keep=lambda r: None, schema=SampleRecord)
+
+
+def best_plans(records: list[dict], min_reward: float) -> list[dict]:
+    """Each question's best-rewarded valid plan, when it reaches `min_reward` (ties: the lowest sample)."""
+    best: dict[str, dict] = {}
+    for rec in sorted(records, key=lambda r: (r["id"], -r["reward"], r["sample"])):
+        if rec["id"] not in best and rec["plan"].get("valid") and rec["plan"].get("steps"):
+            best[rec["id"]] = rec
+    return [rec for rec in best.values() if rec["reward"] >= min_reward]
+
+
+def round_summary(records: list[dict], kept: list[dict], questions: int) -> dict:
+    parts = sorted({p for r in records for p in r["reward_parts"]})
+
+    def mean(values: list[float]) -> float | None:
+        return round(statistics.fmean(values), 4) if values else None
+
+    return {
+        "samples": len(records), "questions": questions, "kept": len(kept),
+        "mean_reward": mean([r["reward"] for r in records]),
+        "mean_best_reward": mean([max(r["reward"] for r in records if r["id"] == q)
+                                  for q in {r["id"] for r in records}]),
+        "valid_plan_rate": mean([float(bool(r["plan"].get("valid"))) for r in records]),
+        "reward_parts": {p: mean([r["reward_parts"][p] for r in records if r["reward_parts"].get(p) is not None])
+                         for p in parts},
+    }
+
+
+def serving(cfg: ImproveConfig, adapter_in: str, out: Path):
+    """The round's policy endpoint: a vLLM server with the adapter as `policy` (and the base, which the LLM
+    tool and Solver may use through `@server`), or the configured planner's own endpoint."""
+    from contextlib import nullcontext
+
+    from distill.config import validate
+    from distill.serve import ServeConfig, VLLMServer
+
+    if cfg.server is None:
+        return nullcontext(None)
+    serve = validate(ServeConfig, {"port": 0, "base_model": base_model_of(adapter_in)} | cfg.server
+                     | {"adapter": None, "adapters": {POLICY: adapter_in}}, "server")
+    print(f"[improve] starting vLLM with {adapter_in} as {POLICY!r} (log: {out / 'vllm.log'})", flush=True)
+    return VLLMServer(serve, log_path=out / "vllm.log")
+
+
+def with_server(cfg: ImproveConfig, url: str | None) -> ImproveConfig:
+    """`@server` in any model entry is the round's server; the planner is its policy module."""
+    from distill.config import validate
+
+    data = cfg.model_dump(mode="json", exclude_unset=False)
+    if url is None:
+        return cfg
+
+    def fill(obj):
+        if isinstance(obj, dict):
+            return {k: fill(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [fill(v) for v in obj]
+        return url if obj == "@server" else obj
+
+    data = fill(data)
+    data["planner"] |= {"backend": "openai", "base_url": url, "model": POLICY}
+    return validate(ImproveConfig, data, "improve")
+
+
+def train_round(cfg: ImproveConfig, adapter_in: str, out: Path) -> dict:
+    from distill.train import launch
+
+    data = {"model_name_or_path": base_model_of(adapter_in)} | cfg.train | {
+        "dataset_dir": str(out / "sft-data"), "output_dir": str(out / "adapter"), "init_adapter": adapter_in}
+    return launch(data)
+
+
+def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh: bool) -> dict:
+    from distill.run import check_fingerprint, fingerprint
+    from distill.sft_data import SftDataConfig, build_sft_data
+    from distill.store import CallCache, JsonlStore, read_jsonl, write_json, write_jsonl
+
+    out = Path(cfg.output_dir) / f"round_{i}"
+    settings = round_settings(cfg, adapter_in)
+    fp = fingerprint(settings)
+    done = read_json_model(out / DONE, RoundMarker, "round marker", "delete it to redo the round")
+    if done and done.fingerprint == fp and done.summary and (out / "adapter" / "adapter_model.safetensors").is_file():
+        print(f"[improve] round {i}: done, skipped (same settings and starting adapter)", flush=True)
+        return done.summary
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / SAMPLES).exists():
+        with JsonlStore(out / SAMPLES, key=record_key) as store:
+            old = store.records()
+        made = read_json_model(out / "settings.json", RoundMarker, "round settings file", "delete it")
+        check_fingerprint(out / SAMPLES, old, fp, settings, made and made.model_dump(), fresh, "samples")
+    write_json(out / "settings.json", {"fingerprint": fp, "settings": settings})
+    with serving(cfg, adapter_in, out) as server, CallCache.open("auto", out.parent / "calls.sqlite") as cache:
+        round_cfg = with_server(cfg, server.base_url if server else None)
+        sample_round(round_cfg, i, round_cfg.planner, examples, out, fp, cache)
+    records = [r for r in read_jsonl(out / SAMPLES) if r.get("fingerprint") == fp]
+    kept = best_plans(records, cfg.min_reward)
+    summary = round_summary(records, kept, len(examples))
+    if not kept:
+        write_json(out / "summary.json", summary)
+        raise DistillError(f"improve round {i}: no question's best plan reached min_reward {cfg.min_reward:g} "
+                           f"(mean best reward {summary['mean_best_reward']}); lower min_reward or raise samples")
+    write_jsonl(out / KEPT, kept)
+    build_sft_data(SftDataConfig(kept=str(out / KEPT), out=str(out / "sft-data"), tools=cfg.tools,
+                                 student_prompt=cfg.planner_prompt, val_fraction=cfg.val_fraction, seed=cfg.seed,
+                                 tokenizer=None))
+    info = train_round(cfg, adapter_in, out)
+    summary |= {"adapter_in": adapter_in, "adapter": str(out / "adapter"),
+                "train": {k: info.get(k) for k in ("global_step", "final_train_loss", "wall_s")}}
+    write_json(out / "summary.json", summary)
+    write_json(out / DONE, {"fingerprint": fp, "summary": summary})
+    print(f"[improve] round {i}: mean reward {summary['mean_reward']}, best per question "
+          f"{summary['mean_best_reward']}, kept {len(kept)} of {len(examples)}", flush=True)
+    return summary
+
+
+def improve(cfg: ImproveConfig, config_path: str | None = None, fresh: bool = False) -> dict:
+    """Every round in turn, each from the adapter the last one trained; returns the rounds' summaries."""
+    from distill.generate import load_questions
+    from distill.run import folder_lock
+    from distill.store import write_json
+
+    examples = load_questions(cfg)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rounds, adapter = [], cfg.adapter
+    with folder_lock(out):
+        for i in range(1, cfg.rounds + 1):
+            rounds.append(run_round(cfg, i, adapter, examples, fresh))
+            adapter = rounds[-1]["adapter"]
+        result = {"method": cfg.method, "rounds": rounds, "adapter": adapter, "config": config_path}
+        write_json(out / "summary.json", result)
+    return result
+
+
+# ------------------------------------------------------------------------------------------ command line
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    add_config_args(parser)
+    add_fresh_arg(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    if not args.config:
+        raise DistillError("--config is required (e.g. configs/improve_smollm2_cpu.yaml)")
+    cfg = load_config(ImproveConfig, args.config, args.set)
+    result = improve(cfg, args.config, fresh=args.fresh)
+    print(json.dumps([{k: r.get(k) for k in ("mean_reward", "mean_best_reward", "kept", "valid_plan_rate")}
+                      for r in result["rounds"]]))
+    print(f"adapter: {result['adapter']}")
+    return 0
