@@ -210,12 +210,18 @@ def with_server(cfg: ImproveConfig, url: str | None) -> ImproveConfig:
     return validate(ImproveConfig, data, "improve")
 
 
-def train_round(cfg: ImproveConfig, adapter_in: str, out: Path) -> dict:
-    from distill.train import launch
-
-    data = {"model_name_or_path": base_model_of(adapter_in)} | cfg.train | {
+def train_section(cfg: ImproveConfig, adapter_in: str, out: Path) -> dict:
+    """The round's TrainConfig keys: the adapter's base, `train`, the round's folders and the adapter it continues."""
+    return {"model_name_or_path": base_model_of(adapter_in)} | cfg.train | {
         "dataset_dir": str(out / "sft-data"), "output_dir": str(out / "adapter"), "init_adapter": adapter_in}
-    return launch(data)
+
+
+def check_train_section(cfg: ImproveConfig) -> None:
+    """TRL's parser over `train` before the first plan is sampled: a typo should not wait for a round."""
+    from distill.config import validate
+    from distill.train import TrainConfig
+
+    validate(TrainConfig, train_section(cfg, cfg.adapter, Path(cfg.output_dir) / "round_1"), "train (improve)")
 
 
 def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh: bool) -> dict:
@@ -251,7 +257,9 @@ def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh
     build_sft_data(SftDataConfig(kept=str(out / KEPT), out=str(out / "sft-data"), tools=cfg.tools,
                                  student_prompt=cfg.planner_prompt, val_fraction=cfg.val_fraction, seed=cfg.seed,
                                  tokenizer=None))
-    info = train_round(cfg, adapter_in, out)
+    from distill.train import launch
+
+    info = launch(train_section(cfg, adapter_in, out))
     summary |= {"adapter_in": adapter_in, "adapter": str(out / "adapter"),
                 "train": {k: info.get(k) for k in ("global_step", "final_train_loss", "wall_s")}}
     write_json(out / "summary.json", summary)
@@ -268,6 +276,7 @@ def improve(cfg: ImproveConfig, config_path: str | None = None, fresh: bool = Fa
     from distill.store import write_json
 
     examples = load_questions(cfg)
+    check_train_section(cfg)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rounds, adapter = [], cfg.adapter

@@ -11,6 +11,7 @@ import yaml
 from distill.config import AgentConfig, load_config, read_yaml
 from distill.errors import DistillError
 from distill.evaluate import EvalConfig
+from distill.improve import ImproveConfig
 from distill.filter import FilterConfig
 from distill.generate import GenerateConfig
 from distill.pipeline import Pipeline, PipelineConfig
@@ -37,6 +38,7 @@ LOADERS = {  # file name prefix -> how the command that reads it loads it
     "generate_": lambda p: load_config(GenerateConfig, p),
     "filter": lambda p: load_config(FilterConfig, p),
     "eval_": lambda p: load_config(EvalConfig, p),
+    "improve_": lambda p: load_config(ImproveConfig, p),
     "serve_": lambda p: load_config(ServeConfig, p),
     "pipeline_": load_pipeline,
     "demo_": load_pipeline,
