@@ -31,6 +31,8 @@ from test_sft_data import TOOLS, kept_records
 pytestmark = pytest.mark.timeout(300)  # a hang fails the test instead of stalling the suite
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# the report's readers: each example writes a whole report (tables, plots, the viewer), ~0.2 s of CPU
+REPORT_SETTINGS = settings(SETTINGS, max_examples=50)
 
 # JSON as a hostile file holds it: NaN and infinities (json.loads reads them), huge and negative numbers,
 # strings with control characters and lone surrogates (written as \ud800 escapes), deep-ish nesting.
@@ -131,7 +133,7 @@ def test_sft_example_any_value_anywhere(data):
     assert row["completion"][0]["content"].strip() and row["prompt"][-1]["role"] == "user"
 
 
-@SETTINGS
+@REPORT_SETTINGS
 @given(st.data(), st.sampled_from(["rewoo", "react", "direct"]))
 def test_eval_record_any_value_anywhere_report(data, kind):
     steps = 0 if kind == "direct" else 2
@@ -186,7 +188,7 @@ MANIFEST = {"command": "eval", "status": "complete", "config": {"seed": 0}, "ref
             "examples": [["hotpotqa", "q0"], ["hotpotqa", "q1"]]}
 
 
-@SETTINGS
+@REPORT_SETTINGS
 @given(st.data())
 def test_manifest_any_value_anywhere_report(data):
     """The report reads eval's manifest for its bookkeeping (order, reference, questions, bootstrap): a damaged
