@@ -106,6 +106,8 @@ class PlannerEntry(Strict):
     spec: ModelSpec
     prompt: PlannerPrompt
     replan: bool = False
+    # the report also sets this row against that planner row, paired (an improved student against its SFT self)
+    compare_to: str | None = None
 
 
 class RobustnessSweep(Strict):
@@ -200,6 +202,10 @@ class EvalConfig(AgentConfig):
             raise ValueError(f"planner name {clash[0]!r} is reserved for the baseline of that name")
         if dupes := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"method names must be unique; repeated: {', '.join(dupes)}")
+        planner_names = [p.name for p in self.planners]
+        for p in self.planners:
+            if p.compare_to is not None and (p.compare_to not in planner_names or p.compare_to == p.name):
+                raise ValueError(f"planners.{p.name}.compare_to: {p.compare_to!r} is not another planner of this config")
         if self.prompt_budget is not None:
             planners = [p.name for p in self.planners]
             if unknown := [m for m in [self.prompt_budget.reference, *self.prompt_budget.methods] if m not in planners]:
@@ -226,19 +232,20 @@ class Method:
     replan: bool = False
     tool_failure_rate: float = 0.0
     robustness_of: str | None = None  # a sweep row: the main method it reruns at another failure rate
+    compare_to: str | None = None  # a planner row the report pairs this one with, besides the reference
 
 
 def methods_of(cfg: EvalConfig) -> list[Method]:
     """Planners first, in config order (the first is the reference of the paired comparisons), then baselines,
     then the robustness sweep: each of its methods at each of its rates."""
     rate = cfg.tool_failure_rate
-    methods = [Method(p.name, "rewoo", p.prompt, p.spec, p.replan, rate) for p in cfg.planners]
+    methods = [Method(p.name, "rewoo", p.prompt, p.spec, p.replan, rate, compare_to=p.compare_to) for p in cfg.planners]
     methods += [Method(b, b, tool_failure_rate=rate) for b in cfg.baselines]
     if cfg.robustness is None:
         return methods
     by_name = {m.name: m for m in methods}
     sweep = [  # `teacher@fail0.3`: configured names may not hold '@', so a derived one never clashes
-        replace(by_name[name], name=f"{name}@fail{r:g}", tool_failure_rate=r, robustness_of=name)
+        replace(by_name[name], name=f"{name}@fail{r:g}", tool_failure_rate=r, robustness_of=name, compare_to=None)
         for name in cfg.robustness.methods
         for r in cfg.robustness.rates
     ]
@@ -351,7 +358,7 @@ def method_settings(cfg: EvalConfig, method: Method, identities: Mapping[str, An
     for name in ("solver", "llm_tool", "judge"):
         if name in data:
             data[name] = with_identity(data[name], identities.get(name))
-    row = {k: v for k, v in asdict(method).items() if k not in ("name", "spec")}
+    row = {k: v for k, v in asdict(method).items() if k not in ("name", "spec", "compare_to")}
     if method.spec is not None:
         row["planner"] = with_identity(settings_of(method.spec.model_dump(mode="json")), identities[method.name])
     sources = [ds.source for ds in cfg.datasets] + ([cfg.wikipedia_corpus] if method.kind != "direct" else [])

@@ -48,7 +48,8 @@ from distill.run import describe_changes, fingerprint, folder_lock, set_aside, s
 from distill.store import content_digest, write_json
 from distill.tracking import PACKAGES
 
-STAGES = ("generate", "filter", "sft-data", "train", "eval", "report")
+STAGES = ("generate", "filter", "sft-data", "train", "improve", "eval", "report")
+IMPROVED = "{}_improved"  # the LoRA module (and eval row model) of a student's improved adapter
 SERVER = "@server"
 STAGE_CONFIG = "config"
 # Files in a student's sft-data folder that are not its training data: the marker, and the cache files `datasets`
@@ -62,6 +63,7 @@ ENTRIES = {
     "filter": "distill.filter:run_filter",
     "sft-data": "distill.sft_data:build_sft_data",
     "train": "distill.train:launch",
+    "improve": "distill.improve:improve",
     "eval": "distill.evaluate:evaluate",
     "report": "distill.report:write_report",
 }
@@ -79,11 +81,14 @@ class PipelineConfig(Strict):
     # {name: SftDataConfig keys over sft_data, plus `train:` TrainConfig keys over train}; see the top
     students: dict[str, dict[str, Any]] | None = None
     train: dict[str, Any]  # TrainConfig keys (dataset_dir and output_dir are set by the pipeline)
+    # ImproveConfig keys plus `student: NAME` (default: the first): expert iteration of that student after
+    # training (adapter and output_dir are set; datasets, eval_sets, prompt, tools default to the run's own)
+    improve: dict[str, Any] | None = None
     student_server: dict[str, Any] = Field(default_factory=dict)  # ServeConfig keys (adapters are set)
     eval: dict[str, Any]  # EvalConfig keys (output_dir is set)
 
-    @field_validator("generate", "teacher_server", "filter", "sft_data", "train", "student_server", "eval",
-                     mode="before")
+    @field_validator("generate", "teacher_server", "filter", "sft_data", "train", "improve", "student_server",
+                     "eval", mode="before")
     @classmethod
     def _stage_config(cls, value: Any, info: ValidationInfo) -> Any:
         """A section that names its stage config runs exactly what that stage's own command would, so the
@@ -234,6 +239,10 @@ class Pipeline:
         seconds = round(sum(info["seconds"] for info in students.values()), 1)
         write_json(whole.folder / "DONE.json", whole.head() | {"students": keep, "seconds": seconds})
 
+    def stages(self) -> tuple[str, ...]:
+        """The stages this pipeline runs: `improve` only where it has a section."""
+        return tuple(s for s in STAGES if s != "improve" or self.cfg.improve is not None)
+
     def rerun_from(self, stage: str) -> None:
         """Move the stage's folder and every later one aside, so they rerun from scratch, losing nothing."""
         for d in (self.run / s for s in STAGES[STAGES.index(stage):]):
@@ -289,9 +298,40 @@ class Pipeline:
         """`teacher_server`, or `student_server` loading every student's adapter as the LoRA module of its name."""
         from distill.serve import ServeConfig
 
-        students = {"adapter": None, "adapters": {n: str(self.run / "train" / n) for n in self.students()}}
+        adapters = {n: str(self.run / "train" / n) for n in self.students()} | self.improved_adapters()
+        students = {"adapter": None, "adapters": adapters}
         data = {"port": 0} | getattr(self.cfg, name) | (students if name == "student_server" else {})
         return validate(ServeConfig, data, name)
+
+    def improved_student(self) -> str | None:
+        if self.cfg.improve is None:
+            return None
+        name = self.cfg.improve.get("student") or next(iter(self.students()))
+        if name not in self.students():
+            raise DistillError(f"improve.student: {name!r} is not a student of this pipeline "
+                               f"({', '.join(self.students())})")
+        return name
+
+    def improved_adapters(self) -> dict[str, str]:
+        """{LoRA module: folder} of the improved adapter (the last round's), when there is an improve stage."""
+        if (name := self.improved_student()) is None:
+            return {}
+        cfg = self.improve_config()
+        return {IMPROVED.format(name): str(Path(cfg.output_dir) / f"round_{cfg.rounds}" / "adapter")}
+
+    def improve_config(self):
+        """The improve section over the run's own questions, leak guard, student prompt and tools."""
+        from distill.improve import ImproveConfig
+
+        name = self.improved_student()
+        gen, sft = self.cfg.generate, self.sft_data_config(name)
+        defaults = {"datasets": gen.get("datasets", []), "eval_sets": gen.get("eval_sets", []),
+                    "planner_prompt": sft.student_prompt, "tools": sft.tools}
+        defaults |= {k: gen[k] for k in ("wikipedia_backend", "wikipedia_corpus", "wikipedia_scope") if k in gen}
+        defaults["server"] = {k: v for k, v in self.cfg.student_server.items() if k not in ("adapter", "adapters")}
+        section = {k: v for k, v in self.cfg.improve.items() if k != "student"}
+        paths = {"adapter": str(self.run / "train" / name), "output_dir": str(self.run / "improve" / name)}
+        return validate(ImproveConfig, defaults | section | paths, "improve")
 
     def eval_config(self, url: str | None):
         from distill.evaluate import EvalConfig
@@ -320,6 +360,9 @@ class Pipeline:
         ev = self.eval_config(url)
         if self.cfg.teacher_server is not None:
             self.server_config("teacher_server")
+        if (improved := self.improved_student()) is not None:
+            self.improve_config()
+            sft[IMPROVED.format(improved)] = sft[improved]  # served on the prompt and tools it was trained on
         served = {served_name(self.server_config("student_server")), *sft}
         check_students_served_as_trained(sft, ev, url, served)
         check_leak_guard_covers_eval(gen, ev)
@@ -336,12 +379,12 @@ class Pipeline:
         cfg = self.generate_config(SERVER)
         settings = settings_of(cfg.model_dump(mode="json")) | {"teacher_server": self.server_settings("teacher_server")}
         sources = [ds.source for ds in [*cfg.datasets, *cfg.eval_sets]] + [cfg.wikipedia_corpus]
-        return Unit("generate", self.run / "generate", settings, source_digests(sources), followers=STAGES[1:])
+        return Unit("generate", self.run / "generate", settings, source_digests(sources), followers=self.stages()[1:])
 
     def filter_unit(self) -> Unit:
         kept = "generate/trajectories.jsonl"
         return Unit("filter", self.run / "filter", settings_of(self.filter_config().model_dump(mode="json")),
-                    {kept: content_digest(self.run / kept)}, followers=STAGES[2:])
+                    {kept: content_digest(self.run / kept)}, followers=self.stages()[2:])
 
     def sft_data_unit(self, name: str) -> Unit:
         settings = settings_of(self.sft_data_config(name).model_dump(mode="json", exclude={"kept", "out"}))
@@ -354,8 +397,17 @@ class Pipeline:
 
         settings = settings_of(DEFAULTS | {k: v for k, v in self.train_section(name).items() if k != "dataset_dir"})
         data = f"sft-data/{name}"
+        after = ("improve", "eval", "report") if self.improved_student() == name else ("eval", "report")
         return Unit("train", self.run / "train" / name, settings,
-                    {data: content_digest(self.run / data, skip=SFT_DATA_NOT_INPUT)}, name, ("eval", "report"))
+                    {data: content_digest(self.run / data, skip=SFT_DATA_NOT_INPUT)}, name, after)
+
+    def improve_unit(self) -> Unit:
+        from distill.llm.base import weights_fingerprint
+
+        name = self.improved_student()
+        settings = settings_of(self.improve_config().model_dump(mode="json", exclude={"adapter", "output_dir"}))
+        return Unit("improve", self.run / "improve", settings,
+                    {f"train/{name}": weights_fingerprint(str(self.run / "train" / name))}, followers=("eval", "report"))
 
     def eval_unit(self) -> Unit:
         from distill.llm.base import weights_fingerprint
@@ -363,6 +415,7 @@ class Pipeline:
         cfg = self.eval_config(SERVER)
         settings = settings_of(cfg.model_dump(mode="json")) | {"student_server": self.server_settings("student_server")}
         adapters = {f"train/{n}": weights_fingerprint(str(self.run / "train" / n)) for n in self.students()}
+        adapters |= {f"improve/{m}": weights_fingerprint(p) for m, p in self.improved_adapters().items()}
         sources = [ds.source for ds in cfg.datasets] + [cfg.wikipedia_corpus]
         return Unit("eval", self.run / "eval", settings, adapters | source_digests(sources), followers=("report",))
 
@@ -407,6 +460,12 @@ class Pipeline:
         info = self.entry("train")(self.train_section(name))
         return {k: info.get(k) for k in ("global_step", "final_train_loss", "final_eval_loss", "wall_s")}
 
+    def improve(self) -> dict:
+        """Rounds made with other settings (or from another adapter) are redone; finished ones are skipped."""
+        result = self.entry("improve")(self.improve_config(), self.config_path, fresh=True)
+        return {"rounds": [{k: r.get(k) for k in ("mean_reward", "mean_best_reward", "kept", "valid_plan_rate")}
+                           for r in result["rounds"]], "adapter": result["adapter"]}
+
     def eval(self) -> dict:
         """Methods whose records were made otherwise (a retrained student) are redone; the others resume."""
         with self.server("student_server") as srv:
@@ -420,7 +479,7 @@ class Pipeline:
 
         results = self.entry("report")(self.run / "eval", self.run)
         print("\n".join(summary_lines(results) + prompt_budget_summary(results)))
-        timings = {s: read_marker(self.run / s / "DONE.json").seconds for s in STAGES[:-1]}
+        timings = {s: read_marker(self.run / s / "DONE.json").seconds for s in self.stages()[:-1]}
         write_json(self.run / "pipeline.json", {"stage_seconds": timings, "config_file": self.config_path})
         return {"stage_seconds": timings}
 
@@ -439,7 +498,10 @@ class Pipeline:
                               lambda n: ["filter"])
             self.each_student("train", self.train, {n: self.train_unit(n) for n in names},
                               lambda n: [f"sft-data {n}"])
-            self.once(self.eval_unit(), self.eval, [f"train {n}" for n in names])
+            trained = [f"train {n}" for n in names]
+            if self.cfg.improve is not None:
+                self.once(self.improve_unit(), self.improve, [f"train {self.improved_student()}"])
+            self.once(self.eval_unit(), self.eval, trained + ["improve"])
             self.once(self.report_unit(), self.report, ["eval"])
         print(f"\nreport:  {self.run / 'report.md'}")
         print(f"results: {self.run / 'results.json'}")
@@ -487,7 +549,7 @@ def check_students_served_as_trained(sft: Mapping[str, Any], ev: Any, url: str, 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_config_args(parser)
     parser.add_argument("--from", dest="start", metavar="STAGE", type=lambda v: v.replace("_", "-"), choices=STAGES,
-                        help="rerun from this stage (generate, filter, sft-data, train, eval, report)")
+                        help=f"rerun from this stage ({', '.join(STAGES)})")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from distill.merge import ADAPTER_INFO
 
 SFT_SUMMARY = "summary.json"  # as distill.sft_data writes it
 LOSS_HISTORY = "loss_history.json"  # as distill.train writes it
-STAGE_MARKERS = ("generate", "filter", "sft-data", "train", "eval")
+STAGE_MARKERS = ("generate", "filter", "sft-data", "train", "improve", "eval")
 
 
 def read_json(path: Path) -> dict | None:
@@ -77,6 +77,22 @@ def students(run: Path | None) -> dict[str, dict]:
     return out
 
 
+def improvement(run: Path | None) -> dict[str, dict]:
+    """{student: {folder, rounds: [round summaries]}} from `improve/<student>/round_<i>/summary.json`."""
+    if run is None:
+        return {}
+    out = {}
+    for folder in sorted(p for p in (run / "improve").glob("*") if p.is_dir()):
+        rounds = []
+        for summary in sorted(folder.glob("round_*/summary.json"), key=lambda p: int(p.parent.name[6:] or 0)
+                              if p.parent.name[6:].isdigit() else 0):
+            if (found := read_json(summary)) is not None:
+                rounds.append({"round": summary.parent.name.removeprefix("round_")} | found)
+        if rounds:
+            out[folder.name] = {"folder": str(folder), "rounds": rounds}
+    return out
+
+
 def student_of_rows(manifest: Mapping[str, Any], trained: Mapping[str, dict],
                     planner_models: Mapping[str, str | None]) -> dict[str, str]:
     """{eval row: the student it serves}: a row whose planner model (the LoRA module asked for) or name is a
@@ -123,6 +139,7 @@ def collect(eval_dir: str | Path, manifest: Mapping[str, Any], results: Mapping[
         "datasets": {"eval": _datasets(config), "generate": _datasets(gen_config)},
         "students": trained,
         "student_rows": rows,
+        "improve": improvement(run) or None,
         "fingerprints": fingerprints or None,
     }
 

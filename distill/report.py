@@ -33,7 +33,7 @@ from distill.evaluate import RECORDS_DIR, EvalRecord, PromptBudget, record_key
 from distill.metrics import bootstrap_ci, evidence_recall, paired_bootstrap, score
 from distill.provenance import collect as collect_provenance
 from distill.store import dedupe, read_jsonl, replace_files, write_json
-from distill.verdict import headline, question_outcomes, verdict
+from distill.verdict import headline, question_outcomes, read_measures, verdict
 from distill.viewer import VIEWER, write_viewer
 
 RESULTS_VERSION = 1
@@ -43,6 +43,7 @@ PLOT_CAPTIONS = {"accuracy_vs_tokens": "F1 against tokens per question",
 PLOTS = {key: f"{key}.png" for key in PLOT_CAPTIONS}
 ROBUSTNESS_PLOT = "accuracy_vs_calls.png"
 LOSS_PLOT = "loss.png"
+REWARD_PLOT = "reward.png"
 QUESTION_LINKS = 10  # per student and outcome in the verdict; the viewer filters for all of them
 ROBUSTNESS_FIELDS = ("n", "em", "f1", "judge", "n_evidence", "evidence_recall", "llm_calls_mean",
                      "tool_calls_mean", "tool_failures")
@@ -339,9 +340,11 @@ def _rounded(value: Any) -> Any:
 
 
 def compute(by_method: dict[str, list[dict]], *, methods: list[str] | None = None, reference: str | None = None,
-            samples: int = 1000, seed: int = 0, budget: Mapping[str, Any] | None = None) -> dict:
+            samples: int = 1000, seed: int = 0, budget: Mapping[str, Any] | None = None,
+            pairs: Mapping[str, str] | None = None) -> dict:
     """The results dict from records grouped by method (the pure core of `recompute`); `budget` is eval's
-    `prompt_budget` setting, or None for no such comparison."""
+    `prompt_budget` setting, or None for no such comparison; `pairs` its rows' `compare_to` (row -> the planner
+    row it is also set against, e.g. an improved student against its SFT self)."""
     sweep = {m: recs for m, recs in by_method.items() if recs and recs[0].get("robustness_of")}
     by_method = {m: recs for m, recs in by_method.items() if m not in sweep}
     if not by_method:
@@ -353,6 +356,11 @@ def compute(by_method: dict[str, list[dict]], *, methods: list[str] | None = Non
     paired = {m: {"reference": reference, **(paired_vs_reference(by_method[m], ref, samples, seed) or {})}
               for m in methods if m != reference}
     rates = sorted({float(r.get("tool_failure_rate", 0.0)) for recs in by_method.values() for r in recs})
+    paired_to = {}
+    for m, other in (pairs or {}).items():
+        if m in by_method and other in by_method:
+            found = paired_vs_reference(by_method[m], by_method[other], samples, seed) or {}
+            paired_to[m] = {"against": other, **found, "measures": read_measures(found)}
     results = {
         "format_version": RESULTS_VERSION,
         "methods": methods,
@@ -364,6 +372,7 @@ def compute(by_method: dict[str, list[dict]], *, methods: list[str] | None = Non
         "tool_failure_rate": rates[0] if len(rates) == 1 else rates,
         "per_method": per_method,
         "paired": paired,
+        "paired_to": paired_to,
         "prompt_budget": prompt_budget(budget, per_method, by_method, samples, seed),
         "tokens_by_hops": {m: tokens_by(by_method[m], hops_of) for m in methods},
         "tokens_by_gold_hops": {m: tokens_by(by_method[m], lambda r: r.get("gold_hops")) for m in methods},
@@ -408,9 +417,10 @@ def _load(output_dir: str | Path) -> tuple[dict, dict[str, list[dict]]]:
     if budget is not None:  # eval's own setting, read back: the same class checks it
         where = f"{Path(output_dir) / 'manifest.json'} prompt_budget"
         budget = validate(PromptBudget, budget, where).model_dump()
+    pairs = {m["name"]: m["compare_to"] for m in manifest.get("methods", []) if m.get("compare_to")}
     results = compute(selected, methods=list(selected), reference=manifest.get("reference"),
                       samples=int(manifest.get("bootstrap_samples", 1000)), seed=int(manifest.get("seed", 0)),
-                      budget=budget)
+                      budget=budget, pairs=pairs)
     # The verdict names the trained students where the run folder says which rows serve them.
     provenance = collect_provenance(output_dir, manifest, results)
     if provenance["student_rows"]:
@@ -418,6 +428,8 @@ def _load(output_dir: str | Path) -> tuple[dict, dict[str, list[dict]]]:
                                               _outcomes(selected, results["reference"])))
     if any(s["loss_history"] for s in provenance["students"].values()):
         results["plots"]["loss"] = LOSS_PLOT
+    if provenance.get("improve"):
+        results["plots"]["reward"] = REWARD_PLOT
     results = {"format_version": results["format_version"], "verdict": results.pop("verdict"),
                "provenance": _rounded(provenance), **results}
     # A report of a run that stopped must say so: its methods may cover fewer questions than the others.
@@ -524,6 +536,24 @@ def make_plots(results: dict, by_method: dict[str, list[dict]], output_dir: str 
                    title="F1 against model calls under tool failures\n(point labels: tool failure rate)")
     if loss := results["plots"].get("loss"):
         _plot_losses(results["provenance"]["students"], out / loss)
+    if reward := results["plots"].get("reward"):
+        _plot_rewards(results["provenance"]["improve"], out / reward)
+
+
+def _plot_rewards(improve: dict, path: Path) -> None:
+    """Per improvement round: the mean reward of every sampled plan, of each question's best, and the share of
+    valid plans, as bars (one round is a bar, not a point on an axis of one value)."""
+    with _figure(path, (7.5, 4.4), grid="y") as (_, (ax,)):
+        shown = [("mean_reward", "mean reward (all samples)"), ("mean_best_reward", "mean best reward per question"),
+                 ("valid_plan_rate", "valid plans")]
+        rounds = [(student, r) for student, info in improve.items() for r in info["rounds"]]
+        width = 0.8 / len(shown)
+        for j, (key, label) in enumerate(shown):
+            ax.bar([i + j * width for i in range(len(rounds))], [r.get(key) or 0.0 for _, r in rounds], width,
+                   label=label)
+        ax.set_xticks([i + width for i in range(len(rounds))],
+                      [f"{student} round {r['round']}" for student, r in rounds], rotation=15, fontsize=8)
+        ax.set(ylabel="reward / rate", title="Expert iteration: the planner reward of the student's own plans")
 
 
 def _plot_losses(students: dict, path: Path) -> None:
@@ -695,6 +725,31 @@ def _verdict_lines(results: dict) -> list[str]:
     return lines
 
 
+def _paired_to_lines(results: dict) -> list[str]:
+    """Each row with `compare_to` against that row (an improved student against the SFT student it started
+    from), and the improvement rounds' rewards."""
+    pairs, improve = results.get("paired_to") or {}, (results.get("provenance") or {}).get("improve") or {}
+    if not pairs and not improve:
+        return []
+    lines = ["## Against the row each improves on", ""]
+    for m, p in pairs.items():
+        other = p["against"]
+        lines += _table(["measure", "n", f"Δ ({m} − {other}) [95% CI]", "reading"],
+                        [[label, x["n"], _ci_text(x["diff"]), x["reading"]] for label, x in p["measures"].items()]
+                        + [["steps/plan", (p.get("plan_steps") or {}).get("n", 0),
+                            _ci_text((p.get("plan_steps") or {}).get("steps"), 2), "–"]])
+    for student, info in improve.items():
+        lines += [f"Expert iteration of **{student}** (`{info['folder']}`):", ""]
+        lines += _table(["round", "samples", "kept", "mean reward", "mean best reward", "valid plans", "reward parts"],
+                        [[r["round"], r.get("samples"), r.get("kept"), r.get("mean_reward"), r.get("mean_best_reward"),
+                          r.get("valid_plan_rate"), ", ".join(f"{k} {_f(v)}" for k, v in
+                                                              (r.get("reward_parts") or {}).items())]
+                         for r in info["rounds"]])
+    if reward := results["plots"].get("reward"):
+        lines += [f"![The planner reward per improvement round]({reward})", ""]
+    return lines
+
+
 def _unknown(value: Any) -> str:
     return "unknown" if value is None or value == "" else f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -828,6 +883,7 @@ def render_markdown(results: dict) -> str:
             [[m, ds, v["n"], v["em"], v["f1"], v["n_evidence"], v["evidence_recall"], v["evidence_all"]]
              for m, pm in per_method.items() for ds, v in pm["by_dataset"].items()],
         ),
+        *_paired_to_lines(results),
         *_robustness_lines(results),
         "## Plots",
         "",

@@ -61,6 +61,17 @@ def question_outcomes(mine: Mapping[Any, Mapping[str, float | None]],
     return out
 
 
+def read_measures(paired: Mapping[str, Any]) -> dict[str, dict]:
+    """{measure label: {n, diff, reading}} from one paired comparison (`paired_vs_reference`'s shape)."""
+    measures = {}
+    for label, group, metric in MEASURES:
+        source = paired if group is None else paired.get(group) or {}
+        diff = source.get(metric) if "n" in source else None
+        n = source.get("n", 0)
+        measures[label] = {"n": n, "diff": diff, "reading": reading(diff, n)}
+    return measures
+
+
 def verdict(results: Mapping[str, Any], students: Mapping[str, str | None] | None = None,
             training: Mapping[str, Mapping[str, Any]] | None = None,
             outcomes: Mapping[str, Mapping[str, list]] | None = None) -> dict:
@@ -73,13 +84,8 @@ def verdict(results: Mapping[str, Any], students: Mapping[str, str | None] | Non
     ref = per_method[reference]
     rows = {}
     for m in student_rows(results, students):
-        paired, pm = results["paired"].get(m) or {}, per_method[m]
-        measures = {}
-        for label, group, metric in MEASURES:
-            source = paired if group is None else paired.get(group) or {}
-            diff = source.get(metric) if "n" in source else None
-            n = source.get("n", 0)
-            measures[label] = {"n": n, "diff": diff, "reading": reading(diff, n)}
+        pm = per_method[m]
+        measures = read_measures(results["paired"].get(m) or {})
         student = students.get(m)
         examples = (training.get(student) or {}).get("train_examples") if student else None
         warnings = []

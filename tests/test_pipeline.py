@@ -15,6 +15,8 @@ import pytest
 import yaml
 
 from distill.pipeline import STAGES
+
+RUN_STAGES = tuple(s for s in STAGES if s != "improve")  # the stages of a pipeline without an improve section
 from distill.store import write_json, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,7 +199,7 @@ def test_each_stage_gets_its_folders_and_settings_and_done_json_its_counts(tmp_p
     ev = calls["eval"]
     assert ev.output_dir == str(run / "eval") and ev.planners[0].spec.base_url == "http://student.test/v1"
 
-    done = {s: json.loads((run / s / "DONE.json").read_text()) for s in STAGES}
+    done = {s: json.loads((run / s / "DONE.json").read_text()) for s in RUN_STAGES}
     made_from = {"fingerprint", "settings", "inputs"}
     assert {k: v for k, v in done["filter"].items() if k not in made_from} | {"seconds": 0} == {
         "stage": "filter", "seconds": 0, "kept": 6, "input_records": 12}
@@ -208,7 +210,7 @@ def test_each_stage_gets_its_folders_and_settings_and_done_json_its_counts(tmp_p
     assert examples == {s: v["examples"] for s, v in summary["splits"].items()}
     assert sum(examples.values()) == 6 and examples["validation"] >= 1
     assert done["train"]["students"]["planner"]["global_step"] == 2 and done["eval"]["methods"] == ["student", "direct"]
-    assert set(done["report"]["stage_seconds"]) == set(STAGES[:-1])
+    assert set(done["report"]["stage_seconds"]) == set(RUN_STAGES[:-1])
     assert json.loads((run / "results.json").read_text()) == recompute(run / "eval")
     from distill.report import PLOTS
 
@@ -218,7 +220,7 @@ def test_each_stage_gets_its_folders_and_settings_and_done_json_its_counts(tmp_p
 
     again = Recorder()
     Pipeline(validate(PipelineConfig, wiring_config(tmp_path)), "p.yaml", again.entries()).run_all()
-    assert again.calls == [] and capsys.readouterr().out.count("done, skipped") == len(STAGES)
+    assert again.calls == [] and capsys.readouterr().out.count("done, skipped") == len(RUN_STAGES)
 
 
 def two_students(tmp_path: Path) -> dict:
@@ -354,7 +356,7 @@ def test_a_changed_filter_setting_reruns_filter_and_everything_after_and_the_rep
     capsys.readouterr()
     third = run_pipeline(cfg)
     out = capsys.readouterr().out
-    assert third.calls == [] and out.count("done, skipped (same settings and inputs)") == len(STAGES)
+    assert third.calls == [] and out.count("done, skipped (same settings and inputs)") == len(RUN_STAGES)
     assert json.loads((run / "results.json").read_text()) == after
 
 
@@ -599,3 +601,66 @@ def test_generation_and_evaluation_report_where_training_reports_unless_their_se
     assert pipe.eval_config("http://127.0.0.1:1/v1").report_to == ["tensorboard"]
     cfg["eval"] = cfg["eval"] | {"report_to": ["none"]}
     assert Pipeline(validate(PipelineConfig, cfg), "p.yaml").eval_config("http://127.0.0.1:1/v1").report_to == ["none"]
+
+
+def with_improve(tmp_path: Path, **improve) -> dict:
+    cfg = two_students(tmp_path)
+    cfg["improve"] = {"student": "student_compact", "samples": 2, "train": {"max_steps": 1}} | improve
+    served = cfg["eval"]["planners"]["student"]["spec"]
+    cfg["eval"]["planners"]["student_compact_improved"] = {
+        "prompt": "compact", "spec": served | {"model": "student_compact_improved"}, "compare_to": "student_compact"}
+    return cfg
+
+
+class ImproveRecorder(Recorder):
+    def entries(self) -> dict:
+        return super().entries() | {"improve": self.improve}
+
+    def improve(self, cfg, config_path, fresh=False):
+        self.calls.append(("improve", cfg))
+        adapter = Path(cfg.output_dir) / "round_1" / "adapter"
+        adapter.mkdir(parents=True, exist_ok=True)
+        (adapter / "adapter_model.safetensors").write_text(json.dumps({"samples": cfg.samples}))
+        summary = {"mean_reward": 0.5, "mean_best_reward": 0.8, "kept": 3, "valid_plan_rate": 0.75}
+        return {"rounds": [summary], "adapter": str(adapter)}
+
+
+def test_the_improve_stage_continues_its_student_and_eval_serves_the_result_beside_it(tmp_path, monkeypatch,
+                                                                                       capsys):
+    from distill.config import validate
+    from distill.pipeline import Pipeline, PipelineConfig
+
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    cfg = with_improve(tmp_path)
+    recorder = ImproveRecorder()
+    Pipeline(validate(PipelineConfig, cfg), "p.yaml", recorder.entries()).run_all()
+    assert [n for n, _ in recorder.calls] == ["server", "generate", "train", "train", "improve", "server", "eval"]
+    imp = dict(recorder.calls)["improve"]
+    assert (imp.adapter, imp.output_dir) == (str(run / "train" / "student_compact"), str(run / "improve" / "student_compact"))
+    assert imp.planner_prompt == "compact" and imp.tools == ["Wikipedia", "LLM", "Calculator"]  # the student's own
+    assert [d.source for d in imp.datasets] == ["data/demo/train.jsonl"]  # generation's questions
+    assert [d.source for d in imp.eval_sets] == ["data/demo/dev.jsonl"]  # and its leak guard
+    assert imp.server == cfg.get("student_server", {}) and imp.samples == 2  # the students' server settings
+    served = [c for n, c in recorder.calls if n == "server"][1]
+    assert served.adapters["student_compact_improved"] == str(run / "improve" / "student_compact" / "round_1" / "adapter")
+    row = next(p for p in recorder.calls[-1][1].planners if p.name == "student_compact_improved")
+    assert row.compare_to == "student_compact"
+
+    again = ImproveRecorder()
+    Pipeline(validate(PipelineConfig, with_improve(tmp_path)), "p.yaml", again.entries()).run_all()
+    assert again.calls == []
+    capsys.readouterr()
+    third = ImproveRecorder()
+    Pipeline(validate(PipelineConfig, with_improve(tmp_path, samples=4)), "p.yaml", third.entries()).run_all()
+    assert [n for n, _ in third.calls] == ["improve", "server", "eval"]
+    out = capsys.readouterr().out
+    assert "improve: settings changed (samples 2 -> 4): rerunning; eval, report follow" in out, out
+
+
+def test_an_improved_row_on_another_prompt_than_its_student_fails_before_any_stage(tmp_path, monkeypatch, capsys):
+    cfg = with_improve(tmp_path)
+    cfg["eval"]["planners"]["student_compact_improved"]["prompt"] = "full"
+    fails_before_any_stage(tmp_path, cfg, "eval planner student_compact_improved serves student "
+                           "student_compact_improved with prompt full, but it is trained on student_prompt compact",
+                           capsys)

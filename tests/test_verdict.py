@@ -151,3 +151,34 @@ def test_missing_provenance_reads_unknown_never_a_traceback(tmp_path, damage):
     # the row's model is no longer named by the manifest: the row named like the folder is not `stu` either
     assert "training set size unknown" in results["verdict"]["rows"]["student"]["warnings"][0]
     assert (evals / "loss.png").exists()  # an unreadable loss history draws no curve, and breaks nothing
+
+
+def test_an_improved_row_is_set_against_its_sft_row_and_the_rounds_are_reported(tmp_path):
+    """`compare_to` pairs the improved student with the SFT student it continued (not only the reference), and the
+    improve rounds' summaries give a table and a bar plot; the numbers follow from hand-made records."""
+    gold = ["Paris", "France"]
+    sft = [rec("sft", f"q{i}", "x", "Paris", gold=gold, titles=("Paris",)) for i in range(8)]  # recall 0.5 each
+    better = [rec("improved", f"q{i}", "x", "Paris", gold=gold, titles=("Paris", "France")) for i in range(8)]
+    teacher = [rec("teacher", f"q{i}", "x", "Paris", gold=gold, titles=("Paris",)) for i in range(8)]
+    runs = {"teacher": teacher, "sft": sft, "improved": better}
+    manifest = {"methods": [{"name": "teacher"}, {"name": "sft"}, {"name": "improved", "compare_to": "sft"}],
+                "reference": "teacher", "bootstrap_samples": 100}
+    evals = write_run(tmp_path, runs, manifest)
+    write_json(tmp_path / "train" / "sft" / "distill_adapter.json", {"base_model": "b", "lora_r": 8})
+    for i, (mean, best) in enumerate([(0.4, 0.7), (0.55, 0.9)], start=1):
+        write_json(tmp_path / "improve" / "sft" / f"round_{i}" / "summary.json",
+                   {"samples": 32, "kept": 6 + i, "mean_reward": mean, "mean_best_reward": best,
+                    "valid_plan_rate": 0.5, "reward_parts": {"recall": mean - 0.2}})
+    results = write_report(evals)
+    pair = results["paired_to"]["improved"]
+    assert pair["against"] == "sft" and set(results["paired_to"]) == {"improved"}
+    recall = pair["measures"]["evidence recall"]
+    assert recall["n"] == 8 and recall["diff"]["diff"] == pytest.approx(0.5) and recall["reading"] == "better"
+    assert pair["measures"]["plan valid"]["diff"]["diff"] == 0.0
+    rounds = results["provenance"]["improve"]["sft"]["rounds"]
+    assert [(r["round"], r["kept"], r["mean_reward"]) for r in rounds] == [("1", 7, 0.4), ("2", 8, 0.55)]
+    text = (evals / "report.md").read_text()
+    assert "## Against the row each improves on" in text
+    assert "| evidence recall | 8 | +0.500 [+0.500, +0.500] | better |" in text
+    assert "| 2 | 32 | 8 | 0.550 | 0.900 | 0.500 | recall 0.350 |" in text
+    assert results["plots"]["reward"] == "reward.png" and (evals / "reward.png").stat().st_size > 1000
