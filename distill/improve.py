@@ -59,7 +59,7 @@ class ImproveConfig(AgentConfig):
     """The inherited planner is the policy's sampling settings (temperature, max_tokens; with `server` its
     address and model are the round's own); `planner_prompt` must be the prompt the student was trained on."""
 
-    method: Literal["expert_iteration"] = "expert_iteration"
+    method: Literal["expert_iteration", "grpo"] = "expert_iteration"
     adapter: str  # the SFT student's adapter folder: round 1 starts from it
     datasets: list[DatasetSource] = Field(default_factory=list)  # training questions (never eval questions)
     eval_sets: list[DatasetSource] = Field(default_factory=list)  # leak guard: refuse train questions found here
@@ -74,10 +74,17 @@ class ImproveConfig(AgentConfig):
     train: dict[str, Any] = Field(default_factory=dict)  # TrainConfig keys of the continued training
     val_fraction: float = Field(default=0.0, ge=0, lt=1)  # of the kept questions, for the round's eval loss
     concurrency: int = Field(default=4, ge=1)  # questions sampled and scored at once
+    # method grpo: TRL's GRPOConfig keys (max_steps, num_generations, max_completion_length, beta, use_vllm...);
+    # `samples` is num_generations unless set here
+    grpo: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check(self) -> "ImproveConfig":
-        if self.rounds > 1 and self.server is None:
+        if self.method == "grpo" and self.rounds != 1:
+            raise ValueError("method grpo is one TRL GRPO run (its length is grpo.max_steps): leave rounds at 1")
+        if self.method == "expert_iteration" and self.grpo:
+            raise ValueError("grpo: settings of method grpo, but method is expert_iteration")
+        if self.rounds > 1 and self.server is None and self.method == "expert_iteration":
             raise ValueError("rounds > 1 needs `server` (each round serves the adapter the last one trained); "
                              "without it the planner endpoint would keep serving round 1's")
         return self
@@ -276,8 +283,15 @@ def improve(cfg: ImproveConfig, config_path: str | None = None, fresh: bool = Fa
     from distill.store import write_json
 
     examples = load_questions(cfg)
-    check_train_section(cfg)
     out = Path(cfg.output_dir)
+    if cfg.method == "grpo":
+        out.mkdir(parents=True, exist_ok=True)
+        with folder_lock(out):
+            summary = run_grpo(cfg, examples)
+            result = {"method": cfg.method, "rounds": [summary], "adapter": summary["adapter"], "config": config_path}
+            write_json(out / "summary.json", result)
+        return result
+    check_train_section(cfg)
     out.mkdir(parents=True, exist_ok=True)
     rounds, adapter = [], cfg.adapter
     with folder_lock(out):
@@ -287,6 +301,107 @@ def improve(cfg: ImproveConfig, config_path: str | None = None, fresh: bool = Fa
         result = {"method": cfg.method, "rounds": rounds, "adapter": adapter, "config": config_path}
         write_json(out / "summary.json", result)
     return result
+
+
+# ------------------------------------------------------------------------------------------ GRPO
+
+class PlannerReward:
+    """TRL's `reward_funcs` entry: every completion of a group run through the real Worker and scored by the
+    planner reward, the group at once (TRL awaits an async reward), each part logged beside the total
+    (`log_metric`: `reward/recall`, ...). `calls` keeps how many completions each call scored."""
+
+    __name__ = "planner_reward"
+
+    def __init__(self, cfg: ImproveConfig, examples: list, cache=None):
+        from distill.llm import build_chat
+        from distill.rewoo.agent import make_tools_for
+        from distill.rewoo.worker import WorkerConfig
+
+        self.by_id = {ex.id: ex for ex in examples}
+        llm_tool = build_chat(cfg.llm_tool or cfg.solver, cfg.prices, cache) if "LLM" in cfg.tools else None
+        self.tools_for = make_tools_for(cfg, llm_tool, cache)
+        self.worker = WorkerConfig(cfg.worker_max_concurrency, cfg.tool_timeout_s, cfg.evidence_max_chars)
+        self.reward_cfg = cfg.reward.model_copy(
+            update={"max_plan_steps": min(cfg.reward.max_plan_steps, cfg.max_plan_steps)})
+        self.calls: list[int] = []
+
+    async def __call__(self, prompts, completions, id, log_metric=None, **_) -> list[float]:  # noqa: A002 (TRL's column)
+        import asyncio
+
+        from distill.reward import score_plan
+
+        texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
+        examples = [self.by_id[i] for i in id]
+        rewards = await asyncio.gather(*(score_plan(t, ex, self.tools_for(ex), self.reward_cfg, self.worker)
+                                         for t, ex in zip(texts, examples)))
+        self.calls.append(len(texts))
+        if log_metric is not None:
+            for part in ("valid", "ran", "recall", "answer_in_evidence", "extra_steps"):
+                values = [r.parts[part] for r in rewards if r.parts.get(part) is not None]
+                if values:
+                    log_metric(f"reward/{part}", sum(values) / len(values))
+        return [r.total for r in rewards]
+
+
+def grpo_args(cfg: ImproveConfig, out: Path):
+    """TRL's GRPOConfig from `grpo`, with the run's folder; a bad key is one line naming it."""
+    from trl import GRPOConfig
+
+    keys = {"num_generations": cfg.samples, "temperature": cfg.planner.temperature or 1.0,
+            "max_completion_length": cfg.planner.max_tokens, "seed": cfg.seed, "report_to": "none",
+            "save_strategy": "steps", "save_steps": 10, "save_total_limit": 1, "logging_steps": 1,
+            "use_cpu": not _cuda(), "bf16": _cuda()} | cfg.grpo | {"output_dir": str(out)}
+    try:
+        return GRPOConfig(**keys)
+    except (TypeError, ValueError) as exc:
+        raise DistillError(f"grpo: {str(exc).splitlines()[0]}") from None
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run_grpo(cfg: ImproveConfig, examples: list) -> dict:
+    """One GRPO run continuing the SFT adapter (`grpo/`); resumes from its last checkpoint."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from distill.llm.embedded import resolve_model_path
+    from distill.rewoo.prompts import planner_messages
+    from distill.store import CallCache, write_json
+    from distill.tools.registry import tool_descriptions
+    from distill.train import import_trl, trainable_adapter
+
+    import_trl()
+    from trl import GRPOTrainer
+
+    out = Path(cfg.output_dir) / "grpo"
+    args = grpo_args(cfg, out)
+    path = resolve_model_path(base_model_of(cfg.adapter))
+    descriptions = tool_descriptions(cfg.tools)
+    dataset = Dataset.from_list([{"prompt": planner_messages(ex.question, descriptions, cfg.planner_prompt),
+                                  "id": ex.id} for ex in examples])
+    with CallCache.open("auto", Path(cfg.output_dir) / "calls.sqlite") as cache:
+        reward = PlannerReward(cfg, examples, cache)
+        trainer = GRPOTrainer(model=trainable_adapter(path, cfg.adapter), reward_funcs=[reward], args=args,
+                              train_dataset=dataset, processing_class=AutoTokenizer.from_pretrained(path))
+        resume = get_last_checkpoint(str(out)) if out.is_dir() else None
+        trainer.train(resume_from_checkpoint=resume)
+    trainer.save_model(str(out / "adapter"))
+    keys = ("step", "reward", "reward_std", "kl", "loss", "rewards/planner_reward/mean",
+            *(f"reward/{p}" for p in ("valid", "ran", "recall", "answer_in_evidence", "extra_steps")))
+    history = [{k: e[k] for k in keys if k in e} for e in trainer.state.log_history if "reward" in e]
+    write_json(out / "reward_history.json", history)
+    last = history[-1] if history else {}
+    summary = {"round": 1, "steps": trainer.state.global_step, "samples": sum(reward.calls),
+               "mean_reward": last.get("reward"), "kl": last.get("kl"), "adapter": str(out / "adapter"),
+               "adapter_in": cfg.adapter, "reward_parts": {k[7:]: v for k, v in last.items() if k.startswith("reward/")}}
+    write_json(out / "summary.json", summary)
+    print(f"[improve] grpo: {summary['steps']} steps, last reward {summary['mean_reward']}", flush=True)
+    return summary
 
 
 # ------------------------------------------------------------------------------------------ command line
@@ -305,3 +420,11 @@ def main(args: argparse.Namespace) -> int:
                       for r in result["rounds"]]))
     print(f"adapter: {result['adapter']}")
     return 0
+
+
+if __name__ == "__main__":  # `accelerate launch -m distill.improve --config ...` (GRPO on every GPU)
+    import sys
+
+    from distill.cli import main as cli_main
+
+    sys.exit(cli_main(["improve", *sys.argv[1:]]))

@@ -455,18 +455,23 @@ def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: boo
         raise DistillError(f"cannot load model {cfg.model.model_name_or_path!r}: {str(exc).splitlines()[0]}") from None
 
 
-def continued_adapter(cfg: TrainConfig, path: str):
-    """The base model (loaded as TRL loads it) with `init_adapter`'s LoRA weights, trainable: expert iteration and
-    GRPO continue the SFT student, they do not start a new adapter. Its rank and targets are the adapter's own."""
+def trainable_adapter(path: str, adapter: str | Path, model_init_kwargs: dict | None = None):
+    """The base model at `path` (loaded as TRL loads it) with `adapter`'s LoRA weights, trainable: expert
+    iteration and GRPO continue the SFT student, they do not start a new adapter."""
     from peft import PeftModel
     from trl.trainer.utils import create_model_from_path
 
-    folder = Path(cfg.distill.init_adapter)
+    folder = Path(adapter)
     if not (folder / "adapter_config.json").is_file():
         raise DistillError(f"init_adapter {folder}: no adapter_config.json (a LoRA adapter folder, e.g. train's output)")
-    base = create_model_from_path(path, **(cfg.sft.model_init_kwargs or {}))
+    base = create_model_from_path(path, **(model_init_kwargs or {}))
+    return PeftModel.from_pretrained(base, str(folder), is_trainable=True)
+
+
+def continued_adapter(cfg: TrainConfig, path: str):
+    """`init_adapter` on the base, trainable; its rank and targets are the adapter's own, as recorded."""
+    model = trainable_adapter(path, cfg.distill.init_adapter, cfg.sft.model_init_kwargs)
     cfg.sft.model_init_kwargs = None  # used here; TRL warns about them beside a loaded model
-    model = PeftModel.from_pretrained(base, str(folder), is_trainable=True)
     lora = model.peft_config["default"]
     cfg.model.lora_r, cfg.model.lora_alpha = lora.r, lora.lora_alpha
     cfg.model.lora_target_modules = sorted(lora.target_modules) if lora.target_modules else None

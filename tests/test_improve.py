@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from distill.store import read_jsonl
+from test_train import tiny_model  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,3 +110,90 @@ def test_bad_settings_are_one_line(tmp_path, capsys):
     assert cli.main(["improve", "--config", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "rounds > 1 needs `server`" in err
+
+
+def _tiny_adapter(model: Path, out: Path) -> Path:
+    """A LoRA adapter on the tiny model, lora_B off zero (a trained adapter's weights, not a fresh one's)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(model),
+                                LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.05)
+    peft_model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(model).save_pretrained(out)
+    return out
+
+
+@pytest.mark.slow  # builds a trainer
+def test_one_grpo_step_continues_the_adapter_and_scores_every_completion_of_the_group(tmp_path, tiny_model):
+    """TRL's GRPOTrainer with the planner reward (real Worker, BM25 over the demo corpus) on a tiny random
+    model: the group's completions are all scored, the parts logged, the adapter it starts from continued."""
+    from safetensors.torch import load_file
+
+    from distill.config import validate
+    from distill.improve import ImproveConfig, improve
+    from distill.train import trainable_adapter
+
+    adapter = _tiny_adapter(tiny_model, tmp_path / "adapter")
+    start = load_file(str(adapter / "adapter_model.safetensors"))
+    model = trainable_adapter(str(tiny_model), adapter)  # what GRPO starts from: the adapter's own weights
+    loaded = {n.replace(".default.weight", ""): p for n, p in model.named_parameters() if "lora_" in n}
+    assert loaded and all(p.requires_grad and p.detach().equal(start[n + ".weight"]) for n, p in loaded.items())
+
+    cfg = validate(ImproveConfig, {
+        "method": "grpo", "adapter": str(adapter), "output_dir": str(tmp_path / "improve"),
+        "planner_prompt": "compact", "planner": {"temperature": 1.0, "max_tokens": 24},
+        "tools": ["Wikipedia"], "wikipedia_corpus": str(ROOT / "data/demo/corpus.jsonl"),
+        "datasets": [{"name": "hotpotqa", "source": str(ROOT / "data/demo/train.jsonl"), "split": "train", "n": 2}],
+        "eval_sets": [{"name": "hotpotqa", "source": str(ROOT / "data/demo/dev.jsonl"), "split": "dev"}],
+        "samples": 4,
+        "grpo": {"max_steps": 1, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1,
+                 "learning_rate": 1e-2, "save_strategy": "no"},
+    })
+    result = improve(cfg)
+    summary = result["rounds"][0]
+    assert summary["steps"] == 1 and summary["samples"] == 4  # one prompt's group of num_generations completions
+    history = json.loads((tmp_path / "improve" / "grpo" / "reward_history.json").read_text())
+    assert history and {"reward", "reward/valid"} <= set(history[0])
+    # the same adapter continued (its modules and rank), not a new one; a random model's plans all score 0, so
+    # the group has no advantage to learn from and its weights need not move in one step
+    out = tmp_path / "improve" / "grpo" / "adapter"
+    assert set(load_file(str(out / "adapter_model.safetensors"))) == set(start)
+    assert json.loads((out / "adapter_config.json").read_text())["r"] == 4
+
+
+def test_grpo_settings_are_refused_in_one_line(tmp_path):
+    from distill.config import validate
+    from distill.errors import DistillError
+    from distill.improve import ImproveConfig
+
+    with pytest.raises(DistillError, match="method grpo is one TRL GRPO run"):
+        validate(ImproveConfig, {"method": "grpo", "adapter": "a", "rounds": 2})
+    with pytest.raises(DistillError, match="grpo: settings of method grpo"):
+        validate(ImproveConfig, {"adapter": "a", "grpo": {"max_steps": 1}})
+
+
+@pytest.mark.parametrize("name, processes", [("improve_smollm2_grpo_cpu.yaml", 1), ("improve_qwen2.5-7b_grpo_gpu.yaml", 8)])
+def test_shipped_grpo_configs_parse_into_trls_config_and_their_batch_holds_whole_groups(name, processes, tmp_path):
+    """TRL needs the completions of a step to be whole groups; the header's effective batch is what TRL gets."""
+    import re
+
+    from distill.config import load_config
+    from distill.improve import ImproveConfig, grpo_args
+
+    path = ROOT / "configs" / name
+    cfg = load_config(ImproveConfig, path)
+    args = grpo_args(cfg, tmp_path)
+    assert args.num_generations == cfg.samples
+    effective = args.per_device_train_batch_size * args.gradient_accumulation_steps * processes
+    assert effective % args.num_generations == 0
+    header = re.search(r"effective batch (\d+) completions = per-device (\d+) x accumulation (\d+) x (\d+) process",
+                       path.read_text())
+    assert header and tuple(map(int, header.groups())) == (effective, args.per_device_train_batch_size,
+                                                           args.gradient_accumulation_steps, processes)
