@@ -172,6 +172,13 @@ class EvalConfig(AgentConfig):
     bootstrap_samples: int = Field(default=1000, ge=1, le=MAX_BOOTSTRAP_SAMPLES)
     robustness: RobustnessSweep | None = None
     prompt_budget: PromptBudget | None = None  # off unless set; the report reads it from the manifest
+    # dollars for the whole evaluation (every method, earlier runs' records included): it stops (`capped`) there
+    max_cost_usd: float | None = Field(default=None, ge=0)
+
+    def endpoints(self) -> dict[str, ModelSpec]:
+        """The shared models and each planner row's own (the inherited `planner` is not used)."""
+        shared = {k: v for k, v in {"solver": self.solver, "llm_tool": self.llm_tool, "judge": self.judge}.items() if v}
+        return shared | {f"planners.{p.name}.spec": p.spec for p in self.planners}
 
     @field_validator("planners", mode="before")
     @classmethod
@@ -390,8 +397,9 @@ def preflight(cfg: EvalConfig, methods: list[Method], out: Path, runs: dict[str,
 
 
 def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, errors, runs: dict,
-               fp: str | None = None) -> None:
-    """Run (or resume) one method over every example; `runs[method]` gets how it ended, even when it stops."""
+               fp: str | None = None, cap=None) -> None:
+    """Run (or resume) one method over every example; `runs[method]` gets how it ended, even when it stops.
+    `cap` is the run's CostCap, shared by its methods."""
     from distill.run import add_judgement, build_judge, run_records
     from distill.store import CallCache
 
@@ -413,16 +421,18 @@ def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, error
         items = [((method.name, ex.id), ex) for ex in examples]
         run_records(records_path(out, method), items, work, record_key, errors, concurrency=cfg.concurrency,
                     desc=method.name, keep=lambda result: runs.update({method.name: result.summary()}),
-                    schema=EvalRecord)
+                    schema=EvalRecord, cap=cap)
 
 
 def evaluate(cfg: EvalConfig, config_path: str | None = None, fresh: bool = False) -> dict:
     """Run (or resume) every method, writing its records; returns the finished manifest (the report is the
     next stage's job, so it can be rebuilt without running any model). `fresh` sets a method's records made
     with other settings aside instead of refusing them; the methods whose settings match still resume."""
-    from distill.run import manifest_header, run_lifecycle
+    from distill.llm import check_prices
+    from distill.run import CostCap, manifest_header, run_lifecycle
     from distill.store import JsonlStore
 
+    check_prices(cfg)
     out = Path(cfg.output_dir)
     examples = load_eval_examples(cfg)
     methods = methods_of(cfg)
@@ -443,9 +453,10 @@ def evaluate(cfg: EvalConfig, config_path: str | None = None, fresh: bool = Fals
         fps = manifest["fingerprints"]
         t0 = time.perf_counter()
         runs = manifest.setdefault("runs", {})
+        cap = CostCap(cfg.max_cost_usd)
         for method in methods:
             run_method(cfg, method, examples_for(cfg, method, examples), out, errors, runs,
-                       fps[method.name]["fingerprint"])
+                       fps[method.name]["fingerprint"], cap)
         manifest.update(wall_s_this_run=round(time.perf_counter() - t0, 2))
     return manifest
 

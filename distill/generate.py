@@ -38,6 +38,11 @@ class GenerateConfig(AgentConfig):
     cache: str | None = "auto"  # auto = <output_dir>/calls.sqlite; null turns the cache off
     judge: ModelSpec | None = None  # optional LLM judge (the paper's "Acc")
     leak_policy: Literal["refuse", "exclude"] = "refuse"  # exclude: draw around eval questions instead of failing
+    # dollars: the run stops (manifest `capped`) once its records, earlier runs' included, cost this much
+    max_cost_usd: float | None = Field(default=None, ge=0)
+
+    def endpoints(self) -> dict[str, ModelSpec]:
+        return super().endpoints() | ({"judge": self.judge} if self.judge else {})
 
 
 def load_questions(cfg: GenerateConfig):
@@ -97,11 +102,14 @@ def check_resumable(out: Path, fp: str, settings: dict, fresh: bool) -> None:
 def generate(cfg: GenerateConfig, config_path: str | None = None, fresh: bool = False) -> dict:
     """Run (or resume) generation; returns the summary that is also written to summary.json. `fresh` sets
     records made with other settings aside instead of refusing them."""
+    from distill.llm import check_prices
     from distill.rewoo.agent import build_agent, retries_of
     from distill.rewoo.record import TrajectoryRecord
-    from distill.run import add_judgement, build_judge, fingerprint, manifest_header, run_lifecycle, run_records
+    from distill.run import (CostCap, add_judgement, build_judge, fingerprint, manifest_header, run_lifecycle,
+                             run_records)
     from distill.store import CallCache, JsonlStore, write_json
 
+    check_prices(cfg)
     out = Path(cfg.output_dir)
     examples = load_questions(cfg)
     items = [((ex.id, s), (ex, s)) for ex in examples for s in range(cfg.samples_per_question)]
@@ -128,6 +136,7 @@ def generate(cfg: GenerateConfig, config_path: str | None = None, fresh: bool = 
             result = run_records(
                 out / TRAJECTORIES, items, work, record_key, errors, concurrency=cfg.concurrency, desc="generate",
                 keep=lambda r: manifest.update(counts=r.counts(), records_on_disk=r.done), schema=TrajectoryRecord,
+                cap=CostCap(cfg.max_cost_usd),
             )
         summary = result.summary() | {
             "planned_records": len(items),
