@@ -170,6 +170,10 @@ class OpenAIChat:
             used = Usage(sum(self._count(str(m.get("content") or "")) for m in messages), self._count(text))
         return Completion(text, used, latency, self.price.cost(used), self.name)
 
+    async def models(self, server: int = 0):
+        """GET /models of one base URL: the cheapest call a server answers, so also what `--check` sends."""
+        return await self._call("GET", "/models", None, _parse_json, server)
+
     async def identity(self) -> dict:
         """What is served under this name (CachedChat asks once per run), not where: the pipeline starts its
         servers on a free port, and the same teacher on another port must replay from the cache. vLLM's
@@ -181,7 +185,7 @@ class OpenAIChat:
         for url in sorted(set(self._urls)):
             entry: dict = {"base_url": url}
             try:
-                models = await self._call("GET", "/models", None, _parse_json, self._urls.index(url))
+                models = await self.models(self._urls.index(url))
             except ServerError as exc:
                 if exc.retryable:
                     raise  # the server is down: the chat call would fail the same way
