@@ -41,6 +41,12 @@ def add_check_args(parser) -> None:
     parser.add_argument("--offline", action="store_true", help="with --check: do not call any endpoint")
 
 
+def wants_check(args) -> bool:
+    if getattr(args, "offline", False) and not args.check:
+        raise DistillError("--offline goes with --check (a run calls its endpoints)")
+    return bool(args.check)
+
+
 def importable(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -163,7 +169,8 @@ class Check:
         self._pinged: dict[tuple[str, str | None], str | None] = {}
 
     def problem(self, line: str) -> None:
-        self.problems.append(line)
+        if line not in self.problems:  # a section met by two checks is one problem
+            self.problems.append(line)
 
     def endpoints(self, endpoints: Mapping[str, Any], prefix: str = "", started: Iterable[str] = ()) -> None:
         """Keys and servers of a stage's endpoints; an endpoint at one of `started` (URLs of servers the

@@ -528,12 +528,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from distill.check import Check, TokenCounter, print_estimates, wants_check
+
     if not args.config:
         raise DistillError("--config is required (e.g. configs/eval_smollm2_cpu.yaml)")
     cfg = load_config(EvalConfig, args.config, args.set)
-    if args.check:
-        from distill.check import Check, TokenCounter, print_estimates
-
+    if wants_check(args):
         check = Check(args.offline)
         print_estimates([check_run(cfg, check, TokenCounter())])
         check.disk(cfg.output_dir)

@@ -25,6 +25,10 @@ the port it listens on, makes a rerun of generation cost nothing.
 
 Model endpoints may say `base_url: "@server"`: the pipeline starts a vLLM server (the teacher's for
 generation, the students', base model plus LoRA adapters, for evaluation) and fills in its address.
+
+`--check` runs no stage and writes nothing: every section validated, each stage's resolved config and the
+commands it would launch, what the run needs (keys, endpoints, integrations, GPUs, disk: one line per problem,
+exit 2) and its estimated calls, tokens and dollars (see distill.check).
 """
 
 from __future__ import annotations
@@ -597,12 +601,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from distill.check import Check, wants_check
+
     if not args.config:
         raise DistillError("--config is required (e.g. configs/demo_smollm2_cpu.yaml)")
     cfg = load_config(PipelineConfig, args.config, args.set)
-    if args.check:
-        from distill.check import Check
-
+    if wants_check(args):
         world = Check(args.offline)
         Pipeline(cfg, args.config).check(world)
         return world.finish()

@@ -46,6 +46,8 @@ def test_generate_check_lists_every_missing_prerequisite_and_writes_nothing(tmp_
     assert found[3].startswith("problem: solver: model 'unpriced' at https://api.invalid/v1 has no price")
     assert "output_dir: " + str(tmp_path / "run") in out  # the resolved config is shown
     assert not (tmp_path / "run").exists()
+    assert cli.main(["generate", "--offline", "--config", str(path)]) == 2  # --offline alone would run for real
+    assert capsys.readouterr().err == "error: --offline goes with --check (a run calls its endpoints)\n"
 
     # --offline calls nothing and says so: the key and the price are still missing
     assert cli.main(["generate", "--check", "--offline", "--config", str(path)]) == 2

@@ -84,3 +84,19 @@ def test_a_paid_model_without_a_price_is_refused_naming_the_setting(tmp_path, mo
     # a known hosted model keeps its built-in price
     cfg = load_config(GenerateConfig, path, ["planner.model=gpt-4o-mini", "planner.base_url=null"])
     assert unpriced_endpoints(cfg.endpoints(), cfg.prices) == []
+
+
+def test_the_pipeline_refuses_a_price_less_paid_planner_before_any_stage(tmp_path, monkeypatch):
+    from distill.config import validate
+    from distill.errors import DistillError
+    from distill.pipeline import Pipeline, PipelineConfig
+    from test_pipeline import ROOT, wiring_config
+
+    monkeypatch.chdir(ROOT)
+    cfg = wiring_config(tmp_path)
+    cfg["eval"]["planners"]["hosted"] = {"prompt": "fewshot", "spec": {
+        "backend": "openai", "base_url": "https://api.invalid/v1", "model": "new-model", "api_key_env": "X"}}
+    with pytest.raises(DistillError, match=r"^eval\.planners\.hosted\.spec: model 'new-model' at https://api.invalid"
+                                           r"/v1 has no price: set eval\.planners\.hosted\.spec\.prompt_per_mtok"):
+        Pipeline(validate(PipelineConfig, cfg)).check()
+    assert not (tmp_path / "run").exists()
