@@ -466,7 +466,8 @@ def run_resumable(
         in_a_row = 0
 
         def stop(status: str, reason: str | None = None, cancel: bool = True) -> None:
-            if ending:
+            """The first stop wins, except that one that cancels (Ctrl-C, a failure) overrides a cap's drain."""
+            if ending and not (cancel and ending["status"] == "capped"):
                 return
             ending.update(status=status, reason=reason)
             for w in workers if cancel else ():

@@ -14,7 +14,7 @@ import pytest
 
 from distill import cli
 from distill.store import read_jsonl
-from test_generate import write_config
+from test_generate import MINI, write_config
 from test_openai_backend import ServedModels
 
 # The stand-in reports 2 completion tokens per call: at $500k per million completion tokens a call costs $1, and
@@ -100,3 +100,21 @@ def test_the_pipeline_refuses_a_price_less_paid_planner_before_any_stage(tmp_pat
                                            r"/v1 has no price: set eval\.planners\.hosted\.spec\.prompt_per_mtok"):
         Pipeline(validate(PipelineConfig, cfg)).check()
     assert not (tmp_path / "run").exists()
+
+
+def test_the_cost_cap_covers_every_method_of_an_evaluation(tmp_path, paid_api, capsys):
+    import yaml
+
+    solver = {"backend": "openai", "base_url": paid_api, "model": "planner", "max_retries": 0} | PRICED
+    cfg = {"baselines": ["direct"], "solver": solver, "tools": ["Calculator"], "concurrency": 1,
+           "datasets": [{"name": "hotpotqa", "source": str(MINI), "n": 4}], "output_dir": str(tmp_path / "eval"),
+           "max_cost_usd": 2}
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["eval", "--config", str(path)]) == 2  # Direct: one $1 call a question
+    assert "max_cost_usd $2" in capsys.readouterr().err.strip().splitlines()[-1]
+    records = tmp_path / "eval" / "records" / "direct.jsonl"
+    assert len(read_jsonl(records)) == 2 and ServedModels.calls == 2
+    assert json.loads((tmp_path / "eval" / "manifest.json").read_text())["status"] == "capped"
+    assert cli.main(["eval", "--config", str(path), "--set", "max_cost_usd=null"]) == 0
+    assert len(read_jsonl(records)) == 4 and ServedModels.calls == 4
