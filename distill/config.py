@@ -102,6 +102,12 @@ class AgentConfig(Strict):
     cache: str | None = None  # SQLite call cache path; None turns it off
     prices: dict[str, dict[str, Annotated[float, Field(ge=0)]]] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
 
+    def endpoints(self) -> dict[str, ModelSpec]:
+        """{setting: endpoint} of every model a run of this config calls: what a check of keys, servers and
+        prices goes through, each named as its setting."""
+        return {k: v for k, v in {"planner": self.planner, "solver": self.solver, "llm_tool": self.llm_tool}.items()
+                if v is not None}
+
 
 def parse_overrides(pairs: list[str] | None) -> dict:
     """`key=value` pairs, values read as YAML (so `3`, `true`, `[a, b]` keep their types)."""

@@ -177,6 +177,13 @@ class EvalConfig(AgentConfig):
     prompt_budget: PromptBudget | None = None  # off unless set; the report reads it from the manifest
     # progress figures per method to TensorBoard (<output_dir>/tensorboard) and/or W&B; the pipeline takes training's
     report_to: list[Integration] = Field(default_factory=list)
+    # dollars for the whole evaluation (every method, earlier runs' records included): it stops (`capped`) there
+    max_cost_usd: float | None = Field(default=None, ge=0)
+
+    def endpoints(self) -> dict[str, ModelSpec]:
+        """The shared models and each planner row's own (the inherited `planner` is not used)."""
+        shared = {k: v for k, v in {"solver": self.solver, "llm_tool": self.llm_tool, "judge": self.judge}.items() if v}
+        return shared | {f"planners.{p.name}.spec": p.spec for p in self.planners}
 
     @field_validator("planners", mode="before")
     @classmethod
@@ -400,8 +407,9 @@ def preflight(cfg: EvalConfig, methods: list[Method], out: Path, runs: dict[str,
 
 
 def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, errors, runs: dict,
-               fp: str | None = None, tracker=None) -> None:
-    """Run (or resume) one method over every example; `runs[method]` gets how it ended, even when it stops."""
+               fp: str | None = None, tracker=None, cap=None) -> None:
+    """Run (or resume) one method over every example; `runs[method]` gets how it ended, even when it stops.
+    `cap` is the run's CostCap, shared by its methods."""
     from distill.run import add_judgement, build_judge, run_records
     from distill.store import CallCache
 
@@ -423,16 +431,18 @@ def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, error
         items = [((method.name, ex.id), ex) for ex in examples]
         run_records(records_path(out, method), items, work, record_key, errors, concurrency=cfg.concurrency,
                     desc=method.name, keep=lambda result: runs.update({method.name: result.summary()}),
-                    schema=EvalRecord, tracker=tracker)
+                    schema=EvalRecord, tracker=tracker, cap=cap)
 
 
 def evaluate(cfg: EvalConfig, config_path: str | None = None, fresh: bool = False) -> dict:
     """Run (or resume) every method, writing its records; returns the finished manifest (the report is the
     next stage's job, so it can be rebuilt without running any model). `fresh` sets a method's records made
     with other settings aside instead of refusing them; the methods whose settings match still resume."""
-    from distill.run import manifest_header, run_lifecycle
+    from distill.llm import check_prices
+    from distill.run import CostCap, manifest_header, run_lifecycle
     from distill.store import JsonlStore
 
+    check_prices(cfg)
     out = Path(cfg.output_dir)
     examples = load_eval_examples(cfg)
     methods = methods_of(cfg)
@@ -455,24 +465,91 @@ def evaluate(cfg: EvalConfig, config_path: str | None = None, fresh: bool = Fals
         fps = manifest["fingerprints"]
         t0 = time.perf_counter()
         runs = manifest.setdefault("runs", {})
+        cap = CostCap(cfg.max_cost_usd)
         for method in methods:
             run_method(cfg, method, examples_for(cfg, method, examples), out, errors, runs,
-                       fps[method.name]["fingerprint"], tracker)
+                       fps[method.name]["fingerprint"], tracker, cap)
         manifest.update(wall_s_this_run=round(time.perf_counter() - t0, 2))
     return manifest
+
+
+def check_run(cfg: EvalConfig, check, counter, prefix: str = "", started=()):
+    """`--check` of evaluation (the pipeline's too): its config, endpoints and prices, and its estimate, every
+    method over its own questions."""
+    from distill.baselines import direct_messages, react_messages
+    from distill.check import CallKind, estimate_stage, show_config
+    from distill.llm import unpriced_endpoints
+    from distill.metrics import JUDGE_MAX_TOKENS, judge_messages
+    from distill.rewoo.prompts import planner_messages, solver_messages
+    from distill.tools.registry import tool_descriptions
+
+    show_config(f"{prefix.rstrip('.') or 'eval'}: resolved config", cfg.model_dump(mode="json"))
+    check.endpoints(cfg.endpoints(), prefix, started)
+    for line in unpriced_endpoints(cfg.endpoints(), cfg.prices, prefix):
+        check.problem(line)
+    examples: list = []
+    if not any(ds.source.startswith("hub:") for ds in cfg.datasets):
+        try:
+            examples = load_eval_examples(cfg)
+        except DistillError as exc:
+            check.problem(f"{prefix}datasets: {exc}")
+    if not examples:
+        print(f"{prefix.rstrip('.') or 'eval'}: hub datasets are not read by a check: "
+              f"{sum(ds.n or 0 for ds in cfg.datasets)} questions (their `n`), prompts counted without the question text")
+    tools = tool_descriptions(cfg.tools)
+    kinds = []
+    for method in methods_of(cfg):
+        if examples:
+            mine = examples_for(cfg, method, examples)
+            n, questions = len(mine), [ex.question for ex in mine]
+        else:
+            per = [ds.n or 0 for ds in cfg.datasets]
+            cut = cfg.robustness.n if method.robustness_of is not None and cfg.robustness.n else None
+            n, questions = sum(min(p, cut) if cut else p for p in per), [""]
+        name = method.name
+        if method.kind == "rewoo":
+            plans = [planner_messages(q, tools, method.prompt) for q in questions]
+            kinds.append(CallKind(f"{name} planner", method.spec, n, 1, plans, method.spec.max_tokens))
+            if method.replan:
+                kinds.append(CallKind(f"{name} re-plans (at most)", method.spec, n, cfg.max_replans, plans,
+                                      method.spec.max_tokens, grows_by=method.spec.max_tokens))
+            kinds.append(CallKind(f"{name} solver", cfg.solver, n, 1, [solver_messages(q, (), ()) for q in questions],
+                                  cfg.solver.max_tokens, grows_by=method.spec.max_tokens))
+        elif method.kind == "react":
+            kinds.append(CallKind(f"{name} turns (at most)", cfg.solver, n, cfg.react_max_steps,
+                                  [react_messages(q, tools, []) for q in questions], cfg.react_max_tokens))
+        else:
+            kinds.append(CallKind(f"{name}", cfg.solver, n, 1, [direct_messages(q) for q in questions],
+                                  cfg.solver.max_tokens))
+        if cfg.judge is not None:
+            judged = [judge_messages(q, ex.answers, "") for q, ex in zip(questions, mine)] if examples else \
+                [judge_messages("", [""], "")]
+            kinds.append(CallKind(f"{name} judge", cfg.judge, n, 1, judged, JUDGE_MAX_TOKENS))
+    questions = len(examples) or sum(ds.n or 0 for ds in cfg.datasets)
+    return estimate_stage("eval", questions, kinds, cfg.prices, counter)
 
 
 # ------------------------------------------------------------------------------------------ command line
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
+    from distill.check import add_check_args
+
     add_config_args(parser)
     add_fresh_arg(parser)
+    add_check_args(parser)
 
 
 def main(args: argparse.Namespace) -> int:
+    from distill.check import Check, TokenCounter, print_estimates, wants_check
+
     if not args.config:
         raise DistillError("--config is required (e.g. configs/eval_smollm2_cpu.yaml)")
     cfg = load_config(EvalConfig, args.config, args.set)
+    if wants_check(args):
+        check = Check(args.offline)
+        print_estimates([check_run(cfg, check, TokenCounter())])
+        check.disk(cfg.output_dir)
+        return check.finish()
     manifest = evaluate(cfg, args.config, fresh=args.fresh)
     for name, run in manifest["runs"].items():
         print(f"{name:<16} {run['records']} records")

@@ -41,6 +41,11 @@ class GenerateConfig(AgentConfig):
     leak_policy: Literal["refuse", "exclude"] = "refuse"  # exclude: draw around eval questions instead of failing
     # progress figures to TensorBoard (<output_dir>/tensorboard) and/or W&B; the pipeline takes training's
     report_to: list[Integration] = Field(default_factory=list)
+    # dollars: the run stops (manifest `capped`) once its records, earlier runs' included, cost this much
+    max_cost_usd: float | None = Field(default=None, ge=0)
+
+    def endpoints(self) -> dict[str, ModelSpec]:
+        return super().endpoints() | ({"judge": self.judge} if self.judge else {})
 
 
 def load_questions(cfg: GenerateConfig):
@@ -100,11 +105,14 @@ def check_resumable(out: Path, fp: str, settings: dict, fresh: bool) -> None:
 def generate(cfg: GenerateConfig, config_path: str | None = None, fresh: bool = False) -> dict:
     """Run (or resume) generation; returns the summary that is also written to summary.json. `fresh` sets
     records made with other settings aside instead of refusing them."""
+    from distill.llm import check_prices
     from distill.rewoo.agent import build_agent, retries_of
     from distill.rewoo.record import TrajectoryRecord
-    from distill.run import add_judgement, build_judge, fingerprint, manifest_header, run_lifecycle, run_records
+    from distill.run import (CostCap, add_judgement, build_judge, fingerprint, manifest_header, run_lifecycle,
+                             run_records)
     from distill.store import CallCache, JsonlStore, write_json
 
+    check_prices(cfg)
     out = Path(cfg.output_dir)
     examples = load_questions(cfg)
     items = [((ex.id, s), (ex, s)) for ex in examples for s in range(cfg.samples_per_question)]
@@ -134,6 +142,7 @@ def generate(cfg: GenerateConfig, config_path: str | None = None, fresh: bool = 
                 out / TRAJECTORIES, items, work, record_key, errors, concurrency=cfg.concurrency, desc="generate",
                 keep=lambda r: manifest.update(counts=r.counts(), records_on_disk=r.done), schema=TrajectoryRecord,
                 tracker=tracker,
+                cap=CostCap(cfg.max_cost_usd),
             )
         summary = result.summary() | {
             "planned_records": len(items),
@@ -148,17 +157,75 @@ def generate(cfg: GenerateConfig, config_path: str | None = None, fresh: bool = 
     return summary
 
 
+def check_questions(cfg: GenerateConfig, check) -> list:
+    """The questions a run would draw, when every source is on this machine; hub datasets are not fetched by a
+    check, so there only their count (`n`) is known, and an empty list is returned."""
+    if any(ds.source.startswith("hub:") for ds in [*cfg.datasets, *cfg.eval_sets]):
+        return []
+    try:
+        return load_questions(cfg)
+    except DistillError as exc:
+        check.problem(f"generate datasets: {exc}")
+        return []
+
+
+def check_run(cfg: GenerateConfig, check, counter, prefix: str = "", started=()):
+    """`--check` of generation (the pipeline's too): its config, endpoints and prices, and its estimate."""
+    from distill.check import CallKind, estimate_stage, show_config
+    from distill.llm import unpriced_endpoints
+    from distill.metrics import judge_messages
+    from distill.rewoo.prompts import planner_messages, solver_messages
+    from distill.tools.registry import tool_descriptions
+
+    show_config(f"{prefix.rstrip('.') or 'generate'}: resolved config", cfg.model_dump(mode="json"))
+    check.endpoints(cfg.endpoints(), prefix, started)
+    for line in unpriced_endpoints(cfg.endpoints(), cfg.prices, prefix):
+        check.problem(line)
+    examples = check_questions(cfg, check)
+    n = len(examples) if examples else sum(ds.n or 0 for ds in cfg.datasets)
+    if not examples:
+        print(f"{prefix.rstrip('.') or 'generate'}: hub datasets are not read by a check: {n} questions (their `n`), prompts "
+              "counted without the question text")
+    questions = [ex.question for ex in examples] or [""]
+    items = n * cfg.samples_per_question
+    tools = tool_descriptions(cfg.tools)
+    plans = [planner_messages(q, tools, cfg.planner_prompt) for q in questions]
+    kinds = [CallKind("planner", cfg.planner, items, 1, plans, cfg.planner.max_tokens),
+             CallKind("solver", cfg.solver, items, 1, [solver_messages(q, (), ()) for q in questions],
+                      cfg.solver.max_tokens, grows_by=cfg.planner.max_tokens)]
+    if cfg.replan:
+        kinds.append(CallKind("re-plans (at most)", cfg.planner, items, cfg.max_replans, plans,
+                              cfg.planner.max_tokens, grows_by=cfg.planner.max_tokens))
+    if cfg.judge is not None:
+        from distill.metrics import JUDGE_MAX_TOKENS
+
+        answers = [ex.answers for ex in examples] or [[""]]
+        kinds.append(CallKind("judge", cfg.judge, items, 1, [judge_messages(q, a, "") for q, a in zip(questions, answers)],
+                              JUDGE_MAX_TOKENS))
+    return estimate_stage("generate", items, kinds, cfg.prices, counter)
+
+
 # ------------------------------------------------------------------------------------------ command line
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
+    from distill.check import add_check_args
+
     add_config_args(parser)
     add_fresh_arg(parser)
+    add_check_args(parser)
 
 
 def main(args: argparse.Namespace) -> int:
+    from distill.check import Check, TokenCounter, print_estimates, wants_check
+
     if not args.config:
         raise DistillError("--config is required (e.g. configs/generate_teacher.yaml)")
     cfg = load_config(GenerateConfig, args.config, args.set)
+    if wants_check(args):
+        check = Check(args.offline)
+        print_estimates([check_run(cfg, check, TokenCounter())])
+        check.disk(cfg.output_dir)
+        return check.finish()
     summary = generate(cfg, args.config, fresh=args.fresh)
     print(json.dumps(summary, indent=2))
     print(f"trajectories: {cfg.output_dir}/{TRAJECTORIES}")

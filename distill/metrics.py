@@ -173,10 +173,18 @@ def parse_verdict(text: str) -> bool | None:
     return {"CORRECT": True, "INCORRECT": False}.get(word)
 
 
+JUDGE_MAX_TOKENS = 8  # one word
+
+
+def judge_messages(question: str, answers: Sequence[str], prediction: str | None) -> list[dict]:
+    prompt = JUDGE_PROMPT.format(question=question, answers=" | ".join(answers), prediction=prediction or "(no answer)")
+    return [{"role": "user", "content": prompt}]
+
+
 async def judge(model: Any, question: str, answers: Sequence[str], prediction: str | None) -> dict[str, Any]:
     """Ask a ChatModel whether the prediction is correct: {"verdict": True/False/None, "raw": reply text}."""
-    prompt = JUDGE_PROMPT.format(question=question, answers=" | ".join(answers), prediction=prediction or "(no answer)")
-    completion = await model.chat([{"role": "user", "content": prompt}], temperature=0, max_tokens=8)  # one word
+    completion = await model.chat(judge_messages(question, answers, prediction), temperature=0,
+                                  max_tokens=JUDGE_MAX_TOKENS)
     return {"verdict": parse_verdict(completion.text), "raw": completion.text}
 
 

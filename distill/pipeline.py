@@ -25,6 +25,10 @@ the port it listens on, makes a rerun of generation cost nothing.
 
 Model endpoints may say `base_url: "@server"`: the pipeline starts a vLLM server (the teacher's for
 generation, the students', base model plus LoRA adapters, for evaluation) and fills in its address.
+
+`--check` runs no stage and writes nothing: every section validated, each stage's resolved config and the
+commands it would launch, what the run needs (keys, endpoints, integrations, GPUs, disk: one line per problem,
+exit 2) and its estimated calls, tokens and dollars (see distill.check).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import argparse
 import json
 import os
 import pkgutil
+import shlex
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -347,25 +352,129 @@ class Pipeline:
         named = [report_to] if isinstance(report_to, str) else list(report_to)
         return {"report_to": [r for r in named if r in PACKAGES]}
 
-    def check(self) -> None:
-        """Validate every stage's section before the first one runs: a typo in `eval` should not wait an hour."""
+    def check(self, world=None) -> None:
+        """Validate every stage's section before the first one runs: a typo in `eval` should not wait an hour, nor
+        a paid endpoint without a price run up a bill no cap sees. With `world` (a distill.check.Check: `--check`)
+        every problem is collected rather than raised, and each stage's config, commands, prerequisites and
+        estimate are printed (see `check_world`)."""
         from distill.serve import served_name
 
+        def attempt(step: Callable, *args):
+            try:
+                return step(*args)
+            except DistillError as exc:
+                if world is None:
+                    raise
+                world.problem(str(exc))
+                return None
+
         url = "http://127.0.0.1:1/v1"
-        gen = self.generate_config(url)
-        self.filter_config()
-        sft = {name: self.sft_data_config(name) for name in self.students()}
+        gen = attempt(self.generate_config, url)
+        attempt(self.filter_config)
+        sft = {name: attempt(self.sft_data_config, name) for name in self.students()}
         for name in sft:
-            self.train_section(name)
-        ev = self.eval_config(url)
+            attempt(self.train_section, name)
+        ev = attempt(self.eval_config, url)
         if self.cfg.teacher_server is not None:
-            self.server_config("teacher_server")
-        if (improved := self.improved_student()) is not None:
-            self.improve_config()
+            attempt(self.server_config, "teacher_server")
+        if (improved := attempt(self.improved_student)) is not None and attempt(self.improve_config) is not None:
             sft[IMPROVED.format(improved)] = sft[improved]  # served on the prompt and tools it was trained on
-        served = {served_name(self.server_config("student_server")), *sft}
-        check_students_served_as_trained(sft, ev, url, served)
-        check_leak_guard_covers_eval(gen, ev)
+        student_server = attempt(self.server_config, "student_server")
+        if ev is not None and student_server is not None and None not in sft.values():
+            attempt(check_students_served_as_trained, sft, ev, url, {served_name(student_server), *sft})
+        if gen is not None and ev is not None:
+            attempt(check_leak_guard_covers_eval, gen, ev)
+        if world is not None:
+            self.check_world(world, url)
+            return
+        from distill.llm import unpriced_endpoints
+
+        if unpriced := unpriced_endpoints(gen.endpoints(), gen.prices, "generate.") + unpriced_endpoints(
+                ev.endpoints(), ev.prices, "eval."):
+            raise DistillError("; ".join(unpriced))
+
+    def check_world(self, world, url: str) -> None:
+        """`--check`: each stage's resolved config and the commands it would launch, what the run needs of this
+        machine and the endpoints (one line per problem in `world`), and the estimate; nothing is written."""
+        from distill.check import TokenCounter, gpu_count, print_estimates, show_config
+        from distill.evaluate import check_run as check_eval
+        from distill.generate import check_run as check_generate
+
+        counter, estimates, gpus = TokenCounter(), [], None
+        try:
+            gpus = gpu_count()
+        except DistillError as exc:
+            world.problem(str(exc))
+        if self.cfg.teacher_server is not None:
+            self.check_server(world, "teacher_server", gpus)
+        try:
+            estimates.append(check_generate(self.generate_config(url if self.cfg.teacher_server else None), world,
+                                            counter, "generate.", {url}))
+        except DistillError as exc:
+            world.problem(str(exc))
+        try:
+            show_config("filter: resolved config", self.filter_config().model_dump(mode="json"))
+        except DistillError:
+            pass  # said by check()
+        for name in self.students():
+            try:
+                show_config(f"sft-data {name}: resolved config", self.sft_data_config(name).model_dump(mode="json"))
+                self.check_train(world, name, gpus)
+            except DistillError as exc:
+                world.problem(str(exc))
+        self.check_server(world, "student_server", gpus)
+        try:
+            estimates.append(check_eval(self.eval_config(url), world, counter, "eval.", {url}))
+        except DistillError as exc:
+            world.problem(str(exc))
+        print_estimates(estimates)
+        world.disk(self.run)
+
+    def check_train(self, world, name: str, gpus: int | None) -> None:
+        """A student's train section and the launch command train.launch would run, its report_to integrations
+        and its GPUs."""
+        from distill.check import show_config
+        from distill.train import launch_command, parse_train_config
+
+        data = self.train_section(name)
+        show_config(f"train {name}: resolved section", data)
+        cfg = parse_train_config(data, processes=1)
+        where = "train" if self.cfg.students is None else f"students.{name}.train over train"
+        world.report_to(cfg.sft.report_to or [], where)
+        if gpus is None:
+            return
+        try:
+            cmd = launch_command(self.run / "train" / name / "stage_config.yaml", cfg, gpus)
+            print(f"train {name} would run: {shlex.join(cmd)}")
+        except DistillError as exc:
+            world.problem(f"{where}: {exc}")
+        wants = next((f"{where}.{k}: true" for k in ("bf16", "fp16") if getattr(cfg.sft, k)), None)
+        world.gpus(f"train {name}", wants, gpus, "training")
+
+    def check_server(self, world, name: str, gpus: int | None) -> None:
+        """The vLLM command line VLLMServer would run (its port is picked at start; the students' adapters are
+        added once trained), and whether the config wants GPUs this machine lacks."""
+        from distill.serve import build_command, format_command, platform_of
+
+        try:
+            cfg = self.server_config(name)
+            adapters = cfg.adapters
+            shown = cfg.model_copy(update={"port": cfg.port or 8000, "adapters": {}})
+            argv, env = build_command(shown, platform_of(cfg))
+        except DistillError as exc:
+            world.problem(f"{name}: {exc}")
+            return
+        line = format_command(argv, env).replace(f"--port {shown.port}", "--port <free port>" if not cfg.port else
+                                                 f"--port {cfg.port}")
+        if adapters:
+            line += " --enable-lora --lora-modules " + " ".join(f"{n}={p}" for n, p in adapters.items()) + \
+                    " (once trained)"
+        print(f"{name} would run: {line}")
+        section = getattr(self.cfg, name) or {}
+        wants = next((f"{name}.{k}" for k in ("device", "tensor_parallel_size", "gpu_memory_utilization")
+                      if k in section and (k != "device" or cfg.device == "gpu")), None)
+        if gpus is not None:
+            world.gpus(name, wants, gpus, "vLLM")
 
     # ------------------------------------------------------------------ what each unit is made from
     def server_settings(self, name: str) -> dict | None:
@@ -547,14 +656,23 @@ def check_students_served_as_trained(sft: Mapping[str, Any], ev: Any, url: str, 
 # ------------------------------------------------------------------------------------------ command line
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
+    from distill.check import add_check_args
+
     add_config_args(parser)
+    add_check_args(parser)
     parser.add_argument("--from", dest="start", metavar="STAGE", type=lambda v: v.replace("_", "-"), choices=STAGES,
                         help=f"rerun from this stage ({', '.join(STAGES)})")
 
 
 def main(args: argparse.Namespace) -> int:
+    from distill.check import Check, wants_check
+
     if not args.config:
         raise DistillError("--config is required (e.g. configs/demo_smollm2_cpu.yaml)")
     cfg = load_config(PipelineConfig, args.config, args.set)
+    if wants_check(args):
+        world = Check(args.offline)
+        Pipeline(cfg, args.config).check(world)
+        return world.finish()
     Pipeline(cfg, args.config).run_all(args.start)
     return 0

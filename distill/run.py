@@ -2,8 +2,9 @@
 
 One writer per output folder: a `flock` on `run.lock`, which names its holder so a second run can say who is in
 the way; the kernel drops it however its process dies, so a SIGKILLed run never blocks the rerun.
-`manifest.json` says `running`, then `complete`, `interrupted` (Ctrl-C/SIGTERM) or `failed` with a one-line
-`reason`; finished records are on disk whatever the ending, and rerunning the same command resumes.
+`manifest.json` says `running`, then `complete`, `interrupted` (Ctrl-C/SIGTERM), `capped` (the records cost
+`max_cost_usd`) or `failed`, the last two with a one-line `reason`; finished records are on disk whatever the
+ending, and rerunning the same command resumes.
 
 The loop skips items the store holds, appends a finished record durably at once, and stops on Ctrl-C between
 writes: a rerun redoes only what was in flight. Every planned item ends as a record (`done`), an error record in
@@ -11,13 +12,14 @@ writes: a rerun redoes only what was in flight. Every planned item ends as a rec
 or `not_run` when the whole run stopped, so `planned = done + errors + not_run`. A run stops (`interrupted`) on
 Ctrl-C/SIGTERM, and (`failed`, with the last error as the one-line reason) when going on would only turn every
 remaining item into an error: `ServerUnreachable`, `max_consecutive_errors` failures in a row, or a record that
-could not be written.
+could not be written. With a `CostCap` it stops (`capped`) once its records have cost the cap: no new item starts,
+the items in flight finish and are kept (their calls are paid for already), and a rerun with a higher cap goes on.
 
 Every record carries the `fingerprint` of what it was made from (the settings that shape a record, the models'
 identities as their servers report them, the digests of the input files), and the manifest the settings
 themselves: a run resumes only into records with its own fingerprint, and otherwise says what differs.
-Settings that change only how fast or how patiently a run goes (`RUNTIME_KEYS`) are left out, so raising a
-timeout resumes rather than redoes.
+Settings that change only how fast, how patiently or how far a run goes (`RUNTIME_KEYS`, `max_cost_usd` among
+them) are left out, so raising a timeout or the cost cap resumes rather than redoes.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class Manifest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     command: str | None = None
-    status: Literal["running", "complete", "interrupted", "failed"] | None = None
+    status: Literal["running", "complete", "interrupted", "capped", "failed"] | None = None
     config: dict[str, Any] = Field(default_factory=dict)
     fingerprint: str | None = None  # generate: its records' fingerprint, with the settings behind it
     run_settings: dict[str, Any] | None = None
@@ -115,7 +117,7 @@ RUNTIME_KEYS = frozenset({
     "output_dir", "cache", "concurrency", "worker_max_concurrency", "wikipedia_max_concurrency",
     "wikipedia_max_retries", "wikipedia_timeout_s", "wikipedia_max_wait_s", "wikipedia_contact", "tool_timeout_s",
     "max_concurrency", "timeout_s", "max_retries", "max_retry_after_s", "api_key_env", "host", "port",
-    "health_timeout_s", "log_file", "report_to",
+    "health_timeout_s", "log_file", "report_to", "max_cost_usd",
 })
 
 
@@ -253,6 +255,10 @@ class RunStopped(DistillError):
     """The run loop stopped the whole run: its message is the manifest's reason."""
 
 
+class CostCapReached(RunStopped):
+    """The run's records cost its `max_cost_usd`: the manifest says `capped`, not `failed`."""
+
+
 @contextmanager
 def run_lifecycle(out: Path, manifest: dict, check: Callable[[], None] | None = None) -> Iterator[dict]:
     """Lock the folder, mark the manifest `running`, and on leaving write how the run ended (the block fills
@@ -290,6 +296,9 @@ def run_lifecycle(out: Path, manifest: dict, check: Callable[[], None] | None = 
             yield manifest
         except KeyboardInterrupt as exc:
             mark_end(exc, "interrupted", finished_at=now())
+            raise
+        except CostCapReached as exc:
+            mark_end(exc, "capped", reason=one_line(exc), finished_at=now())
             raise
         except Exception as exc:
             reason = one_line(exc)
@@ -364,6 +373,27 @@ def _mean(sums: Counter, total: str, count: str) -> float | None:
 
 
 @dataclass
+class CostCap:
+    """`max_cost_usd` over a run's records, earlier runs' included (so a rerun under the same cap stops at once
+    and a higher cap goes on), shared by every record file of the run (eval's methods). Reached only by money
+    spent: a cap of 0 still lets free (local) models run."""
+
+    limit: float | None
+    spent: float = 0.0
+
+    def add(self, rec: dict) -> None:
+        self.spent += float(rec.get("cost_usd") or 0.0)
+
+    @property
+    def reached(self) -> bool:
+        return self.limit is not None and self.spent > 0 and self.spent >= self.limit
+
+    def reason(self) -> str:
+        return (f"cost cap reached: the records cost ${self.spent:.4f} of max_cost_usd ${self.limit:g}; "
+                "rerun with a higher max_cost_usd to go on")
+
+
+@dataclass
 class RunResult:
     """How one run of the loop ended, with counts that add up to the planned items."""
 
@@ -371,8 +401,8 @@ class RunResult:
     planned: int
     done: int  # planned items with a record on disk (earlier runs included)
     errors: int  # items whose work raised in this run: an error record each
-    status: str  # complete | interrupted | failed
-    reason: str | None = None  # why the run stopped, one line (failed only)
+    status: str  # complete | interrupted | capped | failed
+    reason: str | None = None  # why the run stopped, one line (capped and failed only)
 
     @property
     def not_run(self) -> int:
@@ -396,6 +426,7 @@ def run_resumable(
     max_consecutive_errors: int | None = None,
     desc: str = "run",
     tracker=None,
+    cap: CostCap | None = None,
 ) -> RunResult:
     """Run every item whose key is not in the store yet (error records are retried); never raises for a
     question's failure or a stop: the result says how the run ended (see the module docstring)."""
@@ -407,6 +438,8 @@ def run_resumable(
     for rec in store.records():
         if key(rec) in wanted:
             stats.add(rec)
+            if cap is not None:
+                cap.add(rec)
     todo = [(k, p) for k, p in items if k not in done]
     bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=desc, unit="rec", dynamic_ncols=True)
     bar.set_postfix_str(stats.postfix())
@@ -426,11 +459,12 @@ def run_resumable(
         pending = iter(todo)  # shared by the workers: no await between two `next`s
         in_a_row = 0
 
-        def stop(status: str, reason: str | None = None) -> None:
-            if ending:
+        def stop(status: str, reason: str | None = None, cancel: bool = True) -> None:
+            """The first stop wins, except that one that cancels (Ctrl-C, a failure) overrides a cap's drain."""
+            if ending and not (cancel and ending["status"] == "capped"):
                 return
             ending.update(status=status, reason=reason)
-            for w in workers:
+            for w in workers if cancel else ():
                 if w is not asyncio.current_task():
                     w.cancel()
 
@@ -466,7 +500,14 @@ def run_resumable(
                 except Exception as exc:
                     stop("failed", f"writing a record to {store.path} failed: {one_line(exc)}")
                     return
+                if cap is not None:
+                    cap.add(record)
+                    if cap.reached:  # the questions in flight are paid for already: let them finish
+                        stop("capped", cap.reason(), cancel=False)
 
+        if cap is not None and cap.reached:  # an earlier run spent the cap already
+            ending.update(status="capped", reason=cap.reason())
+            return
         loop = asyncio.get_running_loop()
         workers = [asyncio.create_task(worker()) for _ in range(max(1, concurrency))]
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -492,13 +533,13 @@ def run_resumable(
 
 
 def run_records(path: Path, items: list, work: Callable, key: Callable[[dict], Any], errors, *, concurrency: int,
-                desc: str, keep: Callable[[Any], None], schema=None, tracker=None) -> Any:
+                desc: str, keep: Callable[[Any], None], schema=None, tracker=None, cap: CostCap | None = None) -> Any:
     """One pass of the run loop over one record file; `keep(result)` puts its counts in the manifest before a
     stop is raised, so the manifest of a stopped run still says how far it got. `schema` is the record model
     every line on disk and every new record must fit."""
     with JsonlStore(path, key=key, schema=schema) as store:
         result = run_resumable(items, work, store, key, errors=errors, concurrency=concurrency, desc=desc,
-                               tracker=tracker)
+                               tracker=tracker, cap=cap)
     keep(result)
     raise_if_stopped(result)
     if result.errors:
@@ -511,6 +552,9 @@ def raise_if_stopped(result) -> None:
     """Turn a run loop's stop (a RunResult) into the exception `run_lifecycle` records."""
     if result.status == "interrupted":
         raise KeyboardInterrupt
+    if result.status == "capped":
+        raise CostCapReached(f"run stopped: {result.reason} ({result.not_run} of {result.planned} not run; "
+                             "finished records are kept)")
     if result.status == "failed":
         raise RunStopped(f"run stopped: {result.reason} ({result.not_run} of {result.planned} not run; "
                          "finished records are kept; rerun to resume)")

@@ -246,7 +246,7 @@ def made_by(cfg: EvalConfig, monkeypatch) -> None:
     import distill.evaluate as ev
     from distill.store import write_jsonl
 
-    def one_record(cfg, method, examples, out, errors, runs, fp=None, tracker=None):
+    def one_record(cfg, method, examples, out, errors, runs, fp=None, tracker=None, cap=None):
         planner = {"model": "m"} if method.kind == "rewoo" else None  # a record the schema accepts
         record = {"method": method.name, "id": "mini-1", "kind": method.kind, "planner": planner,
                   "tool_failure_rate": method.tool_failure_rate, "fingerprint": fp} | RECORD_REST

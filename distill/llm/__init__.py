@@ -8,13 +8,49 @@ from distill.llm.base import ChatModel, Price, identity_of
 from distill.llm.cached import CachedChat
 
 
-def price_for(spec, prices: dict[str, dict[str, float]] | None = None) -> Price:
-    if spec.prompt_per_mtok is not None or spec.completion_per_mtok is not None:
-        return Price(spec.prompt_per_mtok or 0.0, spec.completion_per_mtok or 0.0)
+def _price_entry(spec, prices: dict | None) -> dict | None:
     entry = (prices or {}).get(spec.model)
     if entry is None and spec.backend == "openai" and not spec.base_url:
         entry = (prices or {}).get(spec.model.split("/")[-1])
+    return entry
+
+
+def price_for(spec, prices: dict[str, dict[str, float]] | None = None) -> Price:
+    if spec.prompt_per_mtok is not None or spec.completion_per_mtok is not None:
+        return Price(spec.prompt_per_mtok or 0.0, spec.completion_per_mtok or 0.0)
+    entry = _price_entry(spec, prices)
     return Price(**entry) if entry else Price()
+
+
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
+
+
+def endpoint_urls(spec) -> list[str]:
+    """The URLs an endpoint's calls go to; none for an in-process model."""
+    from distill.llm.base import openai_urls
+
+    return openai_urls(spec.base_urls) if spec.backend == "openai" else []
+
+
+def is_local(url: str) -> bool:
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(url).hostname or "").lower()
+    return host in LOCAL_HOSTS or host.startswith("127.")
+
+
+def unpriced_endpoints(endpoints: dict, prices: dict | None, prefix: str = "") -> list[str]:
+    """One line per endpoint that goes off this machine with no price known: its calls would count as $0, so
+    `max_cost_usd`, the estimate and the report's cost columns would all be wrong without a word."""
+    lines = []
+    for where, spec in endpoints.items():
+        remote = [u for u in endpoint_urls(spec) if not is_local(u)]
+        known = spec.prompt_per_mtok is not None or spec.completion_per_mtok is not None or _price_entry(spec, prices)
+        if remote and not known:
+            lines.append(f"{prefix}{where}: model {spec.model!r} at {remote[0]} has no price: set "
+                         f"{prefix}{where}.prompt_per_mtok and {prefix}{where}.completion_per_mtok (dollars per "
+                         "million tokens, 0 if it is free), or add the model to `prices:`")
+    return lines
 
 
 _LOADED: dict[tuple, ChatModel] = {}
@@ -51,3 +87,11 @@ async def spec_identity(spec) -> dict:
     model = OpenAIChat(spec.model, spec.base_urls, spec.api_key_env, timeout_s=spec.timeout_s,
                        max_retries=spec.max_retries, max_retry_after_s=spec.max_retry_after_s)
     return await model.identity()
+
+
+def check_prices(cfg) -> None:
+    """A run's paid endpoints without a price are refused before any call, every one named."""
+    from distill.errors import DistillError
+
+    if lines := unpriced_endpoints(cfg.endpoints(), cfg.prices):
+        raise DistillError("; ".join(lines))

@@ -54,6 +54,15 @@ class ChatModel(Protocol):
     ) -> Completion: ...
 
 
+def openai_urls(base_urls: list[str] | None) -> list[str]:
+    """Where an OpenAI-compatible endpoint's calls go: its base URLs, else the SDK's own default (the
+    OPENAI_BASE_URL variable, else OpenAI's API)."""
+    import os
+
+    default = os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1")
+    return [u.rstrip("/") for u in (base_urls or [default])]
+
+
 # Weight files that say which model a folder holds; a retrained adapter changes its adapter_model file.
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
 def weights_fingerprint(location: str | None) -> str | None:

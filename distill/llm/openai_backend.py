@@ -17,7 +17,7 @@ from collections import Counter
 import httpx
 
 from distill.errors import DistillError, ServerUnreachable, clip
-from distill.llm.base import Completion, Price, Usage, weights_fingerprint
+from distill.llm.base import Completion, Price, Usage, openai_urls, weights_fingerprint
 from distill.retry import Fault, bind, retry_after_s, with_retries
 from distill.secrets import remember
 
@@ -90,8 +90,7 @@ class OpenAIChat:
         max_retry_after_s: float = 60.0, backoff_s: float = 0.5,
     ):
         self._key = _api_key(api_key_env)  # read now, so a missing key fails before any work starts
-        default_url = os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1")
-        self._urls = [u.rstrip("/") for u in (base_urls or [default_url])]
+        self._urls = openai_urls(base_urls)
         self._timeout_s, self.max_concurrency = timeout_s, max_concurrency
         self.max_retries, self.max_wait_s, self.backoff_s = max_retries, max_retry_after_s, backoff_s
         self.name, self.price = model, price
@@ -171,6 +170,10 @@ class OpenAIChat:
             used = Usage(sum(self._count(str(m.get("content") or "")) for m in messages), self._count(text))
         return Completion(text, used, latency, self.price.cost(used), self.name)
 
+    async def models(self, server: int = 0):
+        """GET /models of one base URL: the cheapest call a server answers, so also what `--check` sends."""
+        return await self._call("GET", "/models", None, _parse_json, server)
+
     async def identity(self) -> dict:
         """What is served under this name (CachedChat asks once per run), not where: the pipeline starts its
         servers on a free port, and the same teacher on another port must replay from the cache. vLLM's
@@ -182,7 +185,7 @@ class OpenAIChat:
         for url in sorted(set(self._urls)):
             entry: dict = {"base_url": url}
             try:
-                models = await self._call("GET", "/models", None, _parse_json, self._urls.index(url))
+                models = await self.models(self._urls.index(url))
             except ServerError as exc:
                 if exc.retryable:
                     raise  # the server is down: the chat call would fail the same way

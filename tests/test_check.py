@@ -1,0 +1,127 @@
+"""`--check`: every missing prerequisite one line (all of them, exit 2), the estimate's numbers as the config implies
+them, and nothing written. No model is called: endpoints are a local port nobody listens on, in-process models
+only have their (real, local) tokenizer loaded."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import yaml
+
+from distill import cli
+from distill.check import Check, importable
+from test_generate import MINI, write_config
+from test_pipeline import ROOT, wiring_config
+
+
+def unused_port() -> int:
+    """A local port nobody listens on: bound, then released (nothing in the test listens there after)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def problems(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("problem: ")]
+
+
+def test_generate_check_lists_every_missing_prerequisite_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("DISTILL_CHECK_KEY", raising=False)
+    url = f"http://127.0.0.1:{unused_port()}/v1"
+    planner = {"backend": "openai", "base_url": url, "model": "teacher", "api_key_env": "DISTILL_CHECK_KEY",
+               "prompt_per_mtok": 1.0, "completion_per_mtok": 2.0}
+    solver = {"backend": "openai", "base_url": "https://api.invalid/v1", "model": "unpriced",
+              "api_key_env": "DISTILL_CHECK_KEY"}
+    path = write_config(tmp_path, n=2, samples=1, planner=planner, solver=solver, tools=["Calculator"])
+
+    assert cli.main(["generate", "--check", "--config", str(path)]) == 2
+    out, err = capsys.readouterr()
+    found = problems(err)
+    assert len(found) == 4, err
+    assert found[0] == "problem: planner.api_key_env, solver.api_key_env: environment variable DISTILL_CHECK_KEY " \
+                       "is not set"
+    assert found[1].startswith(f"problem: planner: model server {url} (model teacher): cannot reach it")
+    assert found[2].startswith("problem: solver: model server https://api.invalid/v1")  # no network here either
+    assert found[3].startswith("problem: solver: model 'unpriced' at https://api.invalid/v1 has no price")
+    assert "output_dir: " + str(tmp_path / "run") in out  # the resolved config is shown
+    assert not (tmp_path / "run").exists()
+    assert cli.main(["generate", "--offline", "--config", str(path)]) == 2  # --offline alone would run for real
+    assert capsys.readouterr().err == "error: --offline goes with --check (a run calls its endpoints)\n"
+
+    # --offline calls nothing and says so: the key and the price are still missing
+    assert cli.main(["generate", "--check", "--offline", "--config", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert f"planner: teacher at {url} (--offline: not called)" in out
+    assert [p.split(":")[1] for p in problems(err)] == [" planner.api_key_env, solver.api_key_env", " solver"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_estimate_follows_from_the_config_and_the_real_prompts(tmp_path, capsys):
+    local = {"backend": "transformers", "model": "smollm2-135m-instruct", "prompt_per_mtok": 0.0,
+             "completion_per_mtok": 1_000_000.0}  # a dollar per completion token: the dollars are the tokens
+    planner, solver = local | {"max_tokens": 100}, local | {"max_tokens": 10}
+    path = write_config(tmp_path, n=4, samples=2, planner=planner, solver=solver, tools=["Calculator"],
+                        judge=local | {"max_tokens": 1})
+    assert cli.main(["generate", "--check", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    # 4 questions x 2 samples = 8 records, each planner + solver + judge = 24 calls; replies at their max_tokens
+    # (the judge's is its own 8): 8 x (100 + 10 + 8) = 944 completion tokens, $944
+    line = next(l for l in out.splitlines() if l.startswith("generate: "))
+    assert line.startswith("generate: 8 questions, 24 model calls, ") and "+ 944 completion tokens, $944.00" in line
+    assert "smollm2-135m-instruct's tokenizer" in line  # counted with the local tokenizer, not chars/4
+
+    from distill.config import load_config
+    from distill.generate import GenerateConfig, load_questions
+    from distill.llm.embedded import resolve_model_path
+    from distill.rewoo.prompts import planner_messages
+    from distill.tools.registry import tool_descriptions
+    from transformers import AutoTokenizer
+
+    cfg = load_config(GenerateConfig, path)
+    tok = AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m-instruct"))
+    prompts = [planner_messages(ex.question, tool_descriptions(cfg.tools), cfg.planner_prompt)
+               for ex in load_questions(cfg)]
+    mean = sum(len(tok.encode("\n".join(m["content"] for m in p))) for p in prompts) / len(prompts)
+    assert f"planner (smollm2-135m-instruct): 8 x 1 calls, prompt ~{mean:.0f} tokens, reply <= 100" in out
+    assert not (tmp_path / "run").exists()
+
+
+def test_eval_check_counts_each_method_over_its_questions(tmp_path, capsys):
+    cfg = {"baselines": ["react", "direct"], "solver": {"backend": "transformers", "max_tokens": 16},
+           "react_max_steps": 3, "react_max_tokens": 20, "tools": ["Calculator"],
+           "datasets": [{"name": "hotpotqa", "source": str(MINI), "n": 5}], "output_dir": str(tmp_path / "eval")}
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["eval", "--check", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    # react: 5 questions x at most 3 turns, direct: 5 x 1 = 20 calls; replies 15 x 20 + 5 x 16 = 380 tokens
+    assert "eval: 5 questions, 20 model calls, " in out and "+ 380 completion tokens, $0.00" in out
+    assert not (tmp_path / "eval").exists()
+
+
+def test_pipeline_check_finds_a_missing_report_to_integration_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    cfg = wiring_config(tmp_path)
+    cfg["train"]["report_to"] = "wandb"
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    missing = not importable("wandb")
+    assert cli.main(["pipeline", "--check", "--offline", "--config", str(path)]) == (2 if missing else 0)
+    out, err = capsys.readouterr()
+    assert "teacher_server would run: " in out and "-m vllm.entrypoints.openai.api_server" in out
+    assert "train planner would run: " in out and "-m distill.train --config" in out
+    assert "generate.planner: smollm2-135m-instruct on the server the pipeline starts (not called)" in out
+    assert out.count("\ngenerate: 6 questions, 12 model calls") == 1 and "\ntotal: " in out
+    if missing:
+        assert problems(err) == ["problem: train.report_to: wandb is not installed (pip install wandb)"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_integration_is_checked_by_the_module_it_imports():
+    """wandb's absence, or tensorboard's, as the check sees it: by the module name it would import."""
+    check = Check()
+    check.report_to(["none", "tensorboard"], "train", modules={"tensorboard": "tensorboard"})
+    assert check.problems == [] and importable("tensorboard")
+    check.report_to(["wandb"], "train", modules={"wandb": "wandb_not_installed_here"})
+    assert check.problems == ["train.report_to: wandb is not installed (pip install wandb)"]
