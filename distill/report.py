@@ -423,6 +423,9 @@ def _load(output_dir: str | Path) -> tuple[dict, dict[str, list[dict]]]:
                       budget=budget, pairs=pairs)
     # The verdict names the trained students where the run folder says which rows serve them.
     provenance = collect_provenance(output_dir, manifest, results)
+    # a row set against a student row (`compare_to`: an improved student) is that student's too
+    rows = provenance["student_rows"]
+    rows |= {m: rows[other] for m, other in pairs.items() if other in rows and m in results["per_method"]}
     if provenance["student_rows"]:
         results["verdict"] = _rounded(verdict(results, provenance["student_rows"], provenance["students"],
                                               _outcomes(selected, results["reference"])))

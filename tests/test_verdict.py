@@ -182,3 +182,16 @@ def test_an_improved_row_is_set_against_its_sft_row_and_the_rounds_are_reported(
     assert "| evidence recall | 8 | +0.500 [+0.500, +0.500] | better |" in text
     assert "| 2 | 32 | 8 | 0.550 | 0.900 | 0.500 | recall 0.350 |" in text
     assert results["plots"]["reward"] == "reward.png" and (evals / "reward.png").stat().st_size > 1000
+
+
+def test_an_improved_row_of_a_trained_student_is_in_the_verdict_as_that_student(tmp_path):
+    evals, runs = pipeline_folder(tmp_path)
+    runs["student_improved"] = [dict(r, method="student_improved") for r in runs["student"]]
+    manifest = json.loads((evals / "manifest.json").read_text())
+    manifest["methods"].append({"name": "student_improved", "compare_to": "student"})
+    write_run(tmp_path, runs, manifest)
+    results = write_report(evals)
+    assert results["provenance"]["student_rows"] == {"student": "stu", "student_improved": "stu"}
+    row = results["verdict"]["rows"]["student_improved"]
+    assert row["student"] == "stu" and row["train_examples"] == 2
+    assert results["paired_to"]["student_improved"]["measures"]["F1"]["diff"]["diff"] == 0.0  # the same records
