@@ -90,6 +90,12 @@ class ImproveConfig(AgentConfig):
         return self
 
 
+def final_adapter(cfg: ImproveConfig) -> Path:
+    """Where the improved adapter will be: the last round's, or the GRPO run's."""
+    out = Path(cfg.output_dir)
+    return out / "grpo" / "adapter" if cfg.method == "grpo" else out / f"round_{cfg.rounds}" / "adapter"
+
+
 def record_key(rec: dict) -> tuple[str, int]:
     return (rec["id"], rec["sample"])
 

@@ -321,8 +321,9 @@ class Pipeline:
         """{LoRA module: folder} of the improved adapter (the last round's), when there is an improve stage."""
         if (name := self.improved_student()) is None:
             return {}
-        cfg = self.improve_config()
-        return {IMPROVED.format(name): str(Path(cfg.output_dir) / f"round_{cfg.rounds}" / "adapter")}
+        from distill.improve import final_adapter
+
+        return {IMPROVED.format(name): str(final_adapter(self.improve_config()))}
 
     def improve_config(self):
         """The improve section over the run's own questions, leak guard, student prompt and tools."""

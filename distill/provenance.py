@@ -84,10 +84,11 @@ def improvement(run: Path | None) -> dict[str, dict]:
     out = {}
     for folder in sorted(p for p in (run / "improve").glob("*") if p.is_dir()):
         rounds = []
-        for summary in sorted(folder.glob("round_*/summary.json"), key=lambda p: int(p.parent.name[6:] or 0)
-                              if p.parent.name[6:].isdigit() else 0):
+        summaries = sorted(folder.glob("round_*/summary.json"),
+                           key=lambda p: int(p.parent.name[6:]) if p.parent.name[6:].isdigit() else 0)
+        for summary in [*summaries, folder / "grpo" / "summary.json"]:  # expert iteration's rounds, or GRPO's run
             if (found := read_json(summary)) is not None:
-                rounds.append({"round": summary.parent.name.removeprefix("round_")} | found)
+                rounds.append(found | {"round": summary.parent.name.removeprefix("round_")})
         if rounds:
             out[folder.name] = {"folder": str(folder), "rounds": rounds}
     return out

@@ -743,11 +743,12 @@ def _paired_to_lines(results: dict) -> list[str]:
                             _ci_text((p.get("plan_steps") or {}).get("steps"), 2), "–"]])
     for student, info in improve.items():
         lines += [f"Expert iteration of **{student}** (`{info['folder']}`):", ""]
-        lines += _table(["round", "samples", "kept", "mean reward", "mean best reward", "valid plans", "reward parts"],
-                        [[r["round"], r.get("samples"), r.get("kept"), r.get("mean_reward"), r.get("mean_best_reward"),
-                          r.get("valid_plan_rate"), ", ".join(f"{k} {_f(v)}" for k, v in
-                                                              (r.get("reward_parts") or {}).items())]
-                         for r in info["rounds"]])
+        lines += _table(*_without_empty(
+            ["round", "samples", "kept", "mean reward", "mean best reward", "valid plans", "KL", "reward parts"],
+            [[r["round"], *(_f(r.get(k)) for k in ("samples", "kept", "mean_reward", "mean_best_reward",
+                                                   "valid_plan_rate", "kl")),
+              ", ".join(f"{k} {_f(v)}" for k, v in (r.get("reward_parts") or {}).items())] for r in info["rounds"]],
+            {"KL": "–", "kept": "–", "mean best reward": "–", "valid plans": "–"}))
     if reward := results["plots"].get("reward"):
         lines += [f"![The planner reward per improvement round]({reward})", ""]
     return lines
