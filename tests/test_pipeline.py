@@ -664,3 +664,17 @@ def test_an_improved_row_on_another_prompt_than_its_student_fails_before_any_sta
     fails_before_any_stage(tmp_path, cfg, "eval planner student_compact_improved serves student "
                            "student_compact_improved with prompt full, but it is trained on student_prompt compact",
                            capsys)
+
+
+def test_a_grpo_improve_section_serves_the_grpo_runs_adapter(tmp_path, monkeypatch):
+    from distill.config import validate
+    from distill.pipeline import Pipeline, PipelineConfig
+
+    monkeypatch.chdir(ROOT)
+    cfg = with_improve(tmp_path)
+    cfg["improve"] = {"student": "student_compact", "method": "grpo", "grpo": {"max_steps": 2}}
+    pipe = Pipeline(validate(PipelineConfig, cfg), "p.yaml")
+    pipe.check()
+    assert pipe.improve_config().method == "grpo"
+    assert pipe.server_config("student_server").adapters["student_compact_improved"] == str(
+        tmp_path / "run" / "improve" / "student_compact" / "grpo" / "adapter")
