@@ -46,6 +46,10 @@ def reduced_demo(tmp_path: Path, teacher_url: str) -> Path:
         if "train" in student:
             student["train"] |= short
     ev = cfg["eval"]
+    # improve runs for real in tests/test_improve.py (and its wiring below): here it would start a third server
+    del cfg["improve"]
+    ev["planners"] = [p for p in ev["planners"] if not p.get("compare_to")]
+    ev["prompt_budget"]["methods"] = [m for m in ev["prompt_budget"]["methods"] if not m.endswith("_improved")]
     # the robustness sweep and re-planning have tests of their own: one method at one rate shows the wiring
     ev["planners"] = [p for p in ev["planners"] if not p.get("replan")]
     ev["robustness"] = {"rates": [1.0], "methods": ["teacher"], "n": 1}
