@@ -1,5 +1,9 @@
 """Answer scoring with the official HotpotQA and TriviaQA semantics, an optional LLM judge, and bootstrap CIs.
 
+Which rules score a question is its dataset's `metric` (`hotpotqa`, `triviaqa`, or `em_f1`: plain SQuAD-style
+EM/F1 for a dataset of one's own), settled once when the dataset is configured (`metric_for`) and written into
+every record, so that generation, the filter, evaluation and the report score alike (`metric_of`, `score`).
+
 The normalisers follow hotpot_evaluate_v1.py and triviaqa_evaluation.py step for step, because published
 numbers are only comparable when every quirk matches (e.g. HotpotQA deletes punctuation while TriviaQA
 replaces it with a space, so "o'brien" is one token in one and two in the other). One departure: a prediction
@@ -16,7 +20,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from statistics import fmean
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -102,9 +106,51 @@ def trivia_em_f1(prediction: str | None, answers: str | Sequence[str]) -> dict[s
             "f1": max(_token_prf(pred.split(), g.split())[0] for g in golds)}
 
 
-def score(dataset: str, prediction: str | None, answers: str | Sequence[str]) -> dict[str, Any]:
-    """EM (0/1) and F1 by the dataset's official rules (HotpotQA's for any other); a None prediction scores as ""."""
-    return (trivia_em_f1 if dataset == "triviaqa" else hotpot_em_f1)(prediction, answers)
+def plain_em_f1(prediction: str | None, answers: str | Sequence[str]) -> dict[str, Any]:
+    """SQuAD-style EM/F1, each maximised over the gold answers: HotpotQA's normaliser (SQuAD's own) without
+    HotpotQA's yes/no/noanswer rule. A prediction that normalises to nothing matches nothing."""
+    pred = hotpot_normalize(prediction or "")
+    golds = [hotpot_normalize(g) for g in _gold_list(answers)]
+    if not pred:
+        return dict(_NO_MATCH)
+    return {"em": max(int(pred == g) for g in golds),
+            "f1": max(_token_prf(pred.split(), g.split())[0] for g in golds)}
+
+
+# The scoring rules a dataset entry may name; a dataset named after one of DATASET_RULES gets its rules by name.
+Metric = Literal["hotpotqa", "triviaqa", "em_f1"]
+METRICS: tuple[str, ...] = get_args(Metric)
+DATASET_RULES = ("hotpotqa", "triviaqa")
+_SCORERS = {"hotpotqa": hotpot_em_f1, "triviaqa": trivia_em_f1, "em_f1": plain_em_f1}
+
+
+def metric_for(dataset: str, metric: str | None = None) -> str:
+    """The scoring rules of a dataset: its explicit `metric`, else the official rules its name is (hotpotqa,
+    triviaqa). Any other name without a metric is refused: its rules would be a guess."""
+    if metric is None and dataset in DATASET_RULES:
+        return dataset
+    if metric is None:
+        raise DistillError(f"dataset {dataset!r} has no scoring rules of its own: set its `metric` "
+                           f"({' | '.join(METRICS)})")
+    _check_metric(metric)
+    return metric
+
+
+def metric_of(record: dict[str, Any]) -> str:
+    """The scoring rules of a record: its `metric`. A record written before records carried one was scored by
+    TriviaQA's rules when its dataset is triviaqa and by HotpotQA's otherwise, and is read back the same way."""
+    return record.get("metric") or ("triviaqa" if record.get("dataset") == "triviaqa" else "hotpotqa")
+
+
+def _check_metric(metric: str) -> None:
+    if metric not in _SCORERS:
+        raise DistillError(f"unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
+
+
+def score(metric: str, prediction: str | None, answers: str | Sequence[str]) -> dict[str, Any]:
+    """EM (0/1) and F1 by the named rules (`METRICS`); a None prediction scores as ""."""
+    _check_metric(metric)
+    return _SCORERS[metric](prediction, answers)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -235,7 +281,8 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], n: int = 1000, seed
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", type=Path, metavar="FILE.jsonl", help="lines with `prediction` and `answers`")
-    parser.add_argument("--dataset", required=True, choices=["hotpotqa", "triviaqa"], help="which official rules")
+    parser.add_argument("--metric", "--dataset", dest="metric", required=True, choices=METRICS,
+                        help="which scoring rules (hotpotqa, triviaqa: official; em_f1: plain SQuAD-style)")
     parser.add_argument("--out", type=Path, help="write each input line plus `em` and `f1` here")
 
 
@@ -256,12 +303,12 @@ def main(args: argparse.Namespace) -> int:
     if not path.is_file():
         raise DistillError(f"predictions file not found: {path}")
     # the first bad line stops the run, naming it
-    records = [{**record, **score(args.dataset, *_fields(record, f"{path}:{number}"))}
+    records = [{**record, **score(args.metric, *_fields(record, f"{path}:{number}"))}
                for number, record in iter_jsonl(path)]
     if not records:
         raise DistillError(f"{path}: no predictions to score")
     if args.out:
         write_jsonl(args.out, records)  # atomic and fsynced, so --out may be the input file itself
     em, f1 = (fmean(r[k] for r in records) for k in ("em", "f1"))
-    print(f"dataset={args.dataset} n={len(records)} em={em:.4f} f1={f1:.4f}")
+    print(f"metric={args.metric} n={len(records)} em={em:.4f} f1={f1:.4f}")
     return 0

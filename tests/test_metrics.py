@@ -83,9 +83,26 @@ def test_em_and_f1_are_maximised_separately_over_golds():
     assert result["em"] == 0 and result["f1"] == pytest.approx(0.8)  # P 2/3, R 1 against "river thames"
 
 
-def test_unknown_dataset_uses_hotpot_rules_and_string_answer_accepted():
-    assert score("musique", "yes it is", "yes") == {"em": 0, "f1": 0.0}
+def test_plain_rules_are_squad_without_hotpotqa_yes_no_rule():
+    assert score("em_f1", "yes it is", ["yes"]) == {"em": 0, "f1": pytest.approx(0.5)}  # HotpotQA's: F1 0
+    assert score("em_f1", "Yes.", ["yes"]) == {"em": 1, "f1": 1.0}
+    assert score("em_f1", "O'Brien", ["OBrien"])["em"] == 1  # punctuation deleted, as in SQuAD (TriviaQA: 0)
+    assert score("em_f1", "Mercury_(planet)", ["Mercury (planet)"])["em"] == 0  # no underscore rule (TriviaQA: 1)
+    assert score("em_f1", "Spree River", ["Elbe", "the Spree"]) == {"em": 0, "f1": pytest.approx(2 / 3)}
+    assert score("em_f1", "the", ["The"]) == {"em": 0, "f1": 0.0}  # normalises to nothing: no match
+
+
+def test_the_rules_are_named_never_guessed_and_string_answer_accepted():
+    from distill.metrics import metric_for
+
+    assert score("hotpotqa", "yes it is", "yes") == {"em": 0, "f1": 0.0}
     assert score("triviaqa", "yes it is", "yes")["f1"] == pytest.approx(0.5)
+    with pytest.raises(DistillError, match="unknown metric 'musique'; expected one of hotpotqa, triviaqa, em_f1"):
+        score("musique", "yes it is", "yes")
+    assert metric_for("hotpotqa") == "hotpotqa" and metric_for("triviaqa") == "triviaqa"
+    assert metric_for("musique", "em_f1") == "em_f1" and metric_for("hotpotqa", "em_f1") == "em_f1"
+    with pytest.raises(DistillError, match=r"dataset 'musique' has no scoring rules of its own: set its `metric`"):
+        metric_for("musique")
 
 
 def test_missing_prediction_scores_zero_and_empty_golds_are_rejected():
@@ -94,7 +111,7 @@ def test_missing_prediction_scores_zero_and_empty_golds_are_rejected():
         score("triviaqa", "x", [])
 
 
-@pytest.mark.parametrize("dataset", ["hotpotqa", "triviaqa"])
+@pytest.mark.parametrize("dataset", ["hotpotqa", "triviaqa", "em_f1"])
 @pytest.mark.parametrize("prediction", ["", None, "  ", "the", "?"])
 def test_an_empty_prediction_never_matches_a_blank_gold(dataset, prediction):
     for answers in ([""], ["  "], "", ["", " \t"]):
@@ -232,6 +249,14 @@ def test_score_cli_triviaqa_rules(tmp_path, capsys):
     src = _write(tmp_path / "p.jsonl", [json.dumps({"prediction": "brown_fox", "answers": ["Brown fox"]})])
     assert cli.main(["score", "--dataset", "triviaqa", str(src)]) == 0
     assert "em=1.0000" in capsys.readouterr().out
+
+
+def test_score_cli_plain_rules(tmp_path, capsys):
+    src = _write(tmp_path / "p.jsonl", [json.dumps({"prediction": "yes it is", "answers": ["yes"]})])
+    assert cli.main(["score", "--metric", "em_f1", str(src)]) == 0
+    assert "metric=em_f1 n=1 em=0.0000 f1=0.5000" in capsys.readouterr().out
+    assert cli.main(["score", "--dataset", "hotpotqa", str(src)]) == 0  # HotpotQA's yes/no rule
+    assert "metric=hotpotqa n=1 em=0.0000 f1=0.0000" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
