@@ -30,7 +30,7 @@ from distill.baselines import FINISH
 from distill.config import validate
 from distill.errors import DistillError
 from distill.evaluate import RECORDS_DIR, EvalRecord, PromptBudget, record_key
-from distill.metrics import bootstrap_ci, evidence_recall, paired_bootstrap, score
+from distill.metrics import bootstrap_ci, evidence_recall, metric_of, paired_bootstrap, score
 from distill.provenance import collect as collect_provenance
 from distill.store import dedupe, read_jsonl, replace_files, write_json
 from distill.verdict import headline, question_outcomes, read_measures, verdict
@@ -93,7 +93,7 @@ def steps_of(rec: dict) -> int:
 
 def rescore(rec: dict) -> dict | None:
     """EM/F1 recomputed from the stored prediction; None for a question without gold answers."""
-    return score(rec["dataset"], rec.get("prediction"), rec["answers"]) if rec.get("answers") else None
+    return score(metric_of(rec), rec.get("prediction"), rec["answers"]) if rec.get("answers") else None
 
 
 def recall_of(rec: dict) -> dict | None:

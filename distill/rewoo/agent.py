@@ -19,6 +19,7 @@ from distill.baselines import DirectAgent, ReActAgent
 from distill.config import AgentConfig, add_config_args, load_config
 from distill.errors import DistillError
 from distill.llm.base import Completion
+from distill.metrics import METRICS
 from distill.rewoo import prompts
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS, Plan, parse_plan
 from distill.rewoo.record import call_record, make_record, sample_seed
@@ -35,6 +36,7 @@ class Question:
     dataset: str = "adhoc"
     answers: list[str] = field(default_factory=list)
     context: list | None = None
+    metric: str = "hotpotqa"  # the scoring rules of `answers` (distill.metrics.METRICS)
 
 
 @dataclass
@@ -230,7 +232,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("question", help="the question to answer")
     add_config_args(parser, default=None)
     parser.add_argument("--answer", action="append", default=[], help="gold answer(s), to score the prediction")
-    parser.add_argument("--dataset", default="hotpotqa", help="scoring rules for --answer (hotpotqa|triviaqa)")
+    parser.add_argument("--dataset", default="hotpotqa", choices=METRICS,
+                        help="scoring rules for --answer (hotpotqa | triviaqa | em_f1)")
     parser.add_argument("--json", action="store_true", help="print the whole trajectory record as JSON")
 
 
@@ -239,7 +242,7 @@ def main(args: argparse.Namespace) -> int:
         raise DistillError("the question is empty")
     cfg = load_config(AgentConfig, args.config, args.set)
     agent = build_agent(cfg)
-    example = Question(args.question, dataset=args.dataset, answers=args.answer)
+    example = Question(args.question, dataset=args.dataset, answers=args.answer, metric=args.dataset)
     record = asyncio.run(agent.run(example))
     if args.json:
         print(json.dumps(record, indent=2, ensure_ascii=False))

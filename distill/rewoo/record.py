@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from distill.llm.base import Completion, Usage
-from distill.metrics import evidence_recall, gold_titles, score
+from distill.metrics import Metric, evidence_recall, gold_titles, metric_for, score
 
 FORMAT_VERSION = 1
 
@@ -121,6 +121,8 @@ class TrajectoryRecord(Shape):
     dataset: str
     question: str
     answers: list[str]
+    # the scoring rules of `scores` (`distill.metrics`); absent in older records, read by `metric_of`
+    metric: Metric | None = None
     method: str | None = None
     sample: int = Field(default=0, ge=0)
     planner: CallShape | None = None
@@ -178,12 +180,16 @@ def make_record(
     usage = {role: sum((c.usage for c in cs), Usage()) for role, cs in by_role.items()}
     tokens = {role: u.total_tokens for role, u in usage.items()}
     calls = [*planner_calls, *solver_calls, *tool_calls]
+    metric = getattr(example, "metric", None)
+    if example.answers:
+        metric = metric_for(example.dataset, metric)
     record = {
         "format_version": FORMAT_VERSION,
         "id": example.id,
         "dataset": example.dataset,
         "question": example.question,
         "answers": list(example.answers),
+        "metric": metric,
         "method": method,
         "sample": sample,
         "planner": planner,
@@ -191,7 +197,7 @@ def make_record(
         "evidence": evidence,
         "solver": solver,
         "prediction": prediction,
-        "scores": dict(score(example.dataset, prediction, example.answers)) if example.answers else {},
+        "scores": dict(score(metric, prediction, example.answers)) if example.answers else {},
         "tool_usage": asdict(usage["tools"]),
         "tokens": tokens | {"total": sum(tokens.values())},
         "llm_calls": len(calls),
