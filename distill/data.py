@@ -1,8 +1,11 @@
 """Dataset loaders and sampling: every source becomes one `Example` shape.
 
 HotpotQA and TriviaQA come in several layouts (the official JSON releases, the Hugging Face hub rows, the
-JSONL exports of either, a generic question/answer JSONL), detected per row by `rows_to_examples`,
+JSONL exports of either, a generic question/answer layout), detected per row by `rows_to_examples`,
 which the hub loader also uses: tests run the hub code path on local files, as the hub is unreachable here.
+A dataset of one's own is a local file in the generic layout: JSON/JSONL read here line by line (errors name
+`file:line`), CSV and Parquet read by the `datasets` library; a source's `columns` renames its columns to the
+fields the layouts read, and its `metric` says how its answers are scored (`distill.metrics`).
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_serializer
 from pydantic.dataclasses import dataclass
 
 from distill.config import Strict
 from distill.errors import DistillError, clip
+from distill.metrics import DATASET_RULES, Metric, metric_for
 from distill.store import describe, iter_jsonl, refuse_lone_surrogates
 
 # A question longer than this is refused unless the source sets its own `max_question_chars`: HotpotQA and
@@ -31,14 +35,46 @@ from distill.store import describe, iter_jsonl, refuse_lone_surrogates
 DEFAULT_MAX_QUESTION_CHARS = 4000
 
 
+# The fields a `columns` mapping may fill: what the row layouts read.
+Column = Literal["question", "answer", "answers", "aliases", "id", "context", "supporting_facts", "type", "level"]
+ColumnName = Annotated[str, Field(min_length=1, max_length=256)]
+LOCAL_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
+_TABLE_BUILDERS = {".csv": "csv", ".parquet": "parquet"}  # read by the `datasets` library's packaged builders
+
+
 class DatasetSource(Strict):
-    """Where questions come from: `hub:<name>[:<config>]` or a local .json/.jsonl file."""
+    """Where questions come from: `hub:<name>[:<config>]` or a local .json/.jsonl/.csv/.parquet file; which of
+    its columns hold what distill reads (`columns`) and the rules its answers are scored by (`metric`)."""
 
     name: Literal["hotpotqa", "triviaqa"] | str
     source: str
     split: str = "train"
     n: int | None = Field(default=None, ge=1)  # how many distinct questions to draw; None = all
     max_question_chars: int = Field(default=DEFAULT_MAX_QUESTION_CHARS, ge=1)  # longer questions are refused
+    # distill's field -> the source's column, e.g. {question: prompt, answer: target, id: qid}
+    columns: dict[Column, ColumnName] | None = None
+    # hotpotqa | triviaqa | em_f1; None: the rules the name is (hotpotqa, triviaqa), refused for any other name
+    metric: Metric | None = Field(default=None, validate_default=True)
+
+    @field_validator("metric")
+    @classmethod
+    def _scored(cls, metric: str | None, info: ValidationInfo) -> str | None:
+        if "name" in info.data:  # else the name itself was refused
+            try:
+                metric_for(info.data["name"], metric)
+            except DistillError as exc:
+                raise ValueError(str(exc)) from None
+        return metric
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        """Settings fingerprints (distill.run) hash this dump: `columns` and `metric` are left out when unset,
+        so a run made before they existed is still recognised as made with these settings."""
+        data = handler(self)
+        for key in ("columns", "metric"):
+            if key in data and data[key] is None:
+                del data[key]
+        return data
 
 
 EXPECTED_LAYOUTS = ("rows with `question` plus `answer`/`answers` (generic), HotpotQA rows (`_id`, `context`, "
@@ -67,6 +103,11 @@ class Example:
     supporting_facts: list[tuple[str, int]] | None = None
     type: str | None = None
     level: str | None = None
+    metric: Metric | None = None  # scoring rules (distill.metrics); a hotpotqa/triviaqa dataset's by default
+
+    def __post_init__(self) -> None:
+        if self.metric is None and self.dataset in DATASET_RULES:
+            self.metric = self.dataset
 
     @field_validator("question")
     @classmethod
@@ -176,15 +217,19 @@ def check_unique_ids(examples: Iterable[Example], origin: str = "the datasets") 
 
 def rows_to_examples(rows: Iterable[Mapping[str, Any]], dataset: str | None, split: str,
                      origin: str = "<rows>", max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS,
-                     lines: Iterable[int] | None = None) -> list[Example]:
+                     lines: Iterable[int] | None = None, columns: Mapping[str, str] | None = None,
+                     metric: str | None = None) -> list[Example]:
     """Rows of any supported layout to Examples, deduplicated by normalised question. `dataset=None` takes the
     dataset from each row's layout; a HotpotQA/TriviaQA label that contradicts a row's layout is an error,
-    because scoring rules follow the label. `origin` names the source in errors, `lines` (a JSONL file's line
+    because scoring rules follow the label. `columns` (field -> column) renames each row's columns first;
+    `metric` is the examples' scoring rules. `origin` names the source in errors, `lines` (a JSONL file's line
     numbers) the row as `origin:line`. Every row is checked before any is returned: a bad one is one error."""
     numbers = iter(lines) if lines is not None else None
     examples, where_of, first_of = [], {}, {}
     for index, row in enumerate(rows):
         where = f"{origin}:{next(numbers)}" if numbers is not None else f"{origin}: row {index + 1}"
+        if columns and isinstance(row, Mapping):
+            row = _renamed(row, columns, where)
         layout = detect_layout(row) if isinstance(row, Mapping) else None
         if layout is None:
             keys = sorted(row) if isinstance(row, Mapping) else type(row).__name__
@@ -197,7 +242,7 @@ def rows_to_examples(rows: Iterable[Mapping[str, Any]], dataset: str | None, spl
             raise DistillError(f"{where}: field `question`: {len(question)} characters, more than "
                                f"max_question_chars ({max_question_chars})")
         try:
-            example = _to_example(layout, row, implied if dataset is None else dataset, split)
+            example = _to_example(layout, row, implied if dataset is None else dataset, split, metric)
         except ValidationError as exc:
             raise DistillError(clip(f"{where}: {describe(exc.errors(include_url=False))}", 500)) from None
         except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
@@ -214,6 +259,16 @@ def rows_to_examples(rows: Iterable[Mapping[str, Any]], dataset: str | None, spl
     return examples
 
 
+def _renamed(row: Mapping[str, Any], columns: Mapping[str, str], where: str) -> dict[str, Any]:
+    """The row with each mapped column under the field it fills (over a column of that name, if any)."""
+    for field, column in columns.items():
+        if column not in row:
+            raise DistillError(clip(f"{where}: no column {column!r}, which columns.{field} names "
+                                    f"(columns here: {', '.join(map(str, row))})", 500))
+    mapped = set(columns.values())
+    return {k: v for k, v in row.items() if k not in mapped} | {f: row[c] for f, c in columns.items()}
+
+
 def _answers(*groups: Any) -> list[str]:
     """Flatten answer strings and lists, gold first, dropping blanks and exact repeats."""
     out: list[str] = []
@@ -227,7 +282,7 @@ def _answers(*groups: Any) -> list[str]:
     return out
 
 
-def _to_example(layout: str, row: Mapping[str, Any], dataset: str, split: str) -> Example:
+def _to_example(layout: str, row: Mapping[str, Any], dataset: str, split: str, metric: str | None = None) -> Example:
     """Where each layout keeps the id, answers and evidence; `context` and `facts` end as (title, sentences)
     and (title, index) pairs."""
     context = facts = None
@@ -264,35 +319,48 @@ def _to_example(layout: str, row: Mapping[str, Any], dataset: str, split: str) -
         supporting_facts=None if facts is None else [(str(t), int(i)) for t, i in facts],
         type=row.get("type") if hotpot else None,
         level=row.get("level") if hotpot else None,
+        metric=metric,
     )
 
 
 # Sources
 
 
+def load_source(ds: DatasetSource, limit: int | None = None) -> list[Example]:
+    """The examples of one configured dataset entry: every stage loads its `datasets` through here."""
+    return load_examples(ds.source, ds.name, ds.split, limit=limit, max_question_chars=ds.max_question_chars,
+                         columns=ds.columns, metric=ds.metric)
+
+
 def load_examples(source: str | os.PathLike, dataset: str | None, split: str, limit: int | None = None,
                   data_files: str | list[str] | None = None,
-                  max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS) -> list[Example]:
-    """The first `limit` distinct questions of `hub:<name>[:<config>]` or a local .json/.jsonl file.
-    `data_files` goes to `datasets.load_dataset`, so a packaged builder such as `hub:json` or `hub:parquet`
-    reads local files through exactly the code path used for the hub."""
+                  max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS,
+                  columns: Mapping[str, str] | None = None, metric: str | None = None) -> list[Example]:
+    """The first `limit` distinct questions of `hub:<name>[:<config>]` or a local .json/.jsonl/.csv/.parquet
+    file (by its extension). `data_files` goes to `datasets.load_dataset`, so a packaged builder such as
+    `hub:json` or `hub:parquet` reads local files through exactly the code path used for the hub."""
     source = os.fspath(source)
+    rules = {"max_question_chars": max_question_chars, "columns": columns, "metric": metric}
     if source.startswith("hub:"):
-        return _some(_load_hub(source, dataset, split, data_files, max_question_chars), source)[:limit]
+        return _some(_load_hub(source, dataset, split, data_files, **rules), source)[:limit]
     if data_files is not None:
         raise DistillError(f"data_files only applies to hub:<name> sources, not {source!r}")
     path = Path(source)
+    expected = "/".join(LOCAL_SUFFIXES)
     if not path.is_file():
-        raise DistillError(f"data file not found: {path} (expected a .json or .jsonl file, or hub:<name>[:<config>])")
-    if path.suffix not in (".json", ".jsonl"):
-        raise DistillError(f"{path}: unknown file type {path.suffix!r}; expected .json or .jsonl")
-    if path.suffix == ".jsonl":
+        raise DistillError(f"data file not found: {path} (expected a {expected} file, or hub:<name>[:<config>])")
+    suffix = path.suffix.lower()
+    if suffix not in LOCAL_SUFFIXES:
+        raise DistillError(f"{path}: unknown file type {path.suffix!r}; expected {expected}")
+    if suffix in _TABLE_BUILDERS:
+        examples = rows_to_examples(_read_table(path, _TABLE_BUILDERS[suffix], columns), dataset, split,
+                                    origin=str(path), **rules)
+    elif suffix == ".jsonl":
         numbered = list(iter_jsonl(path))
         examples = rows_to_examples([row for _, row in numbered], dataset, split, origin=str(path),
-                                    max_question_chars=max_question_chars, lines=[n for n, _ in numbered])
+                                    lines=[n for n, _ in numbered], **rules)
     else:
-        examples = rows_to_examples(_read_json(path), dataset, split, origin=str(path),
-                                    max_question_chars=max_question_chars)
+        examples = rows_to_examples(_read_json(path), dataset, split, origin=str(path), **rules)
     return _some(examples, str(path))[:limit]
 
 
@@ -303,7 +371,7 @@ def _some(examples: list[Example], origin: str) -> list[Example]:
 
 
 def _load_hub(source: str, dataset: str | None, split: str, data_files: str | list[str] | None,
-              max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS) -> list[Example]:
+              **rules: Any) -> list[Example]:
     name, _, config = source[len("hub:") :].partition(":")
     if not name:
         raise DistillError(f"bad source {source!r}: expected hub:<name>[:<config>]")
@@ -314,7 +382,73 @@ def _load_hub(source: str, dataset: str | None, split: str, data_files: str | li
     except (OSError, ValueError) as exc:
         raise DistillError(f"cannot load {source} split {split!r} with the datasets library "
                            f"({type(exc).__name__}: {exc}); use a local .json/.jsonl file instead") from exc
-    return rows_to_examples(rows, dataset, split, origin=source, max_question_chars=max_question_chars)
+    _check_columns(rows.column_names, rules.get("columns"), source)
+    return rows_to_examples(rows, dataset, split, origin=source, **rules)
+
+
+def _read_table(path: Path, builder: str, columns: Mapping[str, str] | None) -> list[dict[str, Any]]:
+    """The rows of a CSV or Parquet file, read by the `datasets` library. A CSV cell is the text it holds:
+    "007" stays "007" and "NA" or "None" stays text, rather than pandas reading numbers and missing values in.
+    The library's cache is a folder of its own, removed once the rows are read, and its log and progress bars
+    are off meanwhile: a file it cannot read is one line, said here."""
+    import tempfile
+
+    import datasets
+
+    names, empty = _table_head(path, builder)
+    _check_columns(names, columns, str(path))
+    if empty:
+        return []
+    options: dict[str, Any] = {}
+    if builder == "csv":
+        options = {"features": datasets.Features({name: datasets.Value("string") for name in names}),
+                   "na_filter": False}
+    verbosity, bars = datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
+    datasets.disable_progress_bars()
+    try:
+        with tempfile.TemporaryDirectory(prefix="distill-data-") as cache:
+            table = datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=cache,
+                                          keep_in_memory=True, **options)
+            return list(table)
+    except (OSError, ValueError, datasets.exceptions.DatasetGenerationError) as exc:
+        raise DistillError(clip(f"{path}: not a readable {builder.upper()} file ({_cause(exc)})", 500)) from None
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+        if bars:
+            datasets.enable_progress_bars()
+
+
+def _table_head(path: Path, builder: str) -> tuple[list[str], bool]:
+    """A CSV or Parquet file's column names, as the `datasets` builders read them, and whether it has no rows."""
+    try:
+        if builder == "csv":
+            import pandas
+
+            head = pandas.read_csv(path, nrows=1, dtype=str, na_filter=False)
+            return [str(name) for name in head.columns], head.empty
+        import pyarrow.parquet
+
+        meta = pyarrow.parquet.read_metadata(path)
+        return list(meta.schema.to_arrow_schema().names), meta.num_rows == 0
+    except (OSError, ValueError) as exc:  # pandas' parser, decoding and Arrow's errors are ValueErrors
+        raise DistillError(clip(f"{path}: not a readable {builder.upper()} file ({_cause(exc)})", 500)) from None
+
+
+def _cause(exc: BaseException) -> str:
+    """The innermost cause of a library error (the `datasets` library wraps the parser's), as `Type: message`."""
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _check_columns(names: Iterable[str], columns: Mapping[str, str] | None, origin: str) -> None:
+    """Every column a `columns` mapping names is one of the table's: else one line naming the column."""
+    names = list(names)
+    for field, column in (columns or {}).items():
+        if column not in names:
+            raise DistillError(clip(f"{origin}: no column {column!r}, which columns.{field} names "
+                                    f"(its columns: {', '.join(names)})", 500))
 
 
 def _read_json(path: Path) -> list[Any]:

@@ -300,13 +300,13 @@ def gold_hops(example) -> int | None:
 
 def load_eval_examples(cfg: EvalConfig) -> list:
     """The first n distinct questions of each dataset, in file order; an id may occur only once overall."""
-    from distill.data import check_unique_ids, load_examples
+    from distill.data import check_unique_ids, load_source
 
     if not cfg.datasets:
         raise DistillError("no datasets configured: add a `datasets:` list with name, source, split and n")
     examples = []
     for ds in cfg.datasets:
-        got = load_examples(ds.source, ds.name, ds.split, limit=ds.n, max_question_chars=ds.max_question_chars)
+        got = load_source(ds, limit=ds.n)
         if ds.n is not None and len(got) < ds.n:
             raise DistillError(f"{ds.source} has only {len(got)} distinct questions, n={ds.n} requested")
         examples.extend(got)

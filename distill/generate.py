@@ -49,18 +49,16 @@ class GenerateConfig(AgentConfig):
 
 
 def load_questions(cfg: GenerateConfig):
-    from distill.data import check_no_leak, check_unique_ids, load_examples, question_set, sample_mix
+    from distill.data import check_no_leak, check_unique_ids, load_source, question_set, sample_mix
 
     if not cfg.datasets:
         raise DistillError("no datasets configured: add a `datasets:` list with name, source and n")
     pools = []
     for ds in cfg.datasets:
-        examples = load_examples(ds.source, ds.name, ds.split, max_question_chars=ds.max_question_chars)
+        examples = load_source(ds)
         pools.append((examples, ds.n if ds.n is not None else len(examples)))
     check_unique_ids((ex for pool, _ in pools for ex in pool), "the datasets")
-    eval_questions = question_set(ex for ev in cfg.eval_sets
-                                  for ex in load_examples(ev.source, ev.name, ev.split,
-                                                          max_question_chars=ev.max_question_chars))
+    eval_questions = question_set(ex for ev in cfg.eval_sets for ex in load_source(ev))
     exclude = eval_questions if cfg.leak_policy == "exclude" else set()
     try:
         mix = sample_mix(pools, cfg.seed, exclude_questions=exclude)

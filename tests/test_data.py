@@ -129,7 +129,7 @@ def test_limit_counts_distinct_questions():
 
 def test_missing_file_names_path_and_expectation(tmp_path):
     missing = tmp_path / "nope.jsonl"
-    with pytest.raises(DistillError, match=r"data file not found: .*nope\.jsonl.*\.json or \.jsonl"):
+    with pytest.raises(DistillError, match=r"data file not found: .*nope\.jsonl.*\.json/\.jsonl/\.csv/\.parquet"):
         load_examples(str(missing), "hotpotqa", "dev")
 
 
@@ -153,10 +153,32 @@ def test_malformed_rows_and_files(tmp_path):
     bad.write_text('{"question": "q", "answer": "a"}\n{oops\n')
     with pytest.raises(DistillError, match=r"bad\.jsonl:2: invalid JSON"):
         load_examples(str(bad), "hotpotqa", "dev")
-    odd = tmp_path / "data.csv"
-    odd.write_text("question,answer\n")
-    with pytest.raises(DistillError, match="expected .json or .jsonl"):
+    odd = tmp_path / "data.tsv"
+    odd.write_text("question\tanswer\n")
+    with pytest.raises(DistillError, match=r"unknown file type '\.tsv'; expected \.json/\.jsonl/\.csv/\.parquet"):
         load_examples(str(odd), "hotpotqa", "dev")
+    header_only = tmp_path / "data.csv"
+    header_only.write_text("question,answer\n")
+    with pytest.raises(DistillError, match=r"data\.csv: no questions in it"):
+        load_examples(str(header_only), "hotpotqa", "dev")
+    blank = tmp_path / "blank.csv"
+    blank.write_text("question,answer\nWho?,x\nWhat?,\n")  # an empty cell is an empty answer, not a missing one
+    with pytest.raises(DistillError, match=r"blank\.csv: row 2: field `answers`: .*no usable gold answer"):
+        load_examples(str(blank), "hotpotqa", "dev")
+    for name, blob, message in [("latin.csv", b"question,answer\ncaf\xe9?,x\n", "UnicodeDecodeError"),
+                                ("quote.csv", b'question,answer\n"Who?,x\n', "ParserError"),
+                                ("fake.parquet", b"PAR1 not really", "ArrowInvalid")]:
+        (tmp_path / name).write_bytes(blob)
+        kind = "CSV" if name.endswith(".csv") else "PARQUET"
+        with pytest.raises(DistillError, match=rf"{name}: not a readable {kind} file \({message}: "):
+            load_examples(str(tmp_path / name), "hotpotqa", "dev")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"question": pa.array([], pa.string()), "answer": pa.array([], pa.string())}),
+                   tmp_path / "empty.parquet")
+    with pytest.raises(DistillError, match=r"empty\.parquet: no questions in it"):
+        load_examples(str(tmp_path / "empty.parquet"), "hotpotqa", "dev")
     scalar = tmp_path / "scalar.json"
     scalar.write_text('{"version": 1}')
     with pytest.raises(DistillError, match="`Data` list"):

@@ -213,12 +213,12 @@ def test_a_file_without_questions_is_refused(tmp_path):
 
 def test_the_question_bound_is_a_setting_of_the_source(tmp_path):
     path = _rows(tmp_path, [GOOD_ROW])
-    assert DatasetSource(name="x", source=str(path)).max_question_chars == 4000
+    assert DatasetSource(name="x", source=str(path), metric="em_f1").max_question_chars == 4000
     assert [e.id for e in load_examples(path, "hotpotqa", "train", max_question_chars=17)] == ["q0"]
     with pytest.raises(DistillError, match="17 characters, more than max_question_chars \\(16\\)"):
         load_examples(path, "hotpotqa", "train", max_question_chars=16)
     with pytest.raises(ValueError):
-        DatasetSource(name="x", source=str(path), max_question_chars=0)
+        DatasetSource(name="x", source=str(path), metric="em_f1", max_question_chars=0)
 
 
 def test_a_repeated_question_is_dropped_but_a_repeated_id_is_not(tmp_path):
