@@ -22,7 +22,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("plan", "check"), "distill.rewoo.plan", "parse and validate a plan"),
     (("generate",), "distill.generate", "record teacher trajectories (resumable)"),
     (("filter",), "distill.filter", "keep correct, well-formed trajectories"),
-    (("score",), "distill.metrics", "score predictions with official EM/F1"),
+    (("score",), "distill.metrics", "score predictions with EM/F1 (official HotpotQA/TriviaQA or plain rules)"),
     (("sft-data",), "distill.sft_data", "turn kept trajectories into an SFT dataset"),
     (("train",), "distill.train", "LoRA SFT of the student planner (prefer `accelerate launch -m distill.train`)"),
     (("improve",), "distill.improve", "improve the trained student on its own plans, scored by the Worker"),
