@@ -261,10 +261,17 @@ class Check:
         return 2
 
 
-def gpu_count() -> int:
+def gpu_memory() -> list[int]:
+    """The total memory of each visible GPU, in bytes (empty without one): what `--check` counts and what the
+    pipeline's `train.config: auto` sizes its choice by. Device properties only: no memory is allocated and no
+    kernel runs, so asking leaves the GPUs to the processes that train and serve."""
     try:
         import torch
 
-        return torch.cuda.device_count()
+        return [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]
     except Exception as exc:  # a broken CUDA setup is a problem of its own, not a traceback
-        raise DistillError(f"cannot count GPUs: {one_line(exc)}") from None
+        raise DistillError(f"cannot query the GPUs: {one_line(exc)}") from None
+
+
+def gpu_count() -> int:
+    return len(gpu_memory())

@@ -69,6 +69,14 @@ class ModelSpec(Strict):
         return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url or [])
 
 
+# The ModelSpec keys that say which model an endpoint is: what it is, where it runs, how it is reached and what it
+# costs. The pipeline's `teacher:` replaces them as a whole where an endpoint takes the teacher (half of one
+# endpoint's address with half of another's is neither); the other keys (max_tokens, temperature, stop, patience)
+# belong to the role, a planner's not being a Solver's.
+ENDPOINT_IDENTITY = frozenset({"backend", "model", "base_url", "api_key_env", "prompt_per_mtok", "completion_per_mtok",
+                               "tokenizer", "dtype", "device"})
+
+
 class AgentConfig(Strict):
     """What `distill ask` needs; generation and evaluation configs extend it."""
 
@@ -271,8 +279,14 @@ def read_json_model(path: Path, cls: type[C], what: str, remedy: str) -> C | Non
 
 
 def load_config(cls: type[C], path: str | Path | None = None, overrides: list[str] | None = None) -> C:
-    data = _merge(read_yaml(path) if path else {}, parse_overrides(overrides))
-    return validate(cls, data, str(path or "config"))
+    """The file, then `--set` over it. A class that names other files in its config (the pipeline's `config:
+    FILE`) has `relative_to_file(data, folder)`: the paths the file holds are read from the file's folder, as a
+    user who writes them beside each other means, while `--set` paths stay relative to the working directory,
+    as every path typed on a command line is."""
+    data = read_yaml(path) if path else {}
+    if path and (rebase := getattr(cls, "relative_to_file", None)):
+        data = rebase(data, Path(path).parent)
+    return validate(cls, _merge(data, parse_overrides(overrides)), str(path or "config"))
 
 
 def add_config_args(parser, default: str | None = None) -> None:

@@ -26,6 +26,12 @@ the port it listens on, makes a rerun of generation cost nothing.
 Model endpoints may say `base_url: "@server"`: the pipeline starts a vLLM server (the teacher's for
 generation, the students', base model plus LoRA adapters, for evaluation) and fills in its address.
 
+`teacher:` names the model that writes the training plans once; every generate and eval endpoint that would
+otherwise repeat it takes it (PipelineConfig says which, `with_teacher` what wins), and `--check` and the run's
+start warn in one line when an eval teacher row asks another model than generate's planner. `config: FILE` in a
+pipeline config is read from that file's folder; `train: {config: auto}` picks the training config by the visible
+GPUs' memory (distill.train.config_for_gpus).
+
 `--check` runs no stage and writes nothing: every section validated, each stage's resolved config and the
 commands it would launch, what the run needs (keys, endpoints, integrations, GPUs, disk: one line per problem,
 exit 2) and its estimated calls, tokens and dollars (see distill.check).
@@ -38,6 +44,7 @@ import json
 import os
 import pkgutil
 import shlex
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -47,7 +54,8 @@ from typing import Any, Callable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from distill.config import Strict, add_config_args, load_config, read_json_model, validate
+from distill.config import (ENDPOINT_IDENTITY, AgentConfig, ModelSpec, Strict, _merge, add_config_args, load_config,
+                            read_json_model, read_yaml, validate)
 from distill.errors import DistillError
 from distill.run import describe_changes, fingerprint, folder_lock, set_aside, settings_of, source_digests
 from distill.store import content_digest, write_json
@@ -57,6 +65,13 @@ STAGES = ("generate", "filter", "sft-data", "train", "improve", "eval", "report"
 IMPROVED = "{}_improved"  # the LoRA module (and eval row model) of a student's improved adapter
 SERVER = "@server"
 STAGE_CONFIG = "config"
+AUTO = "auto"  # `train.config: auto`: the training config for the visible GPUs (distill.train.GPU_CONFIGS)
+# The sections that are a stage's config (or a server's): each may name its stage config file (`config: FILE`).
+SECTIONS = ("generate", "teacher_server", "filter", "sft_data", "train", "improve", "student_server", "eval")
+# The endpoints that take the pipeline's `teacher:` by default, per stage, beside eval's teacher rows (`is_teacher_row`).
+# The model that writes the plans also answers from them and runs the LLM tool while generating, and the paper's
+# evaluation keeps it as every method's Solver and judge. improve's endpoints are the student's and its base's.
+TEACHER_ROLES = {"generate": ("planner", "solver", "llm_tool", "judge"), "eval": ("solver", "llm_tool", "judge")}
 # Files in a student's sft-data folder that are not its training data: the marker, and the cache files `datasets`
 # writes beside the data when training maps over it (a rerun must not take them for new data).
 SFT_DATA_NOT_INPUT = ("DONE.json", "cache-*.arrow", "tmp*")
@@ -71,14 +86,79 @@ ENTRIES = {
     "improve": "distill.improve:improve",
     "eval": "distill.evaluate:evaluate",
     "report": "distill.report:write_report",
+    "gpus": "distill.check:gpu_memory",  # the visible GPUs' memory: a test without a GPU passes made-up sizes
 }
+
+
+def is_teacher_row(name: str) -> bool:
+    """An eval planner row that is the teacher: `teacher`, or one of its variants (`teacher+replan`)."""
+    return name == "teacher" or name.startswith("teacher+")
+
+
+def teacher_endpoints(stage: str, section: Mapping[str, Any], change: Callable[[str, dict], dict]) -> dict:
+    """The section with `change(name, endpoint)` applied to each endpoint in it that takes the teacher: its roles,
+    and for eval the spec of each teacher row (named as the row), whether `planners` is a list or a mapping."""
+    out = dict(section)
+    for role in TEACHER_ROLES[stage]:
+        if isinstance(out.get(role), Mapping):
+            out[role] = change(role, dict(out[role]))
+
+    def row(name: Any, entry: Any) -> Any:
+        if not isinstance(name, str) or not is_teacher_row(name) or not isinstance(entry or {}, Mapping):
+            return entry
+        spec = (entry or {}).get("spec") or {}
+        return {**(entry or {}), "spec": change(name, dict(spec))} if isinstance(spec, Mapping) else entry
+
+    planners = out.get("planners") if stage == "eval" else None
+    if isinstance(planners, Mapping):
+        out["planners"] = {name: row(name, entry) for name, entry in planners.items()}
+    elif isinstance(planners, list):
+        out["planners"] = [row(e.get("name"), e) if isinstance(e, Mapping) else e for e in planners]
+    return out
+
+
+def with_teacher(stage: str, file: Mapping[str, Any], own: Mapping[str, Any], teacher: Mapping[str, Any]) -> dict:
+    """A generate or eval section with the teacher in every endpoint that takes it: the teacher's keys, then the
+    role's own keys from the stage config file less the ones that say which model it is (the file names its own
+    teacher, for its own command: in the pipeline the teacher replaces it whole), then what the pipeline's section
+    says itself, which wins. A role the section leaves out that always has an endpoint (generate's planner, the
+    Solver) is the teacher with that role's own defaults (AgentConfig's: a Solver's max_tokens 64)."""
+    section = _merge(teacher_endpoints(stage, file, lambda _, e: {k: v for k, v in e.items()
+                                                                  if k not in ENDPOINT_IDENTITY}), dict(own))
+    for role in TEACHER_ROLES[stage]:
+        field = AgentConfig.model_fields.get(role)  # judge is not an agent's: optional wherever it is
+        if role not in section and field and (default := field.get_default(call_default_factory=True)):
+            section[role] = default.model_dump(exclude_unset=True)
+    return teacher_endpoints(stage, section, lambda _, e: dict(teacher) | e)
+
+
+def read_stage_config(path: str, over: Mapping[str, Any]) -> dict:
+    """A stage config file with the section's other keys over it."""
+    return _merge(read_yaml(path), dict(over))
 
 
 class PipelineConfig(Strict):
     """Each stage section holds that stage's config keys, or `config: FILE` (a stage config, e.g.
-    configs/eval_hotpot_trivia_7b.yaml, read relative to the working directory) plus keys that override it."""
+    eval_hotpot_trivia_7b.yaml) plus keys that override it.
+
+    Paths, and what they are relative to: `config: FILE` in a pipeline config file is read from that file's
+    folder (configs/pipeline_hotpot_trivia_7b.yaml names `generate_teacher.yaml`, beside it), so a pipeline
+    config and its stage configs move together; one given with `--set` (or in a config built in code) is relative
+    to the working directory, as is every other path: `run_dir`, and the paths inside the sections and inside the
+    stage configs (datasets' `source`, `wikipedia_corpus`, ...), exactly as each stage's own command reads them
+    from the same files, so that the two cannot drift apart. Absolute paths are used as they are.
+
+    `teacher:` (ModelSpec keys) is the model that writes the training plans, named once. generate's planner,
+    solver, llm_tool and judge and eval's teacher rows (`teacher`, `teacher+...`), solver, llm_tool and judge take
+    it by default; see `with_teacher` for what wins where. It becomes part of those sections, so their
+    fingerprints hold it as they hold any endpoint: a new teacher redoes generation and everything after.
+
+    `train: {config: auto}` picks the training config by the visible GPUs' memory (distill.train.config_for_gpus),
+    when the pipeline starts, saying which and why."""
 
     run_dir: str = "runs/demo"
+    # declared before the sections: their validator reads it
+    teacher: ModelSpec | None = None  # the teacher endpoint; None: every section names its models itself
     generate: dict[str, Any]  # GenerateConfig keys (output_dir and cache are set by the pipeline)
     teacher_server: dict[str, Any] | None = None  # ServeConfig keys: a vLLM server for the teacher, or none
     filter: dict[str, Any] = Field(default_factory=dict)  # FilterConfig keys
@@ -92,20 +172,38 @@ class PipelineConfig(Strict):
     student_server: dict[str, Any] = Field(default_factory=dict)  # ServeConfig keys (adapters are set)
     eval: dict[str, Any]  # EvalConfig keys (output_dir is set)
 
-    @field_validator("generate", "teacher_server", "filter", "sft_data", "train", "improve", "student_server",
-                     "eval", mode="before")
+    @field_validator(*SECTIONS, mode="before")
     @classmethod
     def _stage_config(cls, value: Any, info: ValidationInfo) -> Any:
         """A section that names its stage config runs exactly what that stage's own command would, so the
-        two cannot drift apart."""
-        if not isinstance(value, Mapping) or STAGE_CONFIG not in value:
+        two cannot drift apart; generate and eval take the teacher where they do not say otherwise."""
+        if not isinstance(value, Mapping):
             return value
-        from distill.config import _merge, read_yaml
+        name, path = info.field_name, value.get(STAGE_CONFIG)
+        if path is not None and not isinstance(path, str):
+            raise DistillError(f"{name}.{STAGE_CONFIG}: expected the path of a stage config")
+        if path == AUTO:
+            if name != "train":
+                raise DistillError(f"{name}.{STAGE_CONFIG}: auto picks a training config by the GPUs' memory: "
+                                   "train only")
+            return value  # chosen by the Pipeline, which knows the GPUs
+        own = {k: v for k, v in value.items() if k != STAGE_CONFIG}
+        file = read_yaml(path) if path is not None else {}
+        teacher = info.data.get("teacher")
+        if name in TEACHER_ROLES and teacher is not None:
+            return with_teacher(name, file, own, teacher.model_dump(mode="json", exclude_unset=True))
+        return _merge(file, own) if path is not None else value
 
-        path = value[STAGE_CONFIG]
-        if not isinstance(path, str):
-            raise DistillError(f"{info.field_name}.{STAGE_CONFIG}: expected the path of a stage config")
-        return _merge(read_yaml(path), {k: v for k, v in value.items() if k != STAGE_CONFIG})
+    @classmethod
+    def relative_to_file(cls, data: dict, folder: Path) -> dict:
+        """The `config: FILE` paths of a pipeline config file, read from its folder (distill.config.load_config)."""
+        out = dict(data)
+        for name in SECTIONS:
+            section = out.get(name)
+            if isinstance(section, Mapping) and isinstance(path := section.get(STAGE_CONFIG), str) \
+                    and path != AUTO and not Path(path).is_absolute():
+                out[name] = {**section, STAGE_CONFIG: str(folder / path)}
+        return out
 
     @field_validator("students")
     @classmethod
@@ -201,9 +299,34 @@ class Pipeline:
         self.config_path = config_path
         self.entries = dict(entries or {})
         self.redone: set[str] = set()  # labels of the units that did work in this run
+        self._gpus: list[int] | None = None
+        self._train: dict | None = None
 
     def entry(self, name: str) -> Callable:
         return self.entries.get(name) or pkgutil.resolve_name(ENTRIES[name])
+
+    def gpu_memory(self) -> list[int]:
+        """The visible GPUs' total memory in bytes, asked once (distill.check.gpu_memory, or the `gpus` entry)."""
+        if self._gpus is None:
+            self._gpus = list(self.entry("gpus")())
+        return self._gpus
+
+    def train_base(self) -> dict:
+        """The shared train section; with `config: auto`, over the config for this machine's GPUs, chosen once and
+        said in one line. The choice is part of the section, so training on other GPUs that pick another config
+        retrains, as a changed key would."""
+        if self._train is None:
+            section = self.cfg.train
+            if section.get(STAGE_CONFIG) == AUTO:
+                from distill.train import config_for_gpus
+
+                path, why = config_for_gpus(self.gpu_memory())
+                shown = os.path.relpath(path)
+                shown = shown if not shown.startswith("..") else str(path)
+                print(f"[pipeline] train.config auto: {shown} ({why})", flush=True)
+                section = read_stage_config(str(path), {k: v for k, v in section.items() if k != STAGE_CONFIG})
+            self._train = section
+        return self._train
 
     def once(self, unit: Unit, step: Callable[[], dict], depends: list[str] = ()) -> dict:
         """`step()` unless the unit's marker holds its fingerprint and nothing it is made from was redone in this
@@ -291,8 +414,8 @@ class Pipeline:
         own = self.students()[name].get("train") or {}
         if not isinstance(own, Mapping):
             raise DistillError(f"students.{name}.train: expected train config keys")
-        data = self.cfg.train | own | {"dataset_dir": str(self.run / "sft-data" / name),
-                                       "output_dir": str(self.run / "train" / name)}
+        data = self.train_base() | own | {"dataset_dir": str(self.run / "sft-data" / name),
+                                          "output_dir": str(self.run / "train" / name)}
         try:
             validate(TrainConfig, data, "train (pipeline)")
         except DistillError as exc:  # TRL's parser names no section: say which student's keys were read
@@ -349,7 +472,11 @@ class Pipeline:
     def tracking(self) -> dict:
         """Generation and evaluation report their progress where training reports (`train.report_to`) unless
         their own section says otherwise: one tracker for the whole run."""
-        report_to = self.cfg.train.get("report_to", [])
+        try:
+            train = self.train_base()
+        except DistillError:  # `auto` with no GPU to pick for: the train section's own check says so
+            train = self.cfg.train
+        report_to = train.get("report_to", [])
         named = [report_to] if isinstance(report_to, str) else list(report_to)
         return {"report_to": [r for r in named if r in PACKAGES]}
 
@@ -385,6 +512,8 @@ class Pipeline:
             attempt(check_students_served_as_trained, sft, ev, url, {served_name(student_server), *sft})
         if gen is not None and ev is not None:
             attempt(check_leak_guard_covers_eval, gen, ev)
+            if line := teacher_mismatch(gen, ev):
+                print(f"warning: {line}", file=sys.stderr, flush=True)
         if world is not None:
             self.check_world(world, url)
             return
@@ -397,15 +526,17 @@ class Pipeline:
     def check_world(self, world, url: str) -> None:
         """`--check`: each stage's resolved config and the commands it would launch, what the run needs of this
         machine and the endpoints (one line per problem in `world`), and the estimate; nothing is written."""
-        from distill.check import TokenCounter, gpu_count, print_estimates, show_config
+        from distill.check import TokenCounter, print_estimates, show_config
         from distill.evaluate import check_run as check_eval
         from distill.generate import check_run as check_generate
 
         counter, estimates, gpus = TokenCounter(), [], None
         try:
-            gpus = gpu_count()
+            gpus = len(self.gpu_memory())
         except DistillError as exc:
             world.problem(str(exc))
+        if self.cfg.teacher is not None:
+            print(f"--- teacher: {self.cfg.teacher.model} ({self.teacher_takers()})")
         if self.cfg.teacher_server is not None:
             self.check_server(world, "teacher_server", gpus)
         try:
@@ -476,6 +607,21 @@ class Pipeline:
                       if k in section and (k != "device" or cfg.device == "gpu")), None)
         if gpus is not None:
             world.gpus(name, wants, gpus, "vLLM")
+
+    def teacher_takers(self) -> str:
+        """Where the teacher went: per stage, the endpoints that take it and name its model."""
+        out = []
+        for stage in TEACHER_ROLES:
+            took: list[str] = []
+
+            def note(name: str, endpoint: dict) -> dict:
+                if endpoint.get("model") == self.cfg.teacher.model:
+                    took.append(name)
+                return endpoint
+
+            teacher_endpoints(stage, getattr(self.cfg, stage), note)
+            out.append(f"{stage} {', '.join(took) or 'none'}")
+        return "; ".join(out)
 
     # ------------------------------------------------------------------ what each unit is made from
     def server_settings(self, name: str) -> dict | None:
@@ -615,6 +761,18 @@ class Pipeline:
             self.once(self.report_unit(), self.report, ["eval"])
         print(f"\nreport:  {self.run / 'report.md'}")
         print(f"results: {self.run / 'results.json'}")
+
+
+def teacher_mismatch(gen: Any, ev: Any) -> str | None:
+    """One line when an eval teacher row asks another model than the one whose plans the students learn (generate's
+    planner): then the report's teacher is not the students' teacher. A warning, not a refusal: a user may mean it
+    (a newer model of the same family as the reference, say)."""
+    rows = [p for p in ev.planners if is_teacher_row(p.name) and p.spec.model != gen.planner.model]
+    if not rows:
+        return None
+    named = ", ".join(f"{p.name} ({p.spec.model})" for p in rows)
+    return (f"eval planner{'s' * (len(rows) > 1)} {named} {'is' if len(rows) == 1 else 'are'} not the model that "
+            f"writes the training plans: generate.planner is {gen.planner.model}")
 
 
 def check_leak_guard_covers_eval(gen: Any, ev: Any) -> None:

@@ -39,7 +39,16 @@ from distill.tracking import require as require_trackers
 
 log = logging.getLogger("distill.train")
 
-ACCELERATE_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+ACCELERATE_CONFIGS = CONFIGS / "accelerate"
+# `train.config: auto` in `distill pipeline`: the 7B student's training config for the memory of the smallest
+# visible GPU (GiB as the device reports it: a "24 GB" card reports 22-24, a "40 GB" 39-40, an "80 GB" 79-80), the
+# largest first. The README's table "Which training config for which GPU" is this one, in words.
+GPU_CONFIGS: tuple[tuple[int, str, str], ...] = (
+    (70, "qwen2.5-7b_lora_80gb.yaml", "80 GB class: no checkpointing, Liger, padding-free"),
+    (36, "qwen2.5-7b_lora_gpu.yaml", "40-48 GB class: bf16 LoRA with checkpointing"),
+    (20, "qwen2.5-7b_qlora_gpu.yaml", "24 GB class: 4-bit QLoRA"),
+)
 
 
 @dataclass
@@ -262,6 +271,25 @@ def gradient_accumulation_steps(global_batch_size: int, per_device: int, process
             f"x {processes} process(es) = {per_step}; change one of them"
         )
     return global_batch_size // per_step
+
+
+def config_for_gpus(memory: list[int]) -> tuple[Path, str]:
+    """The training config `train.config: auto` picks for GPUs of these total memories (bytes), and why, in words.
+    Training runs on every visible GPU at the same per-device batch, so the smallest decides. Without a GPU there is
+    no 7B config to pick: the CPU config trains another model (SmolLM2-135M), which the rest of a 7B pipeline
+    (its tokenizer, its student server) does not serve, so that is one line asking for a named config."""
+    if not memory:
+        raise DistillError("train.config: auto picks a 7B training config by the GPUs' memory, but no GPU is visible "
+                           "(torch.cuda.device_count() = 0); name a config instead (on a CPU: "
+                           "configs/smollm2-135m_lora_cpu.yaml, with a 135M student throughout)")
+    gib = min(memory) / 2**30
+    which = f"{'the' if len(memory) == 1 else f'the smallest of {len(memory)}'} visible GPU{'s' * (len(memory) > 1)}"
+    for floor, name, kind in GPU_CONFIGS:
+        if gib >= floor:
+            return CONFIGS / name, f"{which} has {gib:.1f} GiB: {kind}, for {floor} GiB and up"
+    floor, name, _ = GPU_CONFIGS[-1]
+    raise DistillError(f"train.config: auto: {which} has {gib:.1f} GiB, below the {floor} GiB the smallest 7B "
+                       f"config (configs/{name}) is sized for; name a config that fits it")
 
 
 def launch_command(config_path: str | Path, cfg: TrainConfig, gpus: int) -> list[str]:

@@ -125,3 +125,26 @@ def test_an_integration_is_checked_by_the_module_it_imports():
     assert check.problems == [] and importable("tensorboard")
     check.report_to(["wandb"], "train", modules={"wandb": "wandb_not_installed_here"})
     assert check.problems == ["train.report_to: wandb is not installed (pip install wandb)"]
+
+
+def test_pipeline_check_sizes_train_config_auto_and_the_launch_by_the_same_gpu_query(tmp_path, monkeypatch, capsys):
+    """One query of the GPUs (distill.check.gpu_memory) both counts them for the launch and sizes the training
+    config `auto` picks. This machine has no GPU: two H100s are made up, and nothing else is."""
+    import distill.check
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(distill.check, "gpu_memory", lambda: [81559 << 20] * 2)
+    cfg = wiring_config(tmp_path)
+    cfg["train"] = {"config": "auto", "max_steps": 2}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["pipeline", "--check", "--offline", "--config", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert problems(err) == []
+    assert out.count("[pipeline] train.config auto: configs/qwen2.5-7b_lora_80gb.yaml (the smallest of 2 visible "
+                     "GPUs has 79.6 GiB: 80 GB class") == 1
+    shown = yaml.safe_load(out.split("--- train planner: resolved section\n")[1].split("\n---")[0].split("\ntrain ")[0])
+    assert (shown["per_device_train_batch_size"], shown["use_liger_kernel"], shown["max_steps"]) == (16, True, 2)
+    launch = next(line for line in out.splitlines() if line.startswith("train planner would run: "))
+    assert "accelerate.commands.launch" in launch and "--num_processes 2" in launch
+    assert not (tmp_path / "run").exists()

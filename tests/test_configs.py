@@ -112,7 +112,7 @@ def test_set_reaches_one_item_of_a_list():
     pipeline = load_config(PipelineConfig, CONFIGS / "demo_smollm2_cpu.yaml", ["generate.datasets.0.n=5"])
     gen = Pipeline(pipeline).generate_config("http://127.0.0.1:1/v1")
     assert gen.datasets[0].n == 5 and gen.datasets[0].source == "data/demo/train.jsonl"
-    # its generate section is `config: configs/generate_teacher.yaml`: the index reaches into that file
+    # its generate section is `config: generate_teacher.yaml`: the index reaches into that file
     real = load_config(PipelineConfig, CONFIGS / "pipeline_hotpot_trivia_7b.yaml", ["generate.datasets.0.n=5"])
     gen = Pipeline(real).generate_config("http://127.0.0.1:1/v1")
     assert gen.datasets[0].n == 5 and gen.datasets[1:] == before.datasets[1:]

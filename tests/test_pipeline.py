@@ -25,13 +25,17 @@ ROOT = Path(__file__).resolve().parents[1]
 def reduced_demo(tmp_path: Path, teacher_url: str) -> Path:
     """The demo config, shortened; the teacher is the test session's server (the same base model the demo's
     teacher_server serves), so the pipeline starts one server of its own, the students' with their adapters."""
-    cfg = yaml.safe_load((ROOT / "configs" / "demo_smollm2_cpu.yaml").read_text())
+    from distill.pipeline import PipelineConfig
+
+    # written elsewhere, so the stage configs it names (beside it) get their full paths
+    cfg = PipelineConfig.relative_to_file(yaml.safe_load((ROOT / "configs" / "demo_smollm2_cpu.yaml").read_text()),
+                                          ROOT / "configs")
     cfg["run_dir"] = str(tmp_path / "run")
     del cfg["teacher_server"]
     gen = cfg["generate"]
+    assert cfg["teacher"]["base_url"] == "@server"  # eval's teacher rows stay on the students' server
     for role in ("planner", "solver", "llm_tool"):
-        assert gen[role]["base_url"] == "@server"
-        gen[role]["base_url"] = teacher_url
+        gen[role]["base_url"] = teacher_url  # the section's own key wins over the teacher's
     gen["datasets"][0]["n"] = 5
     gen["samples_per_question"] = 3
     gen["planner"]["temperature"] = 0.5  # a tiny teacher writes more well-formed plans when less random
@@ -105,7 +109,7 @@ def wiring_config(tmp_path: Path) -> dict:
                      "eval_sets": [{"name": "hotpotqa", "source": "data/demo/dev.jsonl", "split": "validation"}]},
         "filter": {"min_f1": 0.5},
         "sft_data": {"tools": ["Wikipedia", "LLM", "Calculator"], "val_fraction": 0.34, "tokenizer": "none"},
-        "train": {"config": "configs/smollm2-135m_lora_cpu.yaml", "max_steps": 2},
+        "train": {"config": str(ROOT / "configs" / "smollm2-135m_lora_cpu.yaml"), "max_steps": 2},
         "eval": {
             "planners": {"student": {"prompt": "zeroshot", "spec": served | {"model": "planner"}}},
             "baselines": ["direct"],
@@ -485,8 +489,10 @@ def test_a_student_served_otherwise_than_trained_fails_before_any_stage(tmp_path
 @pytest.mark.parametrize("section, value, message", [
     ("eval", {"react_max_step": 3}, "eval: react_max_step: Extra inputs are not permitted"),
     ("sft_data", {"val_fractoin": 0.1}, "sft_data (pipeline): val_fractoin: Extra inputs are not permitted"),
-    ("train", {"config": "configs/smollm2-135m_lora_cpu.yaml", "lora_rank": 4}, "train config: unknown key(s) lora_rank"),
-    ("train", {"config": "configs/nope.yaml"}, "config not found: configs/nope.yaml"),
+    ("train", {"config": str(ROOT / "configs" / "smollm2-135m_lora_cpu.yaml"), "lora_rank": 4},
+     "train config: unknown key(s) lora_rank"),
+    # relative to the pipeline config file's folder (here the test's own), not to the working directory
+    ("train", {"config": "configs/nope.yaml"}, "config not found: {tmp}/configs/nope.yaml"),
     ("student_server", {"gpu_memory_utilisation": 0.5}, "student_server: gpu_memory_utilisation"),
 ])
 def test_a_bad_key_in_any_section_fails_before_any_stage_one_line_exit_2(tmp_path, monkeypatch, capsys,
@@ -494,7 +500,7 @@ def test_a_bad_key_in_any_section_fails_before_any_stage_one_line_exit_2(tmp_pat
     monkeypatch.chdir(ROOT)
     cfg = wiring_config(tmp_path)
     cfg[section] = (cfg.get(section, {}) if "config" not in value else {}) | value
-    fails_before_any_stage(tmp_path, cfg, message, capsys)
+    fails_before_any_stage(tmp_path, cfg, message.replace("{tmp}", str(tmp_path)), capsys)
 
 
 @contextmanager
@@ -682,3 +688,207 @@ def test_a_grpo_improve_section_serves_the_grpo_runs_adapter(tmp_path, monkeypat
     assert pipe.improve_config().method == "grpo"
     assert pipe.server_config("student_server").adapters["student_compact_improved"] == str(
         tmp_path / "run" / "improve" / "student_compact" / "grpo" / "adapter")
+
+
+# ------------------------------------------------------------------------------------- the teacher, named once
+
+def with_teacher(tmp_path: Path) -> dict:
+    """The wiring config with the teacher named once and every endpoint that repeats it saying only its own role's
+    settings. The eval teacher rows ask the students' server for the base model, which it serves."""
+    cfg = wiring_config(tmp_path)
+    cfg["teacher"] = {"backend": "openai", "base_url": "@server", "model": "smollm2-135m-instruct",
+                      "max_concurrency": 3}
+    cfg["generate"]["planner"] = {"temperature": 0.7, "max_tokens": 300}
+    cfg["generate"]["llm_tool"] = {"max_tokens": 48}
+    del cfg["generate"]["solver"], cfg["eval"]["solver"]
+    cfg["eval"]["planners"] = {"teacher": {"prompt": "fewshot", "spec": {"max_tokens": 200}},
+                               "teacher+replan": {"prompt": "fewshot", "replan": True, "spec": {}},
+                               **cfg["eval"]["planners"]}
+    cfg["eval"]["judge"] = {"max_tokens": 8}
+    return cfg
+
+
+def test_the_teacher_named_once_is_every_endpoint_that_repeats_it(tmp_path, monkeypatch):
+    """Generation's planner, Solver and LLM tool and eval's teacher rows, Solver and judge take the teacher, each
+    with its role's own settings on top; the student's row is not the teacher's."""
+    monkeypatch.chdir(ROOT)
+    recorder = run_pipeline(with_teacher(tmp_path))
+    calls = dict(recorder.calls)
+    gen, ev = calls["generate"], calls["eval"]
+    assert {(e.model, e.base_url, e.max_concurrency) for e in (gen.planner, gen.solver, gen.llm_tool)} == {
+        ("smollm2-135m-instruct", "http://teacher.test/v1", 3)}  # the teacher on the teacher's server
+    assert (gen.planner.temperature, gen.planner.max_tokens) == (0.7, 300) and gen.llm_tool.max_tokens == 48
+    assert gen.solver.max_tokens == 64  # a section without a Solver: the teacher with the Solver's own default
+    rows = {p.name: p.spec for p in ev.planners}
+    served = [rows["teacher"], rows["teacher+replan"], ev.solver, ev.judge]
+    assert {(e.model, e.base_url) for e in served} == {("smollm2-135m-instruct", "http://student.test/v1")}
+    assert rows["teacher"].max_tokens == 200 and ev.judge.max_tokens == 8 and rows["teacher+replan"].max_tokens == 512
+    assert (rows["student"].model, rows["student"].max_concurrency) == ("planner", 8)  # not a teacher row
+
+
+def test_the_teacher_replaces_the_model_a_stage_config_names_and_the_pipelines_own_keys_win(monkeypatch):
+    """The 7B pipeline's stage configs name gpt-4o-mini everywhere, for their own commands: one `teacher` setting
+    changes all of them, whole (no api_key_env left over for a local server), and leaves the roles' settings."""
+    from distill.config import load_config
+    from distill.pipeline import Pipeline, PipelineConfig
+
+    monkeypatch.chdir(ROOT)
+    path = ROOT / "configs" / "pipeline_hotpot_trivia_7b.yaml"
+    local = ["teacher.base_url=http://127.0.0.1:8001/v1", "teacher.model=Qwen/Qwen2.5-72B-Instruct",
+             "teacher.api_key_env=null"]  # a teacher on a server of one's own, which takes no key
+    pipe = Pipeline(load_config(PipelineConfig, path, local + ["eval.judge.model=gpt-4o",
+                                                              "eval.judge.api_key_env=OPENAI_API_KEY"]))
+    gen, ev = pipe.generate_config(None), pipe.eval_config("http://127.0.0.1:1/v1")
+    rows = {p.name: p.spec for p in ev.planners}
+    teacher = [gen.planner, gen.solver, rows["teacher"], rows["teacher+replan"], ev.solver]
+    assert {(e.model, e.base_url, e.api_key_env) for e in teacher} == {
+        ("Qwen/Qwen2.5-72B-Instruct", "http://127.0.0.1:8001/v1", None)}
+    assert (gen.planner.temperature, gen.planner.max_tokens, gen.solver.max_tokens) == (0.7, 512, 64)  # the file's
+    assert (ev.judge.model, ev.judge.base_url, ev.judge.api_key_env) == ("gpt-4o", "http://127.0.0.1:8001/v1",
+                                                                         "OPENAI_API_KEY")  # said in the section
+    assert (rows["student"].model, rows["base"].model) == ("planner", "base")
+
+
+def test_a_new_teacher_redoes_generation_and_everything_made_from_it(tmp_path, monkeypatch, capsys):
+    """The teacher is part of the resolved sections, so of their fingerprints, as any endpoint setting is."""
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    cfg = wiring_config(tmp_path)  # eval names its Solver itself: only generation takes the teacher
+    cfg["teacher"] = {"backend": "openai", "base_url": "@server", "model": "smollm2-135m-instruct"}
+    del cfg["generate"]["planner"], cfg["generate"]["solver"]
+    run_pipeline(cfg)
+    assert json.loads((run / "generate" / "DONE.json").read_text())["settings"]["planner"]["model"] == \
+        "smollm2-135m-instruct"
+    capsys.readouterr()
+    assert run_pipeline(cfg).calls == []  # the same teacher: nothing to do
+
+    cfg["teacher"]["model"] = "qwen-teacher"
+    again = run_pipeline(cfg)
+    out = capsys.readouterr().out
+    assert [n for n, _ in again.calls] == ["server", "generate", "train", "server", "eval"]
+    assert dict(again.calls)["generate"].planner.model == "qwen-teacher"
+    assert ("[pipeline] generate: settings changed (planner.model smollm2-135m-instruct -> qwen-teacher, "
+            "solver.model smollm2-135m-instruct -> qwen-teacher): rerunning; filter, sft-data, train, eval, report "
+            "follow") in out, out
+
+
+def test_check_shows_the_teacher_filled_in_and_warns_when_evals_teacher_is_another_model(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """A warning, not a refusal (a user may mean it), in one line, from `--check` and from a run's start."""
+    from distill import cli
+
+    monkeypatch.chdir(ROOT)
+    cfg = with_teacher(tmp_path)
+    cfg["eval"]["planners"]["teacher+replan"] |= {"prompt": "full", "spec": {"model": "planner"}}  # the student
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["pipeline", "--check", "--offline", "--config", str(path)]) == 0
+    out, err = capsys.readouterr()
+    warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert warnings == ["warning: eval planner teacher+replan (planner) is not the model that writes the training "
+                        "plans: generate.planner is smollm2-135m-instruct"], err
+    assert ("--- teacher: smollm2-135m-instruct (generate planner, solver, llm_tool; eval solver, judge, teacher)"
+            in out.splitlines())
+    shown = yaml.safe_load(out.split("--- generate: resolved config\n")[1].split("\n---")[0])
+    assert {(shown[r]["model"], shown[r]["max_concurrency"]) for r in ("planner", "solver", "llm_tool")} == {
+        ("smollm2-135m-instruct", 3)}
+    assert (shown["planner"]["temperature"], shown["planner"]["max_tokens"]) == (0.7, 300)
+    assert not (tmp_path / "run").exists()
+
+    run_pipeline(cfg)  # and at the start of a run, which goes on
+    assert capsys.readouterr().err.count("warning: eval planner teacher+replan (planner)") == 1
+    assert (tmp_path / "run" / "report" / "DONE.json").exists()
+    del cfg["teacher"], cfg["eval"]["planners"]["teacher+replan"]  # each section naming its own: same check
+    cfg["generate"] |= {"planner": {"backend": "openai", "base_url": "@server", "model": "smollm2-135m-instruct"}}
+    cfg["eval"]["planners"]["teacher"] = {"prompt": "full", "spec": {"backend": "openai", "base_url": "@server",
+                                                                     "model": "planner"}}
+    from distill.config import validate
+    from distill.pipeline import Pipeline, PipelineConfig
+
+    Pipeline(validate(PipelineConfig, cfg)).check()
+    assert capsys.readouterr().err.startswith("warning: eval planner teacher (planner) is not the model")
+
+
+# ------------------------------------------------------------------------------------- paths in a pipeline config
+
+def test_a_stage_config_is_read_from_the_folder_of_the_file_that_names_it(tmp_path, monkeypatch):
+    """A pipeline config and its stage configs move together; `--set` paths are the command line's, relative to
+    the working directory; absolute ones are kept."""
+    from distill.config import load_config, read_yaml
+    from distill.errors import DistillError
+    from distill.pipeline import Pipeline, PipelineConfig
+
+    monkeypatch.chdir(ROOT)
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    cpu = ROOT / "configs" / "smollm2-135m_lora_cpu.yaml"
+    (folder / "train.yaml").write_text(yaml.safe_dump(read_yaml(cpu) | {"learning_rate": 3e-4}))
+    cfg = wiring_config(tmp_path)
+    cfg["train"] = {"config": "train.yaml", "max_steps": 2}
+    (folder / "p.yaml").write_text(yaml.safe_dump(cfg))
+
+    def train(*overrides: str) -> dict:
+        return Pipeline(load_config(PipelineConfig, folder / "p.yaml", list(overrides))).train_section("planner")
+
+    assert train()["learning_rate"] == 3e-4 and train()["max_steps"] == 2  # mine/train.yaml, not ROOT's
+    assert train("train.config=configs/smollm2-135m_lora_cpu.yaml")["learning_rate"] == 1e-3  # from the cwd
+    assert train(f"train.config={folder / 'train.yaml'}")["learning_rate"] == 3e-4
+    (folder / "p.yaml").write_text(yaml.safe_dump(cfg | {"train": {"config": str(cpu)}}))
+    assert train()["learning_rate"] == 1e-3  # an absolute path as it is
+    (folder / "p.yaml").write_text(yaml.safe_dump(cfg | {"train": {"config": "configs/smollm2-135m_lora_cpu.yaml"}}))
+    with pytest.raises(DistillError, match=f"config not found: {folder}/configs/smollm2-135m_lora_cpu.yaml"):
+        train()
+
+
+# ------------------------------------------------------------------------------------- train.config: auto
+# This machine has no GPU: the GPUs' memory is the one thing made up here (the `gpus` entry), in the sizes the
+# cards report (MiB): L4 23034, RTX 4090 24564, A100-40GB 40536, A6000 48685, H100 81559, H200 143771, T4 15360.
+
+def gpus(*mib: int):
+    return lambda: [m << 20 for m in mib]
+
+
+@pytest.mark.parametrize("mib, chosen", [
+    ((23034,), "qwen2.5-7b_qlora_gpu.yaml"),
+    ((24564,), "qwen2.5-7b_qlora_gpu.yaml"),
+    ((40536,), "qwen2.5-7b_lora_gpu.yaml"),
+    ((48685, 48685), "qwen2.5-7b_lora_gpu.yaml"),
+    ((81559,), "qwen2.5-7b_lora_80gb.yaml"),
+    ((143771,) * 8, "qwen2.5-7b_lora_80gb.yaml"),
+    ((81559, 24564), "qwen2.5-7b_qlora_gpu.yaml"),  # every GPU trains at the same per-device batch: the smallest
+])
+def test_train_config_auto_picks_the_readmes_config_for_the_gpus_memory(tmp_path, monkeypatch, capsys, mib, chosen):
+    from distill.config import read_yaml, validate
+    from distill.pipeline import Pipeline, PipelineConfig
+
+    monkeypatch.chdir(ROOT)
+    cfg = wiring_config(tmp_path)
+    cfg["train"] = {"config": "auto", "max_steps": 2}
+    pipe = Pipeline(validate(PipelineConfig, cfg), "p.yaml", {"gpus": gpus(*mib)})
+    pipe.check()
+    section = pipe.train_section("planner")
+    assert section == read_yaml(ROOT / "configs" / chosen) | {"max_steps": 2} | {
+        "dataset_dir": str(tmp_path / "run" / "sft-data" / "planner"), "output_dir": str(tmp_path / "run" / "train" / "planner")}
+    lines = [line for line in capsys.readouterr().out.splitlines() if "train.config auto" in line]
+    gib = min(mib) / 1024
+    assert len(lines) == 1 and lines[0].startswith(f"[pipeline] train.config auto: configs/{chosen} (") and \
+        f"has {gib:.1f} GiB" in lines[0], lines  # once, however often the section is read
+    # which config is part of what training is made from: other GPUs that pick another retrain
+    other = Pipeline(validate(PipelineConfig, cfg), "p.yaml", {"gpus": gpus(143771 if gib < 70 else 23034)})
+    assert other.train_unit("planner").fingerprint != pipe.train_unit("planner").fingerprint
+
+
+@pytest.mark.parametrize("mib, message", [
+    ((), "train.config: auto picks a 7B training config by the GPUs' memory, but no GPU is visible"),
+    ((15360,), "train.config: auto: the visible GPU has 15.0 GiB, below the 20 GiB the smallest 7B config "
+               "(configs/qwen2.5-7b_qlora_gpu.yaml) is sized for"),
+])
+def test_train_config_auto_without_a_gpu_it_fits_is_one_line_before_any_stage(tmp_path, monkeypatch, capsys, mib,
+                                                                               message):
+    import distill.check
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(distill.check, "gpu_memory", gpus(*mib))  # the GPU this machine lacks, faked
+    cfg = wiring_config(tmp_path)
+    cfg["train"] = {"config": "auto"}
+    fails_before_any_stage(tmp_path, cfg, message, capsys)
