@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -30,11 +31,11 @@ def improve_config(tmp_path: Path, server, adapter: Path, **extra) -> Path:
         "solver": served | {"model": "smollm2-135m-instruct", "max_tokens": 16},
         "tools": ["Wikipedia", "LLM"],
         "wikipedia_corpus": str(ROOT / "data/demo/corpus.jsonl"),
-        "datasets": [{"name": "hotpotqa", "source": str(ROOT / "data/demo/train.jsonl"), "split": "train", "n": 6}],
+        "datasets": [{"name": "hotpotqa", "source": str(ROOT / "data/demo/train.jsonl"), "split": "train", "n": 4}],
         "eval_sets": [{"name": "hotpotqa", "source": str(ROOT / "data/demo/dev.jsonl"), "split": "dev"}],
         "samples": 3,
         "min_reward": 0.0,
-        "concurrency": 1,  # one record at a time, so the kill lands between two of them
+        "concurrency": 4,  # questions in flight: the kill lands wherever they are, after record 4 is on disk
         "train": {"max_steps": 1, "per_device_train_batch_size": 2, "global_batch_size": 2, "dtype": "float32",
                   "learning_rate": 1e-3, "eval_strategy": "no", "save_strategy": "no", "report_to": "none",
                   "logging_steps": 1},
@@ -60,6 +61,7 @@ def test_a_round_killed_while_sampling_resumes_then_trains_the_same_adapter(tmp_
         if samples.exists() and samples.read_text().count("\n") >= kill_after:
             os.killpg(proc.pid, signal.SIGKILL)
             break
+        time.sleep(0.05)  # a look every 50 ms, not a spin that takes a core from the run it watches
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, proc.stdout.read()
     before = samples.read_text()
@@ -71,7 +73,7 @@ def test_a_round_killed_while_sampling_resumes_then_trains_the_same_adapter(tmp_
     records = read_jsonl(samples)
     assert samples.read_text().startswith(before)  # nothing lost
     keys = [(r["id"], r["sample"]) for r in records]
-    assert len(keys) == len(set(keys)) == 6 * 3  # nothing repeated, nothing missing
+    assert len(keys) == len(set(keys)) == 4 * 3  # nothing repeated, nothing missing
     for rec in records:
         assert rec["round"] == 1 and set(rec["reward_parts"]) >= {"valid", "ran", "recall", "extra_steps"}
         assert rec["reward"] == 0.0 if not rec["plan"]["valid"] else rec["reward"] >= 0.2
@@ -83,8 +85,8 @@ def test_a_round_killed_while_sampling_resumes_then_trains_the_same_adapter(tmp_
         same = [r for r in records if r["id"] == rec["id"] and r["plan"]["valid"]]
         assert rec["reward"] == max(r["reward"] for r in same)
     summary = json.loads((round_dir / "summary.json").read_text())
-    assert summary["kept"] == len(kept) > 0 and summary["samples"] == 18
-    assert summary["mean_reward"] == pytest.approx(sum(r["reward"] for r in records) / 18, abs=1e-4)
+    assert summary["kept"] == len(kept) > 0 and summary["samples"] == 12
+    assert summary["mean_reward"] == pytest.approx(sum(r["reward"] for r in records) / 12, abs=1e-4)
 
     # the round continued the adapter it started from: same modules and rank, weights moved, base untouched
     start = load_file(str(lora_adapter / "adapter_model.safetensors"))

@@ -107,6 +107,7 @@ def test_solver_sees_every_step_with_its_evidence():
     assert text.rstrip().endswith("Question: Q?")
 
 
+@pytest.mark.slow  # loads the real SmolLM2 in-process
 @pytest.mark.parametrize("kind", ["full", "compact"])
 def test_student_prompt_bytes_are_the_same_in_sft_data_eval_and_ask(tmp_path, capsys, kind):
     """The student is served exactly the prompt it was trained on, in either student prompt kind: one config

@@ -605,6 +605,7 @@ def test_pipeline_launch_trains_in_a_child_process(sft_dir, tmp_path, monkeypatc
     assert "| optimiser steps | 1 |" in card and "tool_descriptions(" in card
 
 
+@pytest.mark.slow  # two fresh interpreters import TRL (~10 s each on 2 cores)
 def test_importing_trl_leaves_the_vllm_log_level_of_later_servers_alone(tmp_path):
     """TRL sets VLLM_LOGGING_LEVEL=ERROR on import; a server the pipeline starts after checking its train section
     inherited it and logged no vLLM line. Checked in a fresh interpreter, where trl is imported for the first time."""
