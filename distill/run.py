@@ -343,12 +343,18 @@ class RunningStats:
             add |= {"recalled": 1, "recall": recall["recall"]}
         if "em" in scores:
             add |= {"scored": 1, "em": scores["em"], "f1": scores["f1"]}
+        if isinstance(rec.get("reward"), (int, float)):  # improve's samples: scored by the planner reward, no Solver
+            add |= {"rewarded": 1, "reward": rec["reward"]}
         self.sums.update(add)
         self.by_dataset.setdefault(rec.get("dataset", "?"), Counter()).update(add)
 
     def postfix(self) -> str:
         em, recall = _mean(self.sums, "em", "scored"), _mean(self.sums, "recall", "recalled")
-        acc = "EM -" if em is None else f"EM {em:.3f}"
+        reward = _mean(self.sums, "reward", "rewarded")
+        if reward is not None:  # a plan's reward says more than the EM its records never have
+            acc = f"reward {reward:.3f} valid {self.sums['valid_plans'] / max(self.sums['n'], 1):.2f}"
+        else:
+            acc = "EM -" if em is None else f"EM {em:.3f}"
         recall = "" if recall is None else f" recall {recall:.2f}"
         errors = f" errors {self.errors}" if self.errors else ""
         return f"{acc}{recall} tok {self.sums['tokens'] / 1e3:.1f}k ${self.sums['cost_usd']:.4f}{errors}"

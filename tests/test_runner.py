@@ -249,3 +249,12 @@ def test_running_stats_mean_evidence_recall_over_the_records_that_have_it():
     summary = stats.summary()
     assert summary["evidence_recall"] == 0.5 and summary["records"] == 4  # the TriviaQA record is not a 0
     assert "recall 0.50" in stats.postfix()
+
+
+def test_the_progress_of_sampled_plans_shows_their_mean_reward_and_valid_rate_not_an_em_they_never_have():
+    stats = RunningStats()
+    assert stats.postfix().startswith("EM -")
+    stats.add({"dataset": "hotpotqa", "reward": 1.2, "plan": {"valid": True}, "evidence_recall": {"recall": 1.0}})
+    stats.add({"dataset": "hotpotqa", "reward": 0.0, "plan": {"valid": False}})
+    line = stats.postfix()
+    assert line.startswith("reward 0.600 valid 0.50") and "EM" not in line and "recall 1.00" in line
