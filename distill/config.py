@@ -7,7 +7,7 @@ endpoint has several settings of its own. Every bad key is reported, on one line
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, Mapping, TypeVar
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
@@ -255,11 +255,24 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
+def error_label(data: Any, loc: tuple) -> str:
+    """Where an error is, as the user wrote it: a list a config may also give as a mapping (eval's `planners:
+    {name: ...}`, made a list before it is checked) is named by the entry's key, not by its place in the list."""
+    parts = []
+    for key in loc:
+        if isinstance(data, Mapping) and isinstance(key, int) and key not in data and 0 <= key < len(data):
+            key = list(data)[key]
+        parts.append(str(key))
+        data = data.get(key) if isinstance(data, Mapping) else \
+            data[key] if isinstance(data, list) and isinstance(key, int) and -len(data) <= key < len(data) else None
+    return ".".join(parts) or "(top)"
+
+
 def validate(cls: type[C], data: dict, source: str = "config") -> C:
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or '(top)'}: {err['msg']}" for err in exc.errors())
+        problems = "; ".join(f"{error_label(data, tuple(err['loc']))}: {err['msg']}" for err in exc.errors())
         raise DistillError(f"{source}: {problems}") from None
 
 

@@ -892,3 +892,20 @@ def test_train_config_auto_without_a_gpu_it_fits_is_one_line_before_any_stage(tm
     cfg = wiring_config(tmp_path)
     cfg["train"] = {"config": "auto"}
     fails_before_any_stage(tmp_path, cfg, message, capsys)
+
+
+def test_an_error_in_a_planner_given_as_a_mapping_names_the_row_by_its_key():
+    """eval's `planners` may be a mapping (configs/eval_hotpot_trivia_7b.yaml): the error names the key the user
+    wrote, not the row's place in the list it becomes; a list's rows keep their index."""
+    from distill.config import validate
+    from distill.errors import DistillError
+    from distill.evaluate import EvalConfig
+
+    rows = {"teacher": {"prompt": "fewshot", "spec": {}}, "base": {"spec": {"model": "b", "max_tokens": 0}}}
+    with pytest.raises(DistillError) as exc:
+        validate(EvalConfig, {"planners": rows}, "eval")
+    assert str(exc.value) == "eval: planners.base.spec.max_tokens: Input should be greater than or equal to 1; " \
+                             "planners.base.prompt: Field required"
+    with pytest.raises(DistillError, match=r"^eval: planners\.1\.prompt: Field required$"):
+        validate(EvalConfig, {"planners": [{"name": "teacher", "prompt": "fewshot", "spec": {}},
+                                           {"name": "base", "spec": {"model": "b"}}]}, "eval")
