@@ -777,16 +777,29 @@ def teacher_mismatch(gen: Any, ev: Any) -> str | None:
 
 def check_leak_guard_covers_eval(gen: Any, ev: Any) -> None:
     """The leak guard keeps `generate.eval_sets` questions out of training; a dataset eval scores on that it
-    does not list would be checked against nothing, and a leaked question would inflate the student's score."""
-    def where(ds) -> tuple[str, str]:
-        return (ds.source if ds.source.startswith("hub:") else os.path.normpath(ds.source), ds.split)
+    does not list would be checked against nothing, and a leaked question would inflate the student's score.
+
+    A hub dataset is matched by its source and split. A local file is matched by its path alone: a file has no
+    splits (all its rows are read whatever `split` says, which only labels them), and the default split differs
+    between generate's entries (`train`) and eval's (`validation`), so the same file listed in both would
+    otherwise not match. The line suggests the eval entry itself (name, source, split, columns, metric), so that
+    the guard reads the file as eval does."""
+    import yaml
+
+    def where(ds) -> tuple[str, str | None]:
+        return (ds.source, ds.split) if ds.source.startswith("hub:") else (os.path.normpath(ds.source), None)
 
     guarded = {where(ds) for ds in gen.eval_sets}
     if missing := [ds for ds in ev.datasets if where(ds) not in guarded]:
         ds = missing[0]
-        raise DistillError(f"generate.eval_sets does not list eval dataset {ds.source} (split {ds.split}): add "
-                           f"{{name: {ds.name}, source: {ds.source}, split: {ds.split}}} there, so the leak guard "
-                           "keeps its questions out of training")
+        entry = {k: v for k, v in ds.model_dump(mode="json", include={"name", "source", "split", "columns",
+                                                                       "metric"}).items() if v is not None}
+        entry = {k: entry[k] for k in ("name", "source", "split", "columns", "metric") if k in entry}
+        shown = yaml.safe_dump(entry, default_flow_style=True, width=float("inf"), sort_keys=False).strip()
+        split = f" (split {ds.split})" if ds.source.startswith("hub:") else ""
+        raise DistillError(f"generate.eval_sets does not list eval dataset {ds.source}{split}: add {shown} there, "
+                           "so the leak guard keeps its questions out of training")
+
 
 def check_students_served_as_trained(sft: Mapping[str, Any], ev: Any, url: str, served: set[str]) -> None:
     """Every model eval asks this pipeline's server for must be one it serves (the base or a student), and a row

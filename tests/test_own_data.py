@@ -160,3 +160,36 @@ def test_the_metric_decides_the_rules_and_the_record_carries_it(tmp_path):
     old = {k: v for k, v in _record(plain["y"], "yes it is").items() if k != "metric"}
     TrajectoryRecord.model_validate(old)
     assert rescore(old) == {"em": 0, "f1": 0.0}
+
+
+def test_the_leak_guard_line_suggests_the_eval_entry_itself_and_pasting_it_passes(tmp_path, monkeypatch, capsys):
+    """An own eval file that generate.eval_sets does not list: the line's suggested entry keeps `columns` and
+    `metric` (without them the guard could not read the file), and pasted into eval_sets the check passes. A local
+    file is matched by its path alone: listed in both without `split` (defaults `train` and `validation`), it
+    matches."""
+    from test_pipeline import ROOT, wiring_config
+
+    monkeypatch.chdir(ROOT)
+    (tmp_path / "mine.csv").write_text(CSV)
+    cfg = wiring_config(tmp_path)
+    cfg["eval"]["datasets"] = [{"name": "support_faq", "source": str(tmp_path / "mine.csv"), "n": 2,
+                                "metric": "em_f1", "columns": {"question": "prompt", "answer": "target", "id": "qid"}}]
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["pipeline", "--check", "--offline", "--config", str(path)]) == 2
+    leak = [line for line in capsys.readouterr().err.splitlines() if "generate.eval_sets does not list" in line]
+    assert len(leak) == 1, leak
+    entry = yaml.safe_load(leak[0].split(": add ", 1)[1].split(" there, ")[0])
+    assert entry == {"name": "support_faq", "source": str(tmp_path / "mine.csv"), "split": "validation",
+                     "metric": "em_f1", "columns": {"question": "prompt", "answer": "target", "id": "qid"}}
+
+    cfg["generate"]["eval_sets"].append(entry)
+    path.write_text(yaml.safe_dump(cfg))
+    cli.main(["pipeline", "--check", "--offline", "--config", str(path)])
+    assert "generate.eval_sets does not list" not in capsys.readouterr().err
+
+    del entry["split"]  # the same file, each list's default split
+    cfg["generate"]["eval_sets"][-1] = entry
+    path.write_text(yaml.safe_dump(cfg))
+    cli.main(["pipeline", "--check", "--offline", "--config", str(path)])
+    assert "generate.eval_sets does not list" not in capsys.readouterr().err

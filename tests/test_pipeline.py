@@ -475,7 +475,8 @@ def fails_before_any_stage(tmp_path: Path, cfg: dict, message: str, capsys) -> N
     (lambda c: c.update(students={"student": {"student_prompt": "full"}}),
      "eval planner student_compact asks the student server for model 'student_compact'"),
     (lambda c: c["generate"].update(eval_sets=[{"name": "hotpotqa", "source": "data/demo/train.jsonl"}]),
-     "generate.eval_sets does not list eval dataset data/demo/dev.jsonl (split validation): add"),
+     "generate.eval_sets does not list eval dataset data/demo/dev.jsonl: add {name: hotpotqa, source: "
+     "data/demo/dev.jsonl, split: validation} there"),
 ])
 def test_a_student_served_otherwise_than_trained_fails_before_any_stage(tmp_path, monkeypatch, capsys, change,
                                                                          message):
