@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from distill.config import load_config
+from distill.train import GPU_CONFIGS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -121,3 +122,18 @@ def test_a_broken_chain_is_caught():
     with pytest.raises(AssertionError, match="1 processes with the MULTI_GPU launcher"):
         chain.run(shlex.split("accelerate launch --config_file configs/accelerate/multi_gpu.yaml --num_processes 1 "
                               "-m distill.train --config configs/qwen2.5-7b_lora_gpu.yaml"))
+
+
+@pytest.mark.parametrize("name", [name for _, name, _ in GPU_CONFIGS])
+def test_each_gpu_training_config_fits_the_readme_recipe_and_the_improve_config(name):
+    """The README's table offers each of these configs for step 3 of the recipe: with any of them in its place
+    the chain still holds (serve reads the adapter it writes), and the 7B GRPO config continues that adapter."""
+    where, commands = next((w, c) for w, c in command_blocks() if w.startswith("README.md")
+                           and any(option(argv, "--config") == "configs/qwen2.5-7b_lora_gpu.yaml" for argv in c))
+    chain = Chain(f"{where} with configs/{name}")
+    for argv in commands:
+        chain.run([f"configs/{name}" if arg == "configs/qwen2.5-7b_lora_gpu.yaml" else arg for arg in argv])
+    written = yaml.safe_load((ROOT / "configs" / name).read_text())["output_dir"]
+    improve = yaml.safe_load((ROOT / "configs" / "improve_qwen2.5-7b_grpo_gpu.yaml").read_text())
+    assert norm(improve["adapter"]) == norm(written), f"configs/{name} writes {written}; the improve config reads " \
+                                                      f"{improve['adapter']}"
