@@ -100,10 +100,15 @@ def record_key(rec: dict) -> tuple[str, int]:
     return (rec["id"], rec["sample"])
 
 
+# what to do about a missing `adapter`: improve continues one, it cannot start without
+NO_ADAPTER = "improve continues the SFT student's adapter: train one with `distill train` and set adapter to its " \
+             "output_dir"
+
+
 def base_model_of(adapter: str) -> str:
     from distill.serve import read_adapter
 
-    info = read_adapter(adapter)
+    info = read_adapter(adapter, NO_ADAPTER)
     if not info.base_model:
         raise DistillError(f"adapter {adapter}: it does not say which base model it was trained on")
     return info.base_model
@@ -288,6 +293,7 @@ def improve(cfg: ImproveConfig, config_path: str | None = None, fresh: bool = Fa
     from distill.run import folder_lock
     from distill.store import write_json
 
+    base_model_of(cfg.adapter)  # before anything is read or made: without its adapter there is nothing to improve
     examples = load_questions(cfg)
     out = Path(cfg.output_dir)
     if cfg.method == "grpo":

@@ -121,10 +121,11 @@ def _adapter_chat_template(path: Path) -> str | None:
     return template if isinstance(template, str) and template.strip() else None
 
 
-def read_adapter(path: str | Path) -> AdapterInfo:
-    """Read what serving needs from a PEFT adapter folder, refusing what vLLM cannot load."""
+def read_adapter(path: str | Path, missing: str = "train one with `distill train`, or set adapter: null") -> AdapterInfo:
+    """Read what serving needs from a PEFT adapter folder, refusing what vLLM cannot load; `missing`: what to do
+    when there is no such folder, as the caller's config can do it."""
     if not Path(path).expanduser().is_dir():
-        raise DistillError(f"adapter not found: {path} (train one with `distill train`, or set adapter: null)")
+        raise DistillError(f"adapter not found: {path} ({missing})")
     path = Path(path).expanduser().resolve()  # vLLM runs with its own idea of the working directory
     config_path = path / "adapter_config.json"
     if not config_path.is_file():

@@ -199,3 +199,28 @@ def test_shipped_grpo_configs_parse_into_trls_config_and_their_batch_holds_whole
                        path.read_text())
     assert header and tuple(map(int, header.groups())) == (effective, args.per_device_train_batch_size,
                                                            args.gradient_accumulation_steps, processes)
+
+
+@pytest.mark.parametrize("method", ["expert_iteration", "grpo"])
+def test_a_missing_adapter_is_one_line_that_improve_can_act_on_and_makes_nothing(tmp_path, capsys, method):
+    """`adapter: null` is no way out for improve (it continues an adapter): the line says what is; nothing is made
+    in the output folder, and a stop inside the folder's lock releases it."""
+    from distill import cli
+    from distill.errors import DistillError
+    from distill.run import folder_lock
+
+    path = tmp_path / "improve.yaml"
+    path.write_text(yaml.safe_dump({"method": method, "adapter": str(tmp_path / "adapter"),
+                                    "output_dir": str(tmp_path / "improve"), "tools": ["Wikipedia"],
+                                    "datasets": [{"name": "hotpotqa", "source": str(ROOT / "data/demo/train.jsonl")}]}))
+    assert cli.main(["improve", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: adapter not found: {tmp_path / 'adapter'} (improve continues the SFT student's adapter: " \
+                  "train one with `distill train` and set adapter to its output_dir)\n"
+    assert not (tmp_path / "improve").exists()
+
+    with pytest.raises(DistillError, match="stopped"):
+        with folder_lock(tmp_path / "locked"):
+            raise DistillError("stopped")
+    with folder_lock(tmp_path / "locked"):  # released: taken again at once, by this process or another
+        pass
