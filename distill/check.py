@@ -86,6 +86,7 @@ class StageEstimate:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     usd: float = 0.0
+    unpriced: set[str] = field(default_factory=set)  # models called off this machine with no price known
     notes: list[str] = field(default_factory=list)
     counted: set[str] = field(default_factory=set)  # how its prompt tokens were counted
 
@@ -124,7 +125,7 @@ class TokenCounter:
 
 def estimate_stage(stage: str, questions: int, kinds: Iterable[CallKind], prices: Mapping | None,
                    counter: TokenCounter) -> StageEstimate:
-    from distill.llm import price_for
+    from distill.llm import price_for, unpriced_url
     from distill.llm.base import Usage
 
     est = StageEstimate(stage, questions)
@@ -137,11 +138,21 @@ def estimate_stage(stage: str, questions: int, kinds: Iterable[CallKind], prices
         est.prompt_tokens += prompt
         est.completion_tokens += completion
         est.usd += price_for(kind.spec, prices).cost(Usage(prompt, completion))
+        if unpriced_url(kind.spec, prices) is not None:
+            est.unpriced.add(kind.spec.model)
         est.counted.add(how)
         est.notes.append(f"{kind.what} ({kind.spec.model}): {kind.questions} x {kind.per_question} calls, prompt "
                          f"~{mean:.0f} tokens{f' + {kind.grows_by} of plan' if kind.grows_by else ''}, "
                          f"reply <= {kind.completion_tokens}")
     return est
+
+
+def dollars(usd: float, unpriced: Iterable[str]) -> str:
+    """The estimate's dollars; with models of no known price, their part is unknown, not $0."""
+    if not (unpriced := sorted(set(unpriced))):
+        return f"${usd:.2f}"
+    models = ", ".join(unpriced)
+    return (f"${usd:.2f} + " if usd else "") + f"an unknown price (no price for {models})"
 
 
 def print_estimates(estimates: list[StageEstimate]) -> None:
@@ -150,27 +161,52 @@ def print_estimates(estimates: list[StageEstimate]) -> None:
     print("--- estimate (replies at max_tokens; evidence and LLM-tool calls, unknown before the run, not counted)")
     for est in estimates:
         print(f"{est.stage}: {est.questions} questions, {est.calls} model calls, {est.prompt_tokens:,} prompt + "
-              f"{est.completion_tokens:,} completion tokens, ${est.usd:.2f} (prompt tokens: "
+              f"{est.completion_tokens:,} completion tokens, {dollars(est.usd, est.unpriced)} (prompt tokens: "
               f"{'; '.join(sorted(est.counted))})")
         for note in est.notes:
             print(f"    {note}")
     if len(estimates) > 1:
         print(f"total: {sum(e.calls for e in estimates)} model calls, "
               f"{sum(e.prompt_tokens + e.completion_tokens for e in estimates):,} tokens, "
-              f"${sum(e.usd for e in estimates):.2f}")
+              f"{dollars(sum(e.usd for e in estimates), (m for e in estimates for m in e.unpriced))}")
 
 
 class Check:
     """Collects the problems of one check; `finish()` prints them, one line each, and gives the exit status."""
 
-    def __init__(self, offline: bool = False):
+    def __init__(self, offline: bool = False, shared_prices: Mapping[str, str] | None = None):
         self.offline = offline
+        # endpoint (named as its lines name it, `generate.planner`) -> the setting it takes its model and price
+        # from (the pipeline's `teacher`): one fix for all of them, so one line
+        self.shared_prices = dict(shared_prices or {})
         self.problems: list[str] = []
         self._pinged: dict[tuple[str, str | None], str | None] = {}
+        self._unpriced: dict[str, tuple[int, list[str]]] = {}  # setting -> (its line's index, the takers)
 
     def problem(self, line: str) -> None:
         if line not in self.problems:  # a section met by two checks is one problem
             self.problems.append(line)
+
+    def unpriced(self, endpoints: Mapping[str, Any], prices: Mapping | None, prefix: str = "") -> None:
+        """One line per endpoint off this machine with no price known (distill.llm.unpriced_endpoints), except
+        that those taking their model from one setting (`shared_prices`) are one line naming that setting and
+        them, since pricing that setting prices them all."""
+        from distill.llm import no_price_line, unpriced_endpoints, unpriced_url
+
+        for where, spec in endpoints.items():
+            name, setting = f"{prefix}{where}", self.shared_prices.get(f"{prefix}{where}")
+            if setting is None:
+                for line in unpriced_endpoints({where: spec}, prices, prefix):
+                    self.problem(line)
+            elif (url := unpriced_url(spec, prices)) is not None:
+                index, takers = self._unpriced.get(setting, (len(self.problems), []))
+                takers.append(name)
+                line = no_price_line(setting, spec, url, takers)
+                if index == len(self.problems):
+                    self.problems.append(line)
+                else:
+                    self.problems[index] = line
+                self._unpriced[setting] = (index, takers)
 
     def endpoints(self, endpoints: Mapping[str, Any], prefix: str = "", started: Iterable[str] = ()) -> None:
         """Keys and servers of a stage's endpoints; an endpoint at one of `started` (URLs of servers the

@@ -478,15 +478,13 @@ def check_run(cfg: EvalConfig, check, counter, prefix: str = "", started=()):
     method over its own questions."""
     from distill.baselines import direct_messages, react_messages
     from distill.check import CallKind, estimate_stage, show_config
-    from distill.llm import unpriced_endpoints
     from distill.metrics import JUDGE_MAX_TOKENS, judge_messages
     from distill.rewoo.prompts import planner_messages, solver_messages
     from distill.tools.registry import tool_descriptions
 
     show_config(f"{prefix.rstrip('.') or 'eval'}: resolved config", cfg.model_dump(mode="json"))
     check.endpoints(cfg.endpoints(), prefix, started)
-    for line in unpriced_endpoints(cfg.endpoints(), cfg.prices, prefix):
-        check.problem(line)
+    check.unpriced(cfg.endpoints(), cfg.prices, prefix)
     examples: list = []
     if not any(ds.source.startswith("hub:") for ds in cfg.datasets):
         try:

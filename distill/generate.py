@@ -170,15 +170,13 @@ def check_questions(cfg: GenerateConfig, check) -> list:
 def check_run(cfg: GenerateConfig, check, counter, prefix: str = "", started=()):
     """`--check` of generation (the pipeline's too): its config, endpoints and prices, and its estimate."""
     from distill.check import CallKind, estimate_stage, show_config
-    from distill.llm import unpriced_endpoints
     from distill.metrics import judge_messages
     from distill.rewoo.prompts import planner_messages, solver_messages
     from distill.tools.registry import tool_descriptions
 
     show_config(f"{prefix.rstrip('.') or 'generate'}: resolved config", cfg.model_dump(mode="json"))
     check.endpoints(cfg.endpoints(), prefix, started)
-    for line in unpriced_endpoints(cfg.endpoints(), cfg.prices, prefix):
-        check.problem(line)
+    check.unpriced(cfg.endpoints(), cfg.prices, prefix)
     examples = check_questions(cfg, check)
     n = len(examples) if examples else sum(ds.n or 0 for ds in cfg.datasets)
     if not examples:

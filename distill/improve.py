@@ -78,6 +78,14 @@ class ImproveConfig(AgentConfig):
     # `samples` is num_generations unless set here
     grpo: dict[str, Any] = Field(default_factory=dict)
 
+    def endpoints(self) -> dict:
+        """The models a run calls: the policy's endpoint (expert iteration without `server`; with it, each round's
+        own server; GRPO samples in its own process) and the LLM tool's model when the tools have LLM."""
+        out = {"planner": self.planner} if self.method == "expert_iteration" and self.server is None else {}
+        if "LLM" in self.tools:
+            out |= {"llm_tool": self.llm_tool} if self.llm_tool is not None else {"solver": self.solver}
+        return out
+
     @model_validator(mode="after")
     def _check(self) -> "ImproveConfig":
         if self.method == "grpo" and self.rounds != 1:
@@ -228,9 +236,10 @@ def with_server(cfg: ImproveConfig, url: str | None) -> ImproveConfig:
     return validate(ImproveConfig, data, "improve")
 
 
-def train_section(cfg: ImproveConfig, adapter_in: str, out: Path) -> dict:
-    """The round's TrainConfig keys: the adapter's base, `train`, the round's folders and the adapter it continues."""
-    return {"model_name_or_path": base_model_of(adapter_in)} | cfg.train | {
+def train_section(cfg: ImproveConfig, adapter_in: str, out: Path, base_model: str | None = None) -> dict:
+    """The round's TrainConfig keys: the adapter's base (`base_model` where the adapter is not trained yet),
+    `train`, the round's folders and the adapter it continues."""
+    return {"model_name_or_path": base_model or base_model_of(adapter_in)} | cfg.train | {
         "dataset_dir": str(out / "sft-data"), "output_dir": str(out / "adapter"), "init_adapter": adapter_in}
 
 
@@ -240,6 +249,45 @@ def check_train_section(cfg: ImproveConfig) -> None:
     from distill.train import TrainConfig
 
     validate(TrainConfig, train_section(cfg, cfg.adapter, Path(cfg.output_dir) / "round_1"), "train (improve)")
+
+
+def check_run(cfg: ImproveConfig, check, prefix: str = "", started=(), base_model: str | None = None,
+              gpus: int | None = None) -> None:
+    """`--check` of improvement (the pipeline's): its config, what it would launch, its endpoints and prices.
+    `base_model`: the adapter's base where the adapter is not trained yet."""
+    import shlex
+
+    from distill.check import show_config
+    from distill.train import launch_command, parse_train_config
+
+    where = prefix.rstrip(".") or "improve"
+    show_config(f"{where}: resolved config", cfg.model_dump(mode="json"))
+    if cfg.method == "grpo":
+        print(f"{where} would run: TRL's GRPOTrainer in this process from {cfg.adapter} "
+              f"({cfg.grpo.get('max_steps', 'TRL default')} steps, {cfg.samples} completions per question)")
+    else:
+        first = Path(cfg.output_dir) / "round_1"
+        served = "each round's vLLM server" if cfg.server is not None else "the planner endpoint"
+        try:
+            section = train_section(cfg, cfg.adapter, first, base_model)
+            train = parse_train_config(section, processes=1)
+            cmd = shlex.join(launch_command(first / "adapter" / "stage_config.yaml", train, gpus or 0))
+            print(f"{where} would run: {cfg.rounds} round(s), each sampling {cfg.samples} plans per question from "
+                  f"{served} (LoRA module {POLICY!r}), then training: {cmd}")
+        except DistillError as exc:
+            check.problem(f"{where}.train: {exc}")
+    key = "grpo" if cfg.method == "grpo" else "train"  # the section of its trainer's settings
+    trainer = getattr(cfg, key)
+    named = trainer.get("report_to") or []
+    check.report_to([named] if isinstance(named, str) else named, f"{where}.{key}")
+    if gpus is not None:
+        wants = next((f"{where}.{key}.{k}: true" for k in ("bf16", "fp16") if trainer.get(k)), None)
+        check.gpus(where, wants, gpus, "its training")
+    check.endpoints(cfg.endpoints(), prefix, started)
+    check.unpriced(cfg.endpoints(), cfg.prices, prefix)
+    if hub := sorted({f"{ds.source} ({ds.split})" for ds in [*cfg.datasets, *cfg.eval_sets]
+                      if ds.source.startswith("hub:")}):
+        print(f"{where}: hub datasets are not read by a check: {', '.join(hub)}")
 
 
 def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh: bool) -> dict:

@@ -505,7 +505,11 @@ class Pipeline:
         ev = attempt(self.eval_config, url)
         if self.cfg.teacher_server is not None:
             attempt(self.server_config, "teacher_server")
-        if (improved := attempt(self.improved_student)) is not None and attempt(self.improve_config) is not None:
+        imp = None
+        improved = attempt(self.improved_student)
+        if improved is not None and (imp := attempt(self.improve_config)) is not None:
+            if sft[improved] is not None:
+                attempt(check_improved_as_trained, imp, sft[improved], improved)
             sft[IMPROVED.format(improved)] = sft[improved]  # served on the prompt and tools it was trained on
         student_server = attempt(self.server_config, "student_server")
         if ev is not None and student_server is not None and None not in sft.values():
@@ -517,11 +521,15 @@ class Pipeline:
         if world is not None:
             self.check_world(world, url)
             return
-        from distill.llm import unpriced_endpoints
+        from distill.check import Check
 
-        if unpriced := unpriced_endpoints(gen.endpoints(), gen.prices, "generate.") + unpriced_endpoints(
-                ev.endpoints(), ev.prices, "eval."):
-            raise DistillError("; ".join(unpriced))
+        prices = Check(offline=True, shared_prices=self.teacher_priced())  # the same lines as `--check`'s
+        prices.unpriced(gen.endpoints(), gen.prices, "generate.")
+        prices.unpriced(ev.endpoints(), ev.prices, "eval.")
+        if imp is not None:
+            prices.unpriced(imp.endpoints(), imp.prices, "improve.")
+        if prices.problems:
+            raise DistillError("; ".join(prices.problems))
 
     def check_world(self, world, url: str) -> None:
         """`--check`: each stage's resolved config and the commands it would launch, what the run needs of this
@@ -531,6 +539,7 @@ class Pipeline:
         from distill.generate import check_run as check_generate
 
         counter, estimates, gpus = TokenCounter(), [], None
+        world.shared_prices |= self.teacher_priced()
         try:
             gpus = len(self.gpu_memory())
         except DistillError as exc:
@@ -554,6 +563,8 @@ class Pipeline:
                 self.check_train(world, name, gpus)
             except DistillError as exc:
                 world.problem(str(exc))
+        if self.cfg.improve is not None:
+            self.check_improve(world, url, gpus)
         self.check_server(world, "student_server", gpus)
         try:
             estimates.append(check_eval(self.eval_config(url), world, counter, "eval.", {url}))
@@ -582,6 +593,39 @@ class Pipeline:
             world.problem(f"{where}: {exc}")
         wants = next((f"{where}.{k}: true" for k in ("bf16", "fp16") if getattr(cfg.sft, k)), None)
         world.gpus(f"train {name}", wants, gpus, "training")
+
+    def check_improve(self, world, url: str, gpus: int | None) -> None:
+        """The improve section as distill.improve.check_run sees it: its resolved config, what it would launch
+        (its rounds train on the student's base model), its endpoints' keys, servers and prices; `@server`, the
+        round's own server, is not called."""
+        from distill.improve import ImproveConfig, check_run
+
+        try:
+            cfg = self.improve_config()
+            base = self.train_section(self.improved_student()).get("model_name_or_path")
+            cfg = validate(ImproveConfig, fill_server(cfg.model_dump(mode="json"), url), "improve")
+            check_run(cfg, world, "improve.", {url}, base, gpus)
+        except DistillError as exc:
+            world.problem(str(exc))
+
+    def teacher_priced(self) -> dict[str, str]:
+        """{endpoint, as check lines name it: `teacher`} for each generate and eval endpoint that is the teacher
+        (its model at its address, so it has the teacher's price too): pricing `teacher` prices them all."""
+        if self.cfg.teacher is None:
+            return {}
+        teacher, out = self.cfg.teacher, {}
+        for stage in TEACHER_ROLES:
+            def note(name: str, endpoint: dict) -> dict:
+                if endpoint.get("model") == teacher.model and endpoint.get("base_url") == teacher.base_url \
+                        and endpoint.get("backend", teacher.backend) == teacher.backend:
+                    key = f"planners.{name}.spec" if is_teacher_row(name) else name
+                    out[f"{stage}.{key}"] = "teacher"
+                return endpoint
+
+            section = getattr(self.cfg, stage)
+            if isinstance(section, Mapping):
+                teacher_endpoints(stage, section, note)
+        return out
 
     def check_server(self, world, name: str, gpus: int | None) -> None:
         """The vLLM command line VLLMServer would run (its port is picked at start; the students' adapters are
@@ -799,6 +843,19 @@ def check_leak_guard_covers_eval(gen: Any, ev: Any) -> None:
         split = f" (split {ds.split})" if ds.source.startswith("hub:") else ""
         raise DistillError(f"generate.eval_sets does not list eval dataset {ds.source}{split}: add {shown} there, "
                            "so the leak guard keeps its questions out of training")
+
+
+def check_improved_as_trained(imp: Any, sft: Any, student: str) -> None:
+    """improve samples the student's plans from the prompt it was trained on: its kind and its tool list. Other
+    tools would be a prompt the student never saw, and plans calling tools it has no line for."""
+    from distill.tools.registry import tool_descriptions
+
+    if imp.planner_prompt != sft.student_prompt:
+        raise DistillError(f"improve.planner_prompt {imp.planner_prompt} differs from student {student}'s "
+                           f"student_prompt {sft.student_prompt}: it was trained on that prompt")
+    if list(tool_descriptions(imp.tools)) != sft.tools:
+        raise DistillError(f"improve.tools {imp.tools} differ from student {student}'s sft_data tools {sft.tools}: "
+                           "it was trained on a prompt listing those")
 
 
 def check_students_served_as_trained(sft: Mapping[str, Any], ev: Any, url: str, served: set[str]) -> None:

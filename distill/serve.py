@@ -121,7 +121,8 @@ def _adapter_chat_template(path: Path) -> str | None:
     return template if isinstance(template, str) and template.strip() else None
 
 
-def read_adapter(path: str | Path, missing: str = "train one with `distill train`, or set adapter: null") -> AdapterInfo:
+def read_adapter(path: str | Path,
+                 missing: str = "train one with `distill train`, or set adapter: null") -> AdapterInfo:
     """Read what serving needs from a PEFT adapter folder, refusing what vLLM cannot load; `missing`: what to do
     when there is no such folder, as the caller's config can do it."""
     if not Path(path).expanduser().is_dir():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
 import yaml
 
 from distill import cli
@@ -148,3 +149,77 @@ def test_pipeline_check_sizes_train_config_auto_and_the_launch_by_the_same_gpu_q
     launch = next(line for line in out.splitlines() if line.startswith("train planner would run: "))
     assert "accelerate.commands.launch" in launch and "--num_processes 2" in launch
     assert not (tmp_path / "run").exists()
+
+
+def test_pipeline_check_covers_the_improve_section(tmp_path, monkeypatch, capsys):
+    """The 7B GRPO config as the improve section: its resolved config and what it would run are shown, its LLM
+    tool's endpoint is checked as every stage's is (OPENAI_API_KEY), its tools against the student's prompt, its
+    tracker and its GPUs; with the student's own tools, expert iteration shows the command each round trains with."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    cfg = wiring_config(tmp_path)
+    cfg["improve"] = {"config": str(ROOT / "configs" / "improve_qwen2.5-7b_grpo_gpu.yaml")}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["pipeline", "--check", "--offline", "--config", str(path)]) == 2
+    out, err = capsys.readouterr()
+    shown = yaml.safe_load(out.split("--- improve: resolved config\n")[1].split("\nimprove would run: ")[0])
+    assert (shown["method"], shown["adapter"]) == ("grpo", str(tmp_path / "run" / "train" / "planner"))
+    assert f"improve would run: TRL's GRPOTrainer in this process from {tmp_path / 'run' / 'train' / 'planner'} " \
+           "(200 steps, 8 completions per question)" in out
+    assert "improve.solver: gpt-4o-mini at https://api.openai.com/v1 (--offline: not called)" in out
+    found = problems(err)
+    assert "problem: improve.tools ['Wikipedia', 'LLM'] differ from student planner's sft_data tools ['Wikipedia', " \
+           "'LLM', 'Calculator']: it was trained on a prompt listing those" in found
+    assert "problem: improve.solver.api_key_env: environment variable OPENAI_API_KEY is not set" in found
+    assert ("problem: improve: no GPU is visible (torch.cuda.device_count() = 0), but improve.grpo.bf16: true sizes "
+            "it for GPUs") in found  # this machine has none
+    assert ("problem: improve.grpo.report_to: tensorboard is not installed (pip install tensorboard)" in found) == \
+           (not importable("tensorboard"))
+
+    cfg["improve"] = {"samples": 2, "train": {"max_steps": 1}}  # the run's own tools, prompt and server
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["pipeline", "--check", "--offline", "--config", str(path)]) == 0
+    out, err = capsys.readouterr()
+    line = next(l for l in out.splitlines() if l.startswith("improve would run: "))
+    assert line.startswith("improve would run: 1 round(s), each sampling 2 plans per question from each round's vLLM "
+                           "server (LoRA module 'policy'), then training: ")
+    assert line.endswith(f"-m distill.train --config {tmp_path}/run/improve/planner/round_1/adapter/stage_config.yaml")
+    assert problems(err) == [] and not (tmp_path / "run").exists()
+
+
+def test_a_self_hosted_teacher_without_a_price_is_one_line_naming_teacher(tmp_path, monkeypatch, capsys):
+    """Every generate and eval endpoint that takes the pipeline's `teacher:` has its price: unpriced, that is one
+    line naming teacher.prompt_per_mtok and the endpoints taking it, from --check and before a run alike; an
+    endpoint the section gives another model keeps its own line. The estimate says the price is unknown, not $0."""
+    monkeypatch.chdir(ROOT)
+    url = f"http://10.255.255.1:{unused_port()}/v1"  # off this machine; --offline calls nothing
+    cfg = wiring_config(tmp_path)
+    del cfg["teacher_server"]
+    cfg["teacher"] = {"backend": "openai", "base_url": url, "model": "big-teacher"}
+    cfg["generate"] = {k: v for k, v in cfg["generate"].items() if k not in ("planner", "solver")}
+    cfg["generate"]["judge"] = {"max_tokens": 8}
+    cfg["eval"]["planners"]["teacher"] = {"prompt": "fewshot", "spec": {}}
+    cfg["eval"]["solver"] = {}
+    cfg["eval"]["judge"] = {"model": "other-judge"}  # its own model at the teacher's address: its own price
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["pipeline", "--check", "--offline", "--config", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert problems(err) == [
+        f"problem: teacher: model 'big-teacher' at {url} has no price (generate.planner, generate.solver, "
+        "generate.judge, eval.solver, eval.planners.teacher.spec take it): set teacher.prompt_per_mtok and "
+        "teacher.completion_per_mtok (dollars per million tokens, 0 if it is free), or add the model to `prices:`",
+        f"problem: eval.judge: model 'other-judge' at {url} has no price: set eval.judge.prompt_per_mtok and "
+        "eval.judge.completion_per_mtok (dollars per million tokens, 0 if it is free), or add the model to `prices:`"]
+    line = next(l for l in out.splitlines() if l.startswith("generate: "))
+    assert "an unknown price (no price for big-teacher)" in line and "$0.00" not in line
+    assert "total: " in out and "an unknown price (no price for big-teacher, other-judge)" in out
+
+    from distill.config import load_config
+    from distill.errors import DistillError
+    from distill.pipeline import Pipeline, PipelineConfig
+
+    with pytest.raises(DistillError) as exc:  # a run stops before any stage, with the same lines
+        Pipeline(load_config(PipelineConfig, path), str(path)).check()
+    assert str(exc.value).startswith("teacher: model 'big-teacher'") and str(exc.value).count("has no price") == 2

@@ -39,18 +39,25 @@ def is_local(url: str) -> bool:
     return host in LOCAL_HOSTS or host.startswith("127.")
 
 
+def unpriced_url(spec, prices: dict | None) -> str | None:
+    """The URL off this machine an endpoint calls with no price known (its calls would count as $0), or None."""
+    remote = [u for u in endpoint_urls(spec) if not is_local(u)]
+    known = spec.prompt_per_mtok is not None or spec.completion_per_mtok is not None or _price_entry(spec, prices)
+    return remote[0] if remote and not known else None
+
+
+def no_price_line(where: str, spec, url: str, takers: list[str] | tuple[str, ...] = ()) -> str:
+    """The line for an unpriced endpoint named `where`; `takers`: the endpoints that take their price from it."""
+    taken = f" ({', '.join(takers)} take{'s' * (len(takers) == 1)} it)" if takers else ""
+    return (f"{where}: model {spec.model!r} at {url} has no price{taken}: set {where}.prompt_per_mtok and "
+            f"{where}.completion_per_mtok (dollars per million tokens, 0 if it is free), or add the model to `prices:`")
+
+
 def unpriced_endpoints(endpoints: dict, prices: dict | None, prefix: str = "") -> list[str]:
     """One line per endpoint that goes off this machine with no price known: its calls would count as $0, so
     `max_cost_usd`, the estimate and the report's cost columns would all be wrong without a word."""
-    lines = []
-    for where, spec in endpoints.items():
-        remote = [u for u in endpoint_urls(spec) if not is_local(u)]
-        known = spec.prompt_per_mtok is not None or spec.completion_per_mtok is not None or _price_entry(spec, prices)
-        if remote and not known:
-            lines.append(f"{prefix}{where}: model {spec.model!r} at {remote[0]} has no price: set "
-                         f"{prefix}{where}.prompt_per_mtok and {prefix}{where}.completion_per_mtok (dollars per "
-                         "million tokens, 0 if it is free), or add the model to `prices:`")
-    return lines
+    return [no_price_line(f"{prefix}{where}", spec, url) for where, spec in endpoints.items()
+            if (url := unpriced_url(spec, prices)) is not None]
 
 
 _LOADED: dict[tuple, ChatModel] = {}
