@@ -119,9 +119,10 @@ def teacher_endpoints(stage: str, section: Mapping[str, Any], change: Callable[[
 
 def with_teacher(stage: str, file: Mapping[str, Any], own: Mapping[str, Any], teacher: Mapping[str, Any]) -> dict:
     """A generate or eval section with the teacher in every endpoint that takes it: the teacher's keys, then the
-    role's own keys from the stage config file less the ones that say which model it is (the file names its own
-    teacher, for its own command: in the pipeline the teacher replaces it whole), then what the pipeline's section
-    says itself, which wins. A role the section leaves out that always has an endpoint (generate's planner, the
+    role's own keys from the stage config file less the ones that say which model it is (ENDPOINT_IDENTITY: the
+    file names its own teacher, for its own command: in the pipeline the teacher replaces it whole; every other
+    key of the file's, max_tokens, temperature, stop, max_concurrency, timeout_s, max_retries..., stays over the
+    teacher's), then what the pipeline's section says itself, which wins. A role the section leaves out that always has an endpoint (generate's planner, the
     Solver) is the teacher with that role's own defaults (AgentConfig's: a Solver's max_tokens 64)."""
     section = _merge(teacher_endpoints(stage, file, lambda _, e: {k: v for k, v in e.items()
                                                                   if k not in ENDPOINT_IDENTITY}), dict(own))

@@ -137,3 +137,26 @@ def test_each_gpu_training_config_fits_the_readme_recipe_and_the_improve_config(
     improve = yaml.safe_load((ROOT / "configs" / "improve_qwen2.5-7b_grpo_gpu.yaml").read_text())
     assert norm(improve["adapter"]) == norm(written), f"configs/{name} writes {written}; the improve config reads " \
                                                       f"{improve['adapter']}"
+
+
+def test_the_readme_says_which_endpoint_keys_the_teacher_replaces_and_which_stay():
+    """The teacher replaces exactly the keys that say which model an endpoint is; the README names each of them,
+    and a stage config file's other keys (max_concurrency, temperature) stay over the teacher's, as it says."""
+    from distill.config import ENDPOINT_IDENTITY, validate
+    from distill.pipeline import PipelineConfig
+
+    text = " ".join(ROOT.joinpath("README.md").read_text().split())
+    paragraph = text[text.index("**One teacher.**"):text.index("**Training config by GPU.**")]
+    replaced = paragraph[paragraph.index("The teacher replaces only"):paragraph.index("every other key")]
+    assert set(re.findall(r"`(\w+)`", replaced)) == set(ENDPOINT_IDENTITY)
+    teacher = {"backend": "openai", "model": "t", "base_url": "http://t.test/v1", "max_concurrency": 64,
+               "temperature": 0.1}
+    generate = {"config": str(ROOT / "configs" / "generate_teacher.yaml")}
+    cfg = validate(PipelineConfig, {"teacher": teacher, "generate": generate, "train": {}, "eval": {}})
+    planner = cfg.generate["planner"]
+    assert (planner["model"], planner.get("api_key_env")) == ("t", None)  # the file's model and key are gone
+    assert (planner["max_concurrency"], planner["temperature"]) == (16, 0.7)  # generate_teacher.yaml's stay
+    assert "max_concurrency: 64" in paragraph and "generate_teacher.yaml" in paragraph
+    cfg = validate(PipelineConfig, {"teacher": teacher, "generate": generate | {"planner": {"max_concurrency": 64}},
+                                    "train": {}, "eval": {}})
+    assert cfg.generate["planner"]["max_concurrency"] == 64  # the pipeline section's own wins
