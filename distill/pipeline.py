@@ -449,8 +449,9 @@ class Pipeline:
 
         return {IMPROVED.format(name): str(final_adapter(self.improve_config()))}
 
-    def improve_config(self):
-        """The improve section over the run's own questions, leak guard, student prompt and tools."""
+    def improve_config(self, url: str | None = None):
+        """The improve section over the run's own questions, leak guard, student prompt and tools; with `url`,
+        `@server` (each round's own server) made that address, as a check sees the round's endpoints."""
         from distill.improve import ImproveConfig
 
         name = self.improved_student()
@@ -461,7 +462,8 @@ class Pipeline:
         defaults["server"] = {k: v for k, v in self.cfg.student_server.items() if k not in ("adapter", "adapters")}
         section = {k: v for k, v in self.cfg.improve.items() if k != "student"}
         paths = {"adapter": str(self.run / "train" / name), "output_dir": str(self.run / "improve" / name)}
-        return validate(ImproveConfig, defaults | section | paths, "improve")
+        cfg = validate(ImproveConfig, defaults | section | paths, "improve")
+        return cfg if url is None else validate(ImproveConfig, fill_server(cfg.model_dump(mode="json"), url), "improve")
 
     def eval_config(self, url: str | None):
         from distill.evaluate import EvalConfig
@@ -528,6 +530,7 @@ class Pipeline:
         prices.unpriced(gen.endpoints(), gen.prices, "generate.")
         prices.unpriced(ev.endpoints(), ev.prices, "eval.")
         if imp is not None:
+            imp = self.improve_config(url)
             prices.unpriced(imp.endpoints(), imp.prices, "improve.")
         if prices.problems:
             raise DistillError("; ".join(prices.problems))
@@ -599,13 +602,11 @@ class Pipeline:
         """The improve section as distill.improve.check_run sees it: its resolved config, what it would launch
         (its rounds train on the student's base model), its endpoints' keys, servers and prices; `@server`, the
         round's own server, is not called."""
-        from distill.improve import ImproveConfig, check_run
+        from distill.improve import check_run
 
         try:
-            cfg = self.improve_config()
             base = self.train_section(self.improved_student()).get("model_name_or_path")
-            cfg = validate(ImproveConfig, fill_server(cfg.model_dump(mode="json"), url), "improve")
-            check_run(cfg, world, "improve.", {url}, base, gpus)
+            check_run(self.improve_config(url), world, "improve.", {url}, base, gpus)
         except DistillError as exc:
             world.problem(str(exc))
 
