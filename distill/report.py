@@ -423,12 +423,16 @@ def _load(output_dir: str | Path) -> tuple[dict, dict[str, list[dict]]]:
                       budget=budget, pairs=pairs)
     # The verdict names the trained students where the run folder says which rows serve them.
     provenance = collect_provenance(output_dir, manifest, results)
-    # a row set against a student row (`compare_to`: an improved student) is that student's too
-    rows = provenance["student_rows"]
-    rows |= {m: rows[other] for m, other in pairs.items() if other in rows and m in results["per_method"]}
+    # a row set against a student row (`compare_to`: an improved student) is that student's too, trained on more
+    rows, improved = provenance["student_rows"], {}
+    for m, other in pairs.items():
+        if other in rows and m in results["per_method"]:
+            rows[m] = rows[other]
+            improved[m] = improved_training(provenance["students"].get(rows[other]),
+                                            (provenance.get("improve") or {}).get(rows[other]))
     if provenance["student_rows"]:
-        results["verdict"] = _rounded(verdict(results, provenance["student_rows"], provenance["students"],
-                                              _outcomes(selected, results["reference"])))
+        results["verdict"] = _rounded(verdict(results, rows, provenance["students"],
+                                              _outcomes(selected, results["reference"]), improved))
     if any(s["loss_history"] for s in provenance["students"].values()):
         results["plots"]["loss"] = LOSS_PLOT
     if provenance.get("improve"):
@@ -894,6 +898,16 @@ def render_markdown(results: dict) -> str:
     ]
     lines += [f"![{caption}]({results['plots'][key]})\n" for key, caption in PLOT_CAPTIONS.items()]
     return "\n".join(lines)
+
+
+def improved_training(student: Mapping[str, Any] | None, improve: Mapping[str, Any] | None) -> dict:
+    """What an improved row was trained on: its student's SFT examples plus the plans each expert-iteration round
+    kept (a GRPO run keeps none: its count is the SFT one)."""
+    info = dict(student or {})
+    kept = [r.get("kept") for r in (improve or {}).get("rounds", [])]
+    if info.get("train_examples") is not None and kept and all(isinstance(k, int) for k in kept):
+        info["train_examples"] += sum(kept)
+    return info
 
 
 def write_report(eval_dir: str | Path, out_dir: str | Path | None = None) -> dict:

@@ -74,12 +74,15 @@ def read_measures(paired: Mapping[str, Any]) -> dict[str, dict]:
 
 def verdict(results: Mapping[str, Any], students: Mapping[str, str | None] | None = None,
             training: Mapping[str, Mapping[str, Any]] | None = None,
-            outcomes: Mapping[str, Mapping[str, list]] | None = None) -> dict:
+            outcomes: Mapping[str, Mapping[str, list]] | None = None,
+            row_training: Mapping[str, Mapping[str, Any]] | None = None) -> dict:
     """{reference, rows: {method: ...}}: each student's paired difference and reading per measure, its tokens
     and latency against the reference's, the questions it wins and loses (`outcomes`, from question_outcomes),
     and warnings (too few training examples, or none known). `students`: row -> the trained student it serves;
-    `training`: student -> {train_examples, ...}."""
+    `training`: student -> {train_examples, ...}; `row_training`: row -> the same, for a row trained beyond its
+    student (an improved student: its SFT examples and the plans its rounds kept)."""
     students, training, outcomes = dict(students or {}), dict(training or {}), dict(outcomes or {})
+    row_training = dict(row_training or {})
     reference, per_method = results["reference"], results["per_method"]
     ref = per_method[reference]
     rows = {}
@@ -87,7 +90,7 @@ def verdict(results: Mapping[str, Any], students: Mapping[str, str | None] | Non
         pm = per_method[m]
         measures = read_measures(results["paired"].get(m) or {})
         student = students.get(m)
-        examples = (training.get(student) or {}).get("train_examples") if student else None
+        examples = (row_training.get(m) or training.get(student) or {}).get("train_examples") if student else None
         warnings = []
         if examples is None:
             warnings.append("training set size unknown (no sft-data summary beside this evaluation)")

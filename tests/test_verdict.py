@@ -195,3 +195,20 @@ def test_an_improved_row_of_a_trained_student_is_in_the_verdict_as_that_student(
     row = results["verdict"]["rows"]["student_improved"]
     assert row["student"] == "stu" and row["train_examples"] == 2
     assert results["paired_to"]["student_improved"]["measures"]["F1"]["diff"]["diff"] == 0.0  # the same records
+
+
+def test_an_improved_row_counts_the_plans_its_rounds_kept_beside_its_students_examples(tmp_path):
+    """Expert iteration trains the student further on its own kept plans: the verdict's size warning must count
+    them, or an improved student trained on hundreds of plans reads as trained on its SFT handful."""
+    evals, runs = pipeline_folder(tmp_path)
+    runs["student_improved"] = [dict(r, method="student_improved") for r in runs["student"]]
+    manifest = json.loads((evals / "manifest.json").read_text())
+    manifest["methods"].append({"name": "student_improved", "compare_to": "student"})
+    write_run(tmp_path, runs, manifest)
+    for i, kept in enumerate([60, 70], start=1):
+        write_json(tmp_path / "improve" / "stu" / f"round_{i}" / "summary.json", {"samples": 96, "kept": kept})
+    results = write_report(evals)
+    rows = results["verdict"]["rows"]
+    assert rows["student"]["train_examples"] == 2 and rows["student_improved"]["train_examples"] == 2 + 60 + 70
+    assert rows["student_improved"]["student"] == "stu"
+    assert rows["student_improved"]["warnings"] == [] and rows["student"]["warnings"]  # 132 is not under 100
