@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -40,7 +39,7 @@ def _config(tmp_path: Path, **dataset) -> Path:
 
 def _record(example, prediction: str) -> dict:
     """The trajectory record every method writes, for `prediction` (no plan, no tool, no model call)."""
-    return make_record(example, "direct", 0, time.perf_counter(), evidence=[], solver={}, prediction=prediction,
+    return make_record(example, "direct", 0, 0.0, evidence=[], solver={}, prediction=prediction,
                        solver_calls=[], tools={})
 
 
