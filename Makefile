@@ -16,6 +16,10 @@ EXTRAS ?= local,serve-cpu,dev
 SHARED_DATA ?= ../shared/data
 DEMO_CONFIG ?= configs/demo_smollm2_cpu.yaml
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist; 0: one process). The tests of the shared vLLM server stay in one worker, so the
+# session starts one server; each worker's torch gets cores / workers threads (tests/conftest.py).
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: install demo test test-fast bench clean
 
@@ -36,10 +40,10 @@ demo: install
 	$(VENV)/bin/distill pipeline --config $(DEMO_CONFIG)
 
 test: install
-	DISTILL_SHARED_DATA=$(SHARED_DATA) $(PY) -m pytest $(PYTEST_ARGS)
+	DISTILL_SHARED_DATA=$(SHARED_DATA) $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: install
-	DISTILL_SHARED_DATA=$(SHARED_DATA) $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	DISTILL_SHARED_DATA=$(SHARED_DATA) $(PY) -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 bench: install
 	$(PY) scripts/bench_worker.py

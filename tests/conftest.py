@@ -9,6 +9,12 @@ import pytest
 from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parents[1]
+# Under pytest-xdist each worker (and every process it starts) gets its share of the cores: torch's default of
+# one thread per core in every worker oversubscribes them, and spinning OpenMP threads then cost more than the
+# second worker gains (test_train.py with 2 workers on 2 cores: 245 s at a thread per core, 152 s at one).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
 # No example has a time limit, whichever test forgets to say so: a loaded machine must not fail a test on time.
 settings.register_profile("distill", deadline=None)
 settings.load_profile("distill")
@@ -85,7 +91,13 @@ def vllm_server(tmp_path_factory, lora_adapter):
 SLOW_FIXTURES = {"smollm2", "lora_adapter", "vllm_server", "trainer", "chat"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if SLOW_FIXTURES & fixtures:
             item.add_marker(pytest.mark.slow)
+        if "vllm_server" in fixtures:
+            # Under pytest-xdist (`--dist loadgroup`) every test of the shared server runs in one worker, so the
+            # session starts one server, not one per worker.
+            item.add_marker(pytest.mark.xdist_group("vllm_server"))

