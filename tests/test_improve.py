@@ -27,7 +27,9 @@ def improve_config(tmp_path: Path, server, adapter: Path, **extra) -> Path:
         "adapter": str(adapter),
         "output_dir": str(tmp_path / "improve"),
         "planner_prompt": "fewshot",  # the test adapter is a nudged base model: the prompt it can plan with
-        "planner": served | {"model": "planner", "temperature": 1.0, "max_tokens": 96, "stop": ["\nQuestion:"]},
+        # Sampled, but cool enough that a round keeps a plan: this nudged base writes 4-8 valid plans of 12 at 0.5
+        # (seeds 0-2), 1-3 at 1.0, where vLLM's batching can turn the one valid sample invalid and stop the round.
+        "planner": served | {"model": "planner", "temperature": 0.5, "max_tokens": 96, "stop": ["\nQuestion:"]},
         "solver": served | {"model": "smollm2-135m-instruct", "max_tokens": 16},
         "tools": ["Wikipedia", "LLM"],
         "wikipedia_corpus": str(ROOT / "data/demo/corpus.jsonl"),
