@@ -347,6 +347,20 @@ def load_examples(source: str | os.PathLike, dataset: str | None, split: str, li
         raise DistillError(f"data_files only applies to hub:<name> sources, not {source!r}")
     path = Path(source)
     expected = "/".join(LOCAL_SUFFIXES)
+    if path.is_dir():
+        from distill import traces
+
+        if not traces.is_traces_folder(path):
+            raise DistillError(f"{path} is a folder without trace files (traces-NNNNNN.jsonl); a dataset source is "
+                               f"a {expected} file, a served agent's traces folder, or hub:<name>[:<config>]")
+        numbered = list(traces.training_rows(path))
+        if not numbered:
+            raise DistillError(f"{path}: no served question has feedback with a right answer yet (POST /v1/feedback "
+                               "with {id, correct: true} or {id, answer}), so there is nothing to learn from")
+        rows = [row for _, row in numbered]
+        where = [w for w, _ in numbered]
+        examples = rows_to_examples(rows, dataset, split, origin=str(path), **rules)
+        return _some(examples, f"{path} ({len(where)} rows with feedback)")[:limit]
     if not path.is_file():
         raise DistillError(f"data file not found: {path} (expected a {expected} file, or hub:<name>[:<config>])")
     suffix = path.suffix.lower()
