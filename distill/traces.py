@@ -93,13 +93,21 @@ class TraceLog:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise DistillError(f"traces_dir {self.folder}: cannot create it ({exc.strerror or exc})") from None
-        self._lock = threading.Lock()
-        files = trace_files(self.folder)
-        # ids served before a restart still take feedback
-        self.ids: set[str] = {rec["id"] for path in files for _, rec in iter_jsonl(path) if "id" in rec}
-        self._number = int(TRACE_FILE.match(files[-1].name).group(1)) if files else 1
-        self._store = self._open(self._number)
-        self._feedback = JsonlStore(self.folder / FEEDBACK_FILE, schema=Feedback)
+        from distill.run import folder_lock
+
+        self._folder_lock = folder_lock(self.folder)  # one writer per folder, or two would append to one file
+        self._folder_lock.__enter__()
+        try:
+            self._lock = threading.Lock()
+            files = trace_files(self.folder)
+            # ids served before a restart still take feedback
+            self.ids: set[str] = {rec["id"] for path in files for _, rec in iter_jsonl(path) if "id" in rec}
+            self._number = int(TRACE_FILE.match(files[-1].name).group(1)) if files else 1
+            self._store = self._open(self._number)
+            self._feedback = JsonlStore(self.folder / FEEDBACK_FILE, schema=Feedback)
+        except BaseException:
+            self._folder_lock.__exit__(None, None, None)
+            raise
         self.written = 0
 
     def _open(self, number: int) -> JsonlStore:
@@ -133,6 +141,7 @@ class TraceLog:
         with self._lock:
             self._store.close()
             self._feedback.close()
+            self._folder_lock.__exit__(None, None, None)
 
 
 def read_feedback(folder: str | Path) -> dict[str, dict]:

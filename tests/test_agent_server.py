@@ -294,7 +294,7 @@ def test_dead_or_slow_model_endpoint_is_503_and_traced(tmp_path, upstream):
 
 
 def test_feedback_and_traces_as_training_questions(tmp_path, upstream):
-    from distill.data import DatasetSource, check_no_leak, load_source
+    from distill.data import DatasetSource, load_source
 
     cfg = agent_config(tmp_path, upstream.url)
     with agent_server(cfg) as (base, _):
@@ -312,8 +312,21 @@ def test_feedback_and_traces_as_training_questions(tmp_path, upstream):
     examples = load_source(DatasetSource(name="served", source=cfg.traces_dir, metric="em_f1"))
     assert {(e.question, tuple(e.answers)) for e in examples} == {("What is 2 + 3?", ("5",)),
                                                                   ("What is two plus three?", ("five",))}
-    with pytest.raises(DistillError, match="also appear in the evaluation set"):  # the leak guard holds
-        check_no_leak(examples, {"what is 2 3"} | {q for q in ["what is two plus three"]})
+    # `distill improve` draws its questions through generate's loader: the leak guard against eval sets holds
+    from types import SimpleNamespace
+
+    from distill.generate import load_questions
+
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text(json.dumps({"question": "what is two plus THREE", "answer": "5"}) + "\n")
+    improve = SimpleNamespace(datasets=[DatasetSource(name="served", source=cfg.traces_dir, metric="em_f1")],
+                              eval_sets=[DatasetSource(name="mine", source=str(eval_file), metric="em_f1")],
+                              leak_policy="refuse", seed=0)
+    with pytest.raises(DistillError, match="also appear in the evaluation set"):
+        load_questions(improve)
+    improve.leak_policy = "exclude"  # drawn around the eval question instead
+    improve.datasets = [DatasetSource(name="served", source=cfg.traces_dir, metric="em_f1", n=1)]
+    assert [e.question for e in load_questions(improve)] == ["What is 2 + 3?"]
 
 
 def test_traces_rotate_by_size_and_ids_survive_a_restart(tmp_path):
@@ -333,6 +346,8 @@ def test_traces_rotate_by_size_and_ids_survive_a_restart(tmp_path):
     assert [r["id"] for f in files for r in read_jsonl(f, TrajectoryRecord)] == [f"r{i}" for i in range(12)]
     again = TraceLog(tmp_path, max_bytes=4096)
     assert {f"r{i}" for i in range(12)} <= again.ids and again.current == files[-1]
+    with pytest.raises(DistillError, match="in use by pid"):  # a second server process on one folder
+        TraceLog(tmp_path, max_bytes=4096)
     again.close()
 
 
