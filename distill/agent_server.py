@@ -268,7 +268,12 @@ class AgentService:
             record = make_record(example, self.cfg.name, 0, t0, evidence=[], solver={}, prediction=None,
                                  solver_calls=(), tools={}, recall=False,
                                  served=served | {"status": error.status, "error": error.body()["error"]})
-        await asyncio.to_thread(self.traces.write, record)
+        try:
+            await asyncio.to_thread(self.traces.write, record)
+        except Exception as exc:  # a full disk: the request fails rather than goes untraced
+            log.error("trace not written: %s", one_line(exc))
+            error = ApiError(503, f"the request's trace could not be written ({one_line(exc, 200)})", "server_error",
+                             "trace_not_written")
         self.metrics.charge(record)
         return record, error
 

@@ -337,7 +337,8 @@ def load_examples(source: str | os.PathLike, dataset: str | None, split: str, li
                   max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS,
                   columns: Mapping[str, str] | None = None, metric: str | None = None) -> list[Example]:
     """The first `limit` distinct questions of `hub:<name>[:<config>]` or a local .json/.jsonl/.csv/.parquet
-    file (by its extension). `data_files` goes to `datasets.load_dataset`, so a packaged builder such as
+    file (by its extension), or a served agent's traces folder (`distill.traces`: its questions with feedback that
+    gives a right answer). `data_files` goes to `datasets.load_dataset`, so a packaged builder such as
     `hub:json` or `hub:parquet` reads local files through exactly the code path used for the hub."""
     source = os.fspath(source)
     rules = {"max_question_chars": max_question_chars, "columns": columns, "metric": metric}
@@ -357,10 +358,8 @@ def load_examples(source: str | os.PathLike, dataset: str | None, split: str, li
         if not numbered:
             raise DistillError(f"{path}: no served question has feedback with a right answer yet (POST /v1/feedback "
                                "with {id, correct: true} or {id, answer}), so there is nothing to learn from")
-        rows = [row for _, row in numbered]
-        where = [w for w, _ in numbered]
-        examples = rows_to_examples(rows, dataset, split, origin=str(path), **rules)
-        return _some(examples, f"{path} ({len(where)} rows with feedback)")[:limit]
+        examples = rows_to_examples([row for _, row in numbered], dataset, split, origin=str(path), **rules)
+        return _some(examples, str(path))[:limit]
     if not path.is_file():
         raise DistillError(f"data file not found: {path} (expected a {expected} file, or hub:<name>[:<config>])")
     suffix = path.suffix.lower()

@@ -329,6 +329,35 @@ def test_feedback_and_traces_as_training_questions(tmp_path, upstream):
     assert [e.question for e in load_questions(improve)] == ["What is 2 + 3?"]
 
 
+def test_a_folder_without_traces_or_feedback_is_one_line(tmp_path):
+    from distill.data import DatasetSource, load_source
+    from distill.rewoo.agent import Question
+    from distill.rewoo.record import make_record
+
+    source = DatasetSource(name="served", source=str(tmp_path), metric="em_f1")
+    with pytest.raises(DistillError, match="without trace files"):
+        load_source(source)
+    log = TraceLog(tmp_path, max_bytes=4096)
+    log.write(make_record(Question("q?", id="r1", dataset="served"), "a", 0, time.perf_counter(), evidence=[],
+                          solver={}, prediction="p", solver_calls=(), tools={}))
+    log.close()
+    with pytest.raises(DistillError, match="no served question has feedback"):
+        load_source(source)
+
+
+def test_a_trace_that_cannot_be_written_fails_the_request(tmp_path, upstream):
+    cfg = agent_config(tmp_path, upstream.url)
+    with agent_server(cfg) as (base, service):
+        def full_disk(record):
+            raise OSError(28, "No space left on device")
+
+        service.traces.write = full_disk
+        with pytest.raises(openai.InternalServerError) as exc:
+            client(base).chat.completions.create(model="test-agent", messages=[{"role": "user", "content": "hi"}])
+    assert exc.value.status_code == 503 and exc.value.body["code"] == "trace_not_written"
+    assert "No space left" in exc.value.body["message"]
+
+
 def test_traces_rotate_by_size_and_ids_survive_a_restart(tmp_path):
     from distill.rewoo.agent import Question
     from distill.rewoo.record import make_record
@@ -438,3 +467,57 @@ def test_real_vllm_plain_and_streamed(real_agent):
     assert ids == [reply.id, chunks[0].id]
     with pytest.raises(openai.NotFoundError):
         c.chat.completions.create(model="planner", messages=question)
+
+
+def test_real_vllm_auth_and_sigterm_mid_request_in_a_subprocess(tmp_path, vllm_server):
+    """The command as a user runs it, on the real server: a wrong key is refused, the right one answered, and
+    SIGTERM sent while a request is in flight (the server's own gauge says so) lets it finish and keeps its
+    trace. Should the answer come before the signal lands, the outcome is the same: that is the point."""
+    from tests.conftest import BASE_NAME
+
+    token = "real-" + "t0k3n" * 5
+    port = free_port()
+    url = vllm_server.base_url
+    config = tmp_path / "agent.yaml"
+    config.write_text(json.dumps({
+        "name": "student-agent", "planner_prompt": "full", "tools": ["Calculator"], "port": port,
+        "auth_token_env": "REAL_AGENT_TOKEN", "request_timeout_s": 1800, "traces_dir": str(tmp_path / "traces"),
+        "planner": {"backend": "openai", "base_url": url, "model": "planner", "max_tokens": 96, "timeout_s": 600},
+        "solver": {"backend": "openai", "base_url": url, "model": BASE_NAME, "max_tokens": 24, "timeout_s": 600}}))
+    env = os.environ | {"PYTHONPATH": str(ROOT), "REAL_AGENT_TOKEN": token}
+    proc = subprocess.Popen([sys.executable, "-m", "distill.cli", "serve-agent", "--config", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    base = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": f"Bearer {token}"}
+    result = {}
+    try:
+        def up() -> bool:
+            try:
+                return httpx.get(f"{base}/health", timeout=5).status_code == 200
+            except httpx.HTTPError:
+                assert proc.poll() is None, proc.stdout.read()
+                return False
+
+        wait_for(up, "the agent server to start")
+        question = [{"role": "user", "content": "What is 12 * 12?"}]
+        with pytest.raises(openai.AuthenticationError):
+            client(base, "not-the-token-at-all").chat.completions.create(model="student-agent", messages=question)
+        c = openai.OpenAI(base_url=f"{base}/v1", api_key=token, max_retries=0, timeout=1800)
+        thread = threading.Thread(target=lambda: result.setdefault(
+            "reply", c.chat.completions.create(model="student-agent", messages=question)))
+        thread.start()
+        wait_for(lambda: "distill_agent_in_flight 1" in httpx.get(f"{base}/metrics", headers=auth, timeout=5).text
+                 or "reply" in result, "the request to be in flight")
+        proc.send_signal(signal.SIGTERM)
+        thread.join(1800)
+        out, _ = proc.communicate(timeout=WAIT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    reply = result["reply"]
+    [trace] = [r for p in trace_files(tmp_path / "traces") for r in read_jsonl(p, TrajectoryRecord)]
+    assert trace["id"] == reply.id and trace["served"]["status"] == 200
+    assert trace["prediction"] == reply.choices[0].message.content
+    written = out + "".join(p.read_text() for p in (tmp_path / "traces").iterdir() if p.is_file())
+    assert token not in written
