@@ -36,6 +36,7 @@ from distill.traces import TraceLog, trace_files
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = "Plan: add the numbers.\n#E1 = Calculator[2 + 3]"
+SHOUT_PLAN = "Plan: shout it.\n#E1 = Shout[hello]"
 WAIT_S = 60  # the longest a test waits for a condition before calling it a hang
 
 
@@ -86,7 +87,8 @@ class FakeUpstream:
             self.arrived += 1
             await asyncio.to_thread(self.gate.wait)
             planner = body["messages"][0]["role"] == "system"
-            text = PLAN if planner else "5"
+            shout = "shout" in body["messages"][-1]["content"]
+            text = (SHOUT_PLAN if shout else PLAN) if planner else ("HELLO" if shout else "5")
             return {"id": "x", "object": "chat.completion", "model": body["model"],
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
                     "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}}
@@ -164,6 +166,25 @@ def test_stream_sends_plan_then_steps_then_answer_then_done(tmp_path, upstream):
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "5"
     assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].usage.total_tokens == 28
     assert {c.id for c in chunks} == {traces(cfg)[0]["id"]}
+
+
+class Shout:
+    """A tool of the user's own (`module:Class`), as a config names one."""
+
+    name = "Shout"
+    description = "Shout[text]: the text in capitals."
+
+    async def run(self, query: str) -> str:
+        return query.upper()
+
+
+def test_own_tools_from_the_config_are_served(tmp_path, upstream):
+    cfg = agent_config(tmp_path, upstream.url, tools=["Calculator", f"{__name__}:Shout"])
+    with agent_server(cfg) as (base, _):
+        reply = client(base).chat.completions.create(
+            model="test-agent", messages=[{"role": "user", "content": "shout hello"}])
+    [step] = reply.model_extra["rewoo"]["evidence"]
+    assert (step["tool"], step["output"], step["status"]) == ("Shout", "HELLO", "ok")
 
 
 def test_bad_requests_are_one_openai_error_each(tmp_path, upstream):
