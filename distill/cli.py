@@ -29,6 +29,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("merge",), "distill.merge", "merge a LoRA adapter into full weights"),
     (("push",), "distill.push", "share a trained adapter on the Hugging Face Hub, with its model card"),
     (("serve",), "distill.serve", "serve the student planner with vLLM"),
+    (("serve-agent",), "distill.agent_server", "serve the whole agent as an OpenAI-compatible chat endpoint, traced"),
     (("eval",), "distill.evaluate", "evaluate planners and baselines"),
     (("report",), "distill.report", "write report.md, results.json and plots from evaluation records"),
     (("pipeline",), "distill.pipeline", "run the whole distillation end to end"),

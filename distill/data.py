@@ -337,7 +337,8 @@ def load_examples(source: str | os.PathLike, dataset: str | None, split: str, li
                   max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS,
                   columns: Mapping[str, str] | None = None, metric: str | None = None) -> list[Example]:
     """The first `limit` distinct questions of `hub:<name>[:<config>]` or a local .json/.jsonl/.csv/.parquet
-    file (by its extension). `data_files` goes to `datasets.load_dataset`, so a packaged builder such as
+    file (by its extension), or a served agent's traces folder (`distill.traces`: its questions with feedback that
+    gives a right answer). `data_files` goes to `datasets.load_dataset`, so a packaged builder such as
     `hub:json` or `hub:parquet` reads local files through exactly the code path used for the hub."""
     source = os.fspath(source)
     rules = {"max_question_chars": max_question_chars, "columns": columns, "metric": metric}
@@ -347,6 +348,18 @@ def load_examples(source: str | os.PathLike, dataset: str | None, split: str, li
         raise DistillError(f"data_files only applies to hub:<name> sources, not {source!r}")
     path = Path(source)
     expected = "/".join(LOCAL_SUFFIXES)
+    if path.is_dir():
+        from distill import traces
+
+        if not traces.is_traces_folder(path):
+            raise DistillError(f"{path} is a folder without trace files (traces-NNNNNN.jsonl); a dataset source is "
+                               f"a {expected} file, a served agent's traces folder, or hub:<name>[:<config>]")
+        numbered = list(traces.training_rows(path))
+        if not numbered:
+            raise DistillError(f"{path}: no served question has feedback with a right answer yet (POST /v1/feedback "
+                               "with {id, correct: true} or {id, answer}), so there is nothing to learn from")
+        examples = rows_to_examples([row for _, row in numbered], dataset, split, origin=str(path), **rules)
+        return _some(examples, str(path))[:limit]
     if not path.is_file():
         raise DistillError(f"data file not found: {path} (expected a {expected} file, or hub:<name>[:<config>])")
     suffix = path.suffix.lower()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from distill.agent_server import AgentServerConfig
 from distill.config import AgentConfig, load_config, read_yaml
 from distill.errors import DistillError
 from distill.evaluate import EvalConfig
@@ -34,6 +35,7 @@ def load_pipeline(path: Path) -> Pipeline:
 
 
 LOADERS = {  # file name prefix -> how the command that reads it loads it
+    "agent_": lambda p: load_config(AgentServerConfig, p),
     "ask_": lambda p: load_config(AgentConfig, p),
     "generate_": lambda p: load_config(GenerateConfig, p),
     "filter": lambda p: load_config(FilterConfig, p),

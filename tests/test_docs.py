@@ -17,7 +17,8 @@ from distill.train import GPU_CONFIGS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-STAGE_COMMAND = re.compile(r"\s*(distill (filter|sft-data|serve|eval|report)\b|python scripts/generate_traj|accelerate launch)")
+STAGE_COMMAND = re.compile(r"\s*(distill (filter|sft-data|serve|serve-agent|eval|report)\b|python scripts/generate_traj|"
+                           r"accelerate launch|make demo\b)")
 
 
 def command_blocks() -> list[tuple[str, list[list[str]]]]:
@@ -83,6 +84,22 @@ class Chain:
                 self.needs(adapter, command)
             names = {served_name(cfg), *cfg.adapters} | ({cfg.lora_name} if cfg.adapter else set())
             self.served[f"http://127.0.0.1:{cfg.port}/v1"] = names
+        elif argv[:2] == ["make", "demo"]:
+            from distill.pipeline import Pipeline, PipelineConfig
+
+            demo = Pipeline(load_config(PipelineConfig, ROOT / "configs" / "demo_smollm2_cpu.yaml"))
+            self.written |= {norm(demo.run / "train" / name) for name in demo.students()}
+            self.written |= {norm(path) for path in demo.improved_adapters().values()}
+        elif argv[:2] == ["distill", "serve-agent"]:
+            from distill.agent_server import AgentServerConfig
+
+            cfg = load_config(AgentServerConfig, ROOT / option(argv, "--config"), sets(argv))
+            for role, spec in (("planner", cfg.planner), ("solver", cfg.solver)):
+                for url in spec.base_urls:
+                    if url.startswith(("http://127.0.0.1", "http://localhost")):
+                        assert spec.model in self.served.get(url, ()), (
+                            f"{self.where}: the agent's {role} asks {url} for {spec.model}; "
+                            f"served there: {sorted(self.served.get(url, ())) or 'nothing'}")
         elif argv[:2] == ["distill", "eval"]:
             from distill.evaluate import EvalConfig
 

@@ -75,16 +75,22 @@ class ReWOOAgent:
             max_plan_chars=self.max_plan_chars, max_plan_steps=self.max_plan_steps, known_ids=known_ids,
         )
 
-    async def run(self, example, sample: int = 0) -> dict:
+    async def run(self, example, sample: int = 0, on_event: Callable[[str, dict], None] | None = None) -> dict:
+        """`on_event(kind, payload)` hears of each plan ("plan") and each finished step ("step") as it happens,
+        so a served agent can stream progress; the record is the same with or without it."""
         t0 = time.perf_counter()
         seed = sample_seed(example.id, sample, self.seed)
         p_messages = prompts.planner_messages(example.question, self.tool_descriptions, self.planner_prompt)
         p_out = await self.plan(p_messages, seed)
         plan = self.parse(p_out.text)
+        on_step = None
+        if on_event is not None:
+            on_event("plan", plan.to_dict())
+            on_step = lambda e: on_event("step", e.to_dict())  # noqa: E731
         tools = self.tools_for(example)
         work_t0 = time.perf_counter()
-        evidence = await run_plan(plan, tools, self.worker, t0=work_t0)
-        plan, evidence, replans, r_outs = await self.replan(p_messages, plan, evidence, tools, seed, work_t0)
+        evidence = await run_plan(plan, tools, self.worker, t0=work_t0, on_step=on_step)
+        plan, evidence, replans, r_outs = await self.replan(p_messages, plan, evidence, tools, seed, work_t0, on_event)
         s_messages = prompts.solver_messages(example.question, plan.steps, evidence)
         s_out = await self.solver.chat(s_messages, temperature=0.0, max_tokens=self.solver_max_tokens, seed=seed)
         extra = {"replans": replans} if self.max_replans > 0 else {}  # plain ReWOO keeps today's record shape
@@ -97,7 +103,7 @@ class ReWOOAgent:
 
     async def replan(
         self, p_messages: list[dict], plan: Plan, evidence: list[Evidence], tools, seed: int,
-        work_t0: float | None = None,
+        work_t0: float | None = None, on_event: Callable[[str, dict], None] | None = None,
     ) -> tuple[Plan, list[Evidence], list[dict], list[Completion]]:
         """ReWOO plans blind; this is its one chance to change course. When a step of the newest plan meets a
         configured surprise, the Planner is asked once more with the plan and evidence so far, and only its
@@ -116,7 +122,11 @@ class ReWOOAgent:
             out = await self.plan(messages, seed)
             new = self.parse(out.text, known_ids={s.id for s in steps})
             known = {e.id: e.output for e in evidence}
-            fresh = await run_plan(new, tools, self.worker, known=known, t0=work_t0)
+            on_step = None
+            if on_event is not None:
+                on_event("plan", new.to_dict() | {"replan": len(replans) + 1})
+                on_step = lambda e: on_event("step", e.to_dict())  # noqa: E731
+            fresh = await run_plan(new, tools, self.worker, known=known, t0=work_t0, on_step=on_step)
             steps += new.steps
             errors += new.errors
             evidence += fresh

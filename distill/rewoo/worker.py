@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
@@ -82,12 +82,15 @@ def dependency_indices(steps: Sequence[Step]) -> list[list[int]]:
 async def run_plan(
     plan: Plan, tools: Mapping[str, Tool], config: WorkerConfig | None = None,
     known: Mapping[str, str] | None = None, t0: float | None = None,
+    on_step: Callable[[Evidence], None] | None = None,
 ) -> list[Evidence]:
     """Run every step of `plan` (valid or not) and return its evidence in step order.
 
     `known` maps ids of evidence gathered before this plan (a re-plan continues an earlier one) to their
     outputs, substituted without waiting; an earlier step of `plan` with the same id wins. `t0` (a
-    time.perf_counter value, by default now) lets the steps of a continued plan share the first one's clock."""
+    time.perf_counter value, by default now) lets the steps of a continued plan share the first one's clock.
+    `on_step` hears of each step the moment it finishes, in finishing order: a served agent streams it then
+    rather than when the whole plan is done."""
     config, known = config or WorkerConfig(), known or {}
     if config.max_concurrency < 1:
         raise DistillError(f"worker max_concurrency must be at least 1, got {config.max_concurrency}")
@@ -128,9 +131,15 @@ async def run_plan(
             return _failed(step, query, "empty", why, start, end)
         return Evidence(step.id, step.tool, query, truncate(text, config.evidence_max_chars), "ok", None, start, end)
 
+    async def run_and_tell(step: Step, index: int) -> Evidence:
+        evidence = await run_step(step, index)
+        if on_step is not None:
+            on_step(evidence)
+        return evidence
+
     async with asyncio.TaskGroup() as group:
         for index, step in enumerate(plan.steps):
-            tasks.append(group.create_task(run_step(step, index)))
+            tasks.append(group.create_task(run_and_tell(step, index)))
     return [task.result() for task in tasks]
 
 
