@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, TypeVar
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from distill.errors import DistillError
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS, DEFAULT_MAX_PLAN_STEPS
@@ -58,6 +58,15 @@ class ModelSpec(Strict):
     dtype: str = "float32"  # transformers backend
     device: str = "cpu"  # transformers backend: cpu, cuda, auto
 
+    @field_validator("base_url")
+    @classmethod
+    def _urls(cls, value: str | list[str] | None) -> str | list[str] | None:
+        """A bad address is refused when the config is read, naming the setting, not at the first call with a
+        client library's traceback (httpx raises OverflowError on port 99999)."""
+        for url in [value] if isinstance(value, str) else value or []:
+            check_base_url(url)
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":
         if self.backend == "openai" and not self.base_url and not self.api_key_env:
@@ -67,6 +76,30 @@ class ModelSpec(Strict):
     @property
     def base_urls(self) -> list[str]:
         return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url or [])
+
+
+# `base_url: "@server"`: the address of a server the pipeline (or an improve round) starts itself, filled in then.
+SERVER_PLACEHOLDER = "@server"
+
+
+def check_base_url(url: str) -> None:
+    """http(s)://host[:port][/path], or the @server placeholder; anything else raises ValueError in words."""
+    from urllib.parse import urlsplit
+
+    if url == SERVER_PLACEHOLDER:
+        return
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError when out of 0-65535 or not a number
+    except ValueError as exc:
+        raise ValueError(f"{url!r} is not a usable URL ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"{url!r}: the scheme must be http or https (or the value {SERVER_PLACEHOLDER!r} in a "
+                         "pipeline config), e.g. http://127.0.0.1:8000/v1")
+    if not parts.hostname:
+        raise ValueError(f"{url!r} names no host, e.g. http://127.0.0.1:8000/v1")
+    if port == 0:
+        raise ValueError(f"{url!r}: port 0 is not an address a server listens on (1-65535)")
 
 
 # The ModelSpec keys that say which model an endpoint is: what it is, where it runs, how it is reached and what it

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from distill.config import AgentConfig, add_config_args, add_fresh_arg, load_config, read_json_model
+from distill.config import SERVER_PLACEHOLDER, AgentConfig, add_config_args, add_fresh_arg, load_config, read_json_model
 from distill.data import DatasetSource
 from distill.errors import DistillError
 from distill.reward import RewardConfig
@@ -229,7 +229,7 @@ def with_server(cfg: ImproveConfig, url: str | None) -> ImproveConfig:
             return {k: fill(v) for k, v in obj.items()}
         if isinstance(obj, list):
             return [fill(v) for v in obj]
-        return url if obj == "@server" else obj
+        return url if obj == SERVER_PLACEHOLDER else obj
 
     data = fill(data)
     data["planner"] |= {"backend": "openai", "base_url": url, "model": POLICY}

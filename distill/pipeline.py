@@ -54,8 +54,8 @@ from typing import Any, Callable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from distill.config import (ENDPOINT_IDENTITY, AgentConfig, ModelSpec, Strict, _merge, add_config_args, load_config,
-                            read_json_model, read_yaml, validate)
+from distill.config import (ENDPOINT_IDENTITY, SERVER_PLACEHOLDER, AgentConfig, ModelSpec, Strict, _merge,
+                            add_config_args, load_config, read_json_model, read_yaml, validate)
 from distill.errors import DistillError
 from distill.run import describe_changes, fingerprint, folder_lock, set_aside, settings_of, source_digests
 from distill.store import content_digest, write_json
@@ -63,7 +63,7 @@ from distill.tracking import PACKAGES
 
 STAGES = ("generate", "filter", "sft-data", "train", "improve", "eval", "report")
 IMPROVED = "{}_improved"  # the LoRA module (and eval row model) of a student's improved adapter
-SERVER = "@server"
+SERVER = SERVER_PLACEHOLDER  # the pipeline fills in the address of the stage's own server
 STAGE_CONFIG = "config"
 AUTO = "auto"  # `train.config: auto`: the training config for the visible GPUs (distill.train.GPU_CONFIGS)
 # The sections that are a stage's config (or a server's): each may name its stage config file (`config: FILE`).
