@@ -158,20 +158,30 @@ class PipelineConfig(Strict):
     when the pipeline starts, saying which and why."""
 
     run_dir: str = "runs/demo"
+    """the run folder: one subfolder per stage, the call cache at its root"""
     # declared before the sections: their validator reads it
-    teacher: ModelSpec | None = None  # the teacher endpoint; None: every section names its models itself
-    generate: dict[str, Any]  # GenerateConfig keys (output_dir and cache are set by the pipeline)
-    teacher_server: dict[str, Any] | None = None  # ServeConfig keys: a vLLM server for the teacher, or none
-    filter: dict[str, Any] = Field(default_factory=dict)  # FilterConfig keys
-    sft_data: dict[str, Any] = Field(default_factory=dict)  # SftDataConfig keys (kept and out are set)
-    # {name: SftDataConfig keys over sft_data, plus `train:` TrainConfig keys over train}; see the top
+    teacher: ModelSpec | None = None
+    """the teacher's endpoint, named once: generate's planner, Solver, LLM tool and judge and eval's teacher rows,
+    Solver, LLM tool and judge take it; null: every section names its models"""
+    generate: dict[str, Any]
+    """GenerateConfig keys, or config: FILE plus overrides (output_dir and cache are set by the pipeline)"""
+    teacher_server: dict[str, Any] | None = None
+    """ServeConfig keys: a vLLM server for the teacher ("@server"), or none"""
+    filter: dict[str, Any] = Field(default_factory=dict)
+    """FilterConfig keys"""
+    sft_data: dict[str, Any] = Field(default_factory=dict)
+    """SftDataConfig keys (kept and out are set by the pipeline)"""
     students: dict[str, dict[str, Any]] | None = None
-    train: dict[str, Any]  # TrainConfig keys (dataset_dir and output_dir are set by the pipeline)
-    # ImproveConfig keys plus `student: NAME` (default: the first): expert iteration of that student after
-    # training (adapter and output_dir are set; datasets, eval_sets, prompt, tools default to the run's own)
+    """{name: SftDataConfig keys over sft_data, plus train: TrainConfig keys over train}: several students on the
+    same kept plans"""
+    train: dict[str, Any]
+    """TrainConfig keys, or config: FILE, or config: auto (picked by GPU memory); dataset_dir and output_dir are set"""
     improve: dict[str, Any] | None = None
-    student_server: dict[str, Any] = Field(default_factory=dict)  # ServeConfig keys (adapters are set)
-    eval: dict[str, Any]  # EvalConfig keys (output_dir is set)
+    """ImproveConfig keys plus student: NAME (default: the first): improve that student after training"""
+    student_server: dict[str, Any] = Field(default_factory=dict)
+    """ServeConfig keys of the students' server (adapters are set)"""
+    eval: dict[str, Any]
+    """EvalConfig keys (output_dir is set)"""
 
     @field_validator(*SECTIONS, mode="before")
     @classmethod
