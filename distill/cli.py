@@ -74,7 +74,8 @@ GUIDE: dict[tuple[str, ...], tuple[str, str]] = {
                  "--dry-run prints the vLLM command.",
                  "distill serve --config configs/serve_planner.yaml --set adapter=runs/demo/train/student"),
     ("eval",): ("Runs each planner row (student, base, teacher, teacher+replan) and the ReAct and Direct baselines "
-                "on the same questions, Solver and tools, then writes the report. --check runs nothing.",
+                "on the same questions, Solver and tools, into records that `distill report` reads. --check runs "
+                "nothing.",
                 "distill eval --config configs/eval_smollm2_cpu.yaml"),
     ("report",): ("Recomputes report.md, results.json, report.html and the plots from an evaluation's records; "
                   "calls no model.",

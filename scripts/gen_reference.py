@@ -143,8 +143,11 @@ def train_section() -> list[str]:
              "works; see TRL's documentation) plus these; `gradient_accumulation_steps` is derived: effective "
              "batch = per-device batch x accumulation x processes = `global_batch_size`.", "",
              "| key | type | default | meaning |", "|---|---|---|---|"]
+    import typing
+
+    hints = typing.get_type_hints(DistillArguments)  # f.type is a string until TRL's parser resolves it
     for f in dataclasses.fields(DistillArguments):
-        lines.append(f"| `{f.name}` | {cell(str(f.type))} | `{json.dumps(f.default)}` | {cell(f.metadata['help'])} |")
+        lines.append(f"| `{f.name}` | {cell(type_name(hints[f.name]))} | `{json.dumps(f.default)}` | {cell(f.metadata['help'])} |")
     lines += ["", "Where distill's defaults differ from TRL's (the paper's recipe: LoRA r 8, alpha 16 on all linear "
                   "layers, lr 1e-4, 10 epochs, cosine):", "", "| key | default |", "|---|---|"]
     lines += [f"| `{k}` | `{json.dumps(v)}` |" for k, v in DEFAULTS.items()]
