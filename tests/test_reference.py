@@ -1,5 +1,5 @@
 """The reference pages are written from the code (scripts/gen_reference.py): every config field has a description
-to print, and the committed pages are what the code says now."""
+to print, every error message is listed, and the committed pages are what the code says now."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_every_strict_config_class_is_in_the_reference():
         {c.__name__ for c in covered}
 
 
-@pytest.mark.parametrize("page", ["config", "cli"])
+@pytest.mark.parametrize("page", ["config", "cli", "errors"])
 def test_the_committed_reference_is_current(page):
     path = gen.PAGES[page]
     assert path.read_text() == gen.render()[path], \
@@ -59,3 +59,10 @@ def test_a_field_without_a_description_stops_the_generator():
             gen.config_page()
     finally:
         gen.config_classes = gen_classes
+
+
+def test_the_error_page_lists_a_message_as_it_reads():
+    messages = [m for ms in gen.error_messages().values() for m in ms]
+    assert "--set expects key=value, got <pair>" in messages
+    assert any(m.startswith("<url>: the scheme must be http or https") for m in messages)
+    assert "--set <dotted>: the value is too large for a setting" in messages
