@@ -96,7 +96,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         epilog="Start with `distill pipeline --config configs/demo_smollm2_cpu.yaml` (what `make demo` runs); "
                "`distill COMMAND --help` says what each command does, with an example.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (and tracebacks)")
-    parser.add_argument("--version", action="version", version=_version_line())
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="print the version (and the commit, in a git checkout) and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction] = {}
     for words, module, help_text in COMMANDS:
@@ -107,7 +108,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             sub = subparsers.add_parser(words[0], **teach)
         else:
             if words[0] not in groups:
-                group = subparsers.add_parser(words[0], help=f"{words[0]} tools")
+                group = subparsers.add_parser(words[0], help="; ".join(
+                    f"{w[1]}: {h}" for w, _, h in COMMANDS if len(w) > 1 and w[0] == words[0]))
                 groups[words[0]] = group.add_subparsers(dest=f"{words[0]}_command", metavar="ACTION", required=True)
             sub = groups[words[0]].add_parser(words[1], **teach)
         sub.set_defaults(_module=module)
@@ -131,11 +133,15 @@ class _Formatter(argparse.HelpFormatter):
         return super()._fill_text(text, width, indent)
 
 
-def _version_line() -> str:
-    from distill import code_version
+class _Version(argparse.Action):
+    """`--version`, asking git only when given: every other command line is parsed without a subprocess."""
 
-    version, _, commit = code_version().partition("+")
-    return f"distill {version}" + (f" (commit {commit})" if commit else "")
+    def __call__(self, parser, namespace, values, option_string=None):
+        from distill import code_version
+
+        version, _, commit = code_version().partition("+")
+        print(f"distill {version}" + (f" (commit {commit})" if commit else ""))
+        parser.exit()
 
 
 def main(argv: list[str] | None = None) -> int:
