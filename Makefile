@@ -21,7 +21,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast docs bench clean
 
 install: $(VENV)/.installed
 
@@ -45,9 +45,14 @@ test: install
 test-fast: install
 	DISTILL_SHARED_DATA=$(SHARED_DATA) $(PY) -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
+# The docs site (mkdocs.yml, pages in docs/) into site/, warnings as errors; tests/test_site.py builds it too, so a
+# broken link fails `make test`. The reference pages are generated: python scripts/gen_reference.py
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 bench: install
 	$(PY) scripts/bench_worker.py
 
 # runs/ is kept: it holds paid trajectories, the call cache and trained adapters. Delete a run folder by hand.
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache site

@@ -484,16 +484,7 @@ def build_app(service: AgentService):
 
 # ------------------------------------------------------------------------------------------ command line
 
-EXAMPLE = """example:
-  distill serve --config configs/serve_planner.yaml &          # the student planner on vLLM (LoRA module `planner`)
-  AGENT_TOKEN=... distill serve-agent --config configs/agent_server.yaml
-  # then any OpenAI client: base_url http://127.0.0.1:8080/v1, api_key $AGENT_TOKEN, model distill-agent
-  # (see docs/serving-agent.md)"""
-
-
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = EXAMPLE
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     add_config_args(parser)
 
 

@@ -36,22 +36,87 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
 ]
 
 
+# What each command's `--help` teaches beyond its one line: its main choices and one command to copy.
+GUIDE: dict[tuple[str, ...], tuple[str, str]] = {
+    ("ask",): ("Plans with the configured Planner, runs the tools, and answers with the Solver; --json prints the "
+               "whole trajectory record.",
+               'distill ask "Who directed the film that won Best Picture in 1998?" '
+               "--config configs/ask_smollm2_local.yaml"),
+    ("plan", "check"): ("Reads a plan (`#E1 = Tool[input]` lines) and lists every problem the Worker would refuse it "
+                        "for; exit 1 when the plan is invalid.",
+                        "distill plan check plan.txt --tools Wikipedia,LLM,Calculator"),
+    ("generate",): ("The teacher plans each question (several samples with temperature > 0), the Worker runs the "
+                    "tools and the Solver answers; records are appended as they finish, so a rerun resumes. "
+                    "--check prints the resolved config and the estimated calls, tokens and dollars, and runs "
+                    "nothing.",
+                    "distill generate --config configs/generate_teacher.yaml --check"),
+    ("filter",): ("Keeps valid, fully executed trajectories that pass the criterion (`criterion:` answer, the "
+                  "Solver's answer correct; evidence, every gold supporting page retrieved; or both), the best sample per question.",
+                  "distill filter runs/teacher/trajectories.jsonl --out runs/teacher/kept.jsonl"),
+    ("score",): ("Scores any system's predictions with the official HotpotQA or TriviaQA rules, or plain EM/F1.",
+                 "distill score --metric hotpotqa predictions.jsonl --out scored.jsonl"),
+    ("sft-data",): ("Writes a prompt/completion dataset from the kept plans, in the student's prompt: full "
+                    "(instructions and tool descriptions) or compact (the question and the tool names).",
+                    "distill sft-data runs/teacher/kept.jsonl --out runs/student/sft --student-prompt compact"),
+    ("train",): ("LoRA (or QLoRA) supervised fine-tuning with TRL; on GPUs launch it with accelerate so every GPU "
+                 "trains. The config picks the model, rank, learning rate and batch.",
+                 "accelerate launch -m distill.train --config configs/qwen2.5-7b_lora_gpu.yaml"),
+    ("improve",): ("Two methods (`method:`): expert_iteration (any machine: sample plans from the served adapter, "
+                   "keep each question's best by the planner reward, train on them, round after round) and grpo "
+                   "(GPUs: TRL's GRPOTrainer with the planner reward). A killed round resumes.",
+                   "distill improve --config configs/improve_smollm2_cpu.yaml"),
+    ("merge",): ("Folds a LoRA adapter into its base model's weights, for serving without LoRA.",
+                 "distill merge runs/demo/train/student --out runs/demo/merged"),
+    ("push",): ("Uploads an adapter with a model card written from its run (the token is read from the "
+                "environment); --dry-run writes the card and uploads nothing.",
+                "HF_TOKEN=... distill push runs/demo/train/student --repo-id you/planner --dry-run"),
+    ("serve",): ("Starts vLLM's OpenAI-compatible server with the base model and the LoRA adapters (or merged "
+                 "weights) and prints the --set flags that point a config at it; CPU settings are picked for you. "
+                 "--dry-run prints the vLLM command.",
+                 "distill serve --config configs/serve_planner.yaml --set adapter=runs/demo/train/student"),
+    ("serve-agent",): ("Serves the whole ReWOO agent (planner, Worker with the config's tools, Solver; built as eval "
+                       "builds it) as an OpenAI chat-completions endpoint, streaming the plan and each step; every "
+                       "request is traced, and traces with feedback become improve's training questions.",
+                       "AGENT_TOKEN=... distill serve-agent --config configs/agent_server.yaml"),
+    ("eval",): ("Runs each planner row (student, base, teacher, teacher+replan) and the ReAct and Direct baselines "
+                "on the same questions, Solver and tools, into records that `distill report` reads. --check runs "
+                "nothing.",
+                "distill eval --config configs/eval_smollm2_cpu.yaml"),
+    ("report",): ("Recomputes report.md, results.json, report.html and the plots from an evaluation's records; "
+                  "calls no model.",
+                  "distill report runs/demo/eval"),
+    ("pipeline",): ("Runs generate, filter, sft-data, train, improve, eval and report into one run folder; a rerun "
+                    "skips the stages whose settings and inputs are unchanged. --check validates every stage, says "
+                    "what would run and estimates the cost, and runs nothing; --from STAGE redoes from a stage.",
+                    "distill pipeline --config configs/demo_smollm2_cpu.yaml --check --offline"),
+}
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """All commands are listed; the one named in argv (every one when argv is None) gets its full arguments."""
     # the words of argv, options before them skipped: only the command they name has its module imported
     given = None if argv is None else tuple(w for w in argv if not w.startswith("-"))
-    parser = argparse.ArgumentParser(prog="distill", description="Distill a ReWOO Planner into a small model.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser = argparse.ArgumentParser(
+        prog="distill", description="Distill the Planner of a ReWOO agent from a large teacher into a small model.",
+        epilog="Start with `distill pipeline --config configs/demo_smollm2_cpu.yaml` (what `make demo` runs); "
+               "`distill COMMAND --help` says what each command does, with an example.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (and tracebacks)")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="print the version (and the commit, in a git checkout) and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction] = {}
     for words, module, help_text in COMMANDS:
+        what, example = GUIDE[words]
+        teach = {"help": help_text, "description": f"{help_text[0].upper()}{help_text[1:]}. {what}",
+                 "epilog": f"example:\n  {example}", "formatter_class": _Formatter}
         if len(words) == 1:
-            sub = subparsers.add_parser(words[0], help=help_text, description=help_text)
+            sub = subparsers.add_parser(words[0], **teach)
         else:
             if words[0] not in groups:
-                group = subparsers.add_parser(words[0], help=f"{words[0]} tools")
+                group = subparsers.add_parser(words[0], help="; ".join(
+                    f"{w[1]}: {h}" for w, _, h in COMMANDS if len(w) > 1 and w[0] == words[0]))
                 groups[words[0]] = group.add_subparsers(dest=f"{words[0]}_command", metavar="ACTION", required=True)
-            sub = groups[words[0]].add_parser(words[1], help=help_text, description=help_text)
+            sub = groups[words[0]].add_parser(words[1], **teach)
         sub.set_defaults(_module=module)
         if given is not None and given[: len(words)] != words:
             continue
@@ -62,6 +127,26 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                 raise
             sub.set_defaults(_missing=True)
     return parser
+
+
+class _Formatter(argparse.HelpFormatter):
+    """The description wrapped as prose, the example epilog kept on its own line so it can be copied whole."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("example:"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+class _Version(argparse.Action):
+    """`--version`, asking git only when given: every other command line is parsed without a subprocess."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from distill import code_version
+
+        version, _, commit = code_version().partition("+")
+        print(f"distill {version}" + (f" (commit {commit})" if commit else ""))
+        parser.exit()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, TypeVar
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from distill.errors import DistillError
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS, DEFAULT_MAX_PLAN_STEPS
@@ -33,30 +33,59 @@ DEFAULT_PRICES: dict[str, dict[str, float]] = {
 
 
 class Strict(BaseModel):
-    """Unknown keys are errors, and no number is infinite or NaN: no setting means either."""
+    """Unknown keys are errors, and no number is infinite or NaN: no setting means either. The string under each
+    field is its description, which the generated config reference (docs/reference/config.md) prints."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False,
+                              use_attribute_docstrings=True)
 
 
 class ModelSpec(Strict):
     """One chat endpoint: an OpenAI-compatible server (vLLM, OpenAI, ...) or an in-process transformers model."""
 
     backend: Literal["transformers", "openai"] = "transformers"
+    """openai: an OpenAI-compatible server (vLLM, OpenAI, ...); transformers: the model in this process"""
     model: str = "smollm2-135m-instruct"
-    base_url: str | list[str] | None = None  # several URLs spread the load across servers
-    api_key_env: str | None = None  # the *name* of the env var that holds the key, never the key
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)  # OpenAI's range; vLLM's is the same in practice
+    """the model name the server serves (a LoRA module's name for a student), or the transformers model: embedded
+    alias, folder or hub id"""
+    base_url: str | list[str] | None = None
+    """the server's address, e.g. http://127.0.0.1:8000/v1 (http or https); a list spreads the load across servers;
+    "@server" in a pipeline config: the server the stage starts; unset: OpenAI's API"""
+    api_key_env: str | None = None
+    """the name of the environment variable that holds the API key, never the key itself"""
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    """sampling temperature (OpenAI's range; vLLM's is the same in practice); 0 is greedy"""
     max_tokens: int = Field(default=512, ge=1)
-    stop: list[str] | None = None  # e.g. ["\nQuestion:"] so a few-shot planner stops after its plan
+    """the longest reply, in tokens"""
+    stop: list[str] | None = None
+    """strings that end a reply, e.g. ["\\nQuestion:"] so a few-shot planner stops after its plan"""
     max_concurrency: int = Field(default=8, ge=1)
+    """calls in flight to this endpoint at once"""
     timeout_s: float = Field(default=120.0, gt=0)
-    max_retries: int = Field(default=5, ge=0)  # per call, on 429/5xx/timeouts/dropped connections/bad 200 bodies
-    max_retry_after_s: float = Field(default=60.0, ge=0)  # a server's Retry-After is honoured up to this
-    prompt_per_mtok: float | None = Field(default=None, ge=0)  # price override, dollars per million tokens
+    """seconds one call may take before it is retried"""
+    max_retries: int = Field(default=5, ge=0)
+    """retries per call on 429/5xx, timeouts, dropped connections and malformed 200 bodies"""
+    max_retry_after_s: float = Field(default=60.0, ge=0)
+    """a server's Retry-After is honoured up to this many seconds"""
+    prompt_per_mtok: float | None = Field(default=None, ge=0)
+    """price override: dollars per million prompt tokens (0 for a free model off this machine)"""
     completion_per_mtok: float | None = Field(default=None, ge=0)
-    tokenizer: str | None = None  # counts tokens when a server returns no usage
-    dtype: str = "float32"  # transformers backend
-    device: str = "cpu"  # transformers backend: cpu, cuda, auto
+    """price override: dollars per million completion tokens"""
+    tokenizer: str | None = None
+    """tokenizer that counts tokens when a server returns no usage"""
+    dtype: str = "float32"
+    """transformers backend: the weights' dtype"""
+    device: str = "cpu"
+    """transformers backend: cpu, cuda or auto"""
+
+    @field_validator("base_url")
+    @classmethod
+    def _urls(cls, value: str | list[str] | None) -> str | list[str] | None:
+        """A bad address is refused when the config is read, naming the setting, not at the first call with a
+        client library's traceback (httpx raises OverflowError on port 99999)."""
+        for url in [value] if isinstance(value, str) else value or []:
+            check_base_url(url)
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":
@@ -67,6 +96,30 @@ class ModelSpec(Strict):
     @property
     def base_urls(self) -> list[str]:
         return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url or [])
+
+
+# `base_url: "@server"`: the address of a server the pipeline (or an improve round) starts itself, filled in then.
+SERVER_PLACEHOLDER = "@server"
+
+
+def check_base_url(url: str) -> None:
+    """http(s)://host[:port][/path], or the @server placeholder; anything else raises ValueError in words."""
+    from urllib.parse import urlsplit
+
+    if url == SERVER_PLACEHOLDER:
+        return
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError when out of 0-65535 or not a number
+    except ValueError as exc:
+        raise ValueError(f"{url!r} is not a usable URL ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"{url!r}: the scheme must be http or https (or the value {SERVER_PLACEHOLDER!r} in a "
+                         "pipeline config), e.g. http://127.0.0.1:8000/v1")
+    if not parts.hostname:
+        raise ValueError(f"{url!r} names no host, e.g. http://127.0.0.1:8000/v1")
+    if port == 0:
+        raise ValueError(f"{url!r}: port 0 is not an address a server listens on (1-65535)")
 
 
 # The ModelSpec keys that say which model an endpoint is: what it is, where it runs, how it is reached and what it
@@ -81,34 +134,58 @@ class AgentConfig(Strict):
     """What `distill ask` needs; generation and evaluation configs extend it."""
 
     planner: ModelSpec = Field(default_factory=ModelSpec)
+    """the Planner's endpoint: writes the whole plan up front"""
     solver: ModelSpec = Field(default_factory=lambda: ModelSpec(max_tokens=64))
-    llm_tool: ModelSpec | None = None  # the LLM tool's model; defaults to the solver's
+    """the Solver's endpoint: answers from the plan and its evidence"""
+    llm_tool: ModelSpec | None = None
+    """the LLM tool's endpoint; unset: the Solver's"""
     planner_prompt: PlannerPrompt = "fewshot"
+    """the Planner's prompt: fewshot (with exemplars), full (instructions and tool descriptions) or compact (the
+    question and the tool names)"""
     tools: list[str] = Field(default_factory=lambda: list(DEFAULT_TOOLS))
+    """the tools plans may call: Wikipedia, LLM, Calculator, or module:Class of your own"""
     wikipedia_backend: Literal["local", "online"] = "local"
+    """local: BM25 over wikipedia_corpus; online: the Wikipedia API"""
     wikipedia_corpus: str | None = "data/demo/corpus.jsonl"
-    wikipedia_scope: Literal["corpus", "question"] = "corpus"  # question: only the example's own paragraphs
+    """local backend: the paragraphs searched (JSONL)"""
+    wikipedia_scope: Literal["corpus", "question"] = "corpus"
+    """corpus: search every paragraph; question: only the example's own paragraphs"""
     wikipedia_top_k: int = Field(default=1, ge=1)
+    """paragraphs returned per search"""
     wikipedia_max_chars: int = Field(default=800, ge=1)
-    # online backend: a URL or email for the User-Agent (Wikimedia's policy asks for one); requests in flight;
-    # retries on rate limits and server faults; seconds per request; the longest wait between two tries
+    """characters kept of each paragraph returned"""
     wikipedia_contact: str | None = None
+    """online backend: a URL or email for the User-Agent (Wikimedia's policy asks for one)"""
     wikipedia_max_concurrency: int = Field(default=4, ge=1)
+    """online backend: requests in flight"""
     wikipedia_max_retries: int = Field(default=5, ge=0)
+    """online backend: retries on rate limits and server faults"""
     wikipedia_timeout_s: float = Field(default=10.0, gt=0)
+    """online backend: seconds per request"""
     wikipedia_max_wait_s: float = Field(default=20.0, ge=0)
+    """online backend: the longest wait between two tries"""
     worker_max_concurrency: int = Field(default=8, ge=1)
+    """tool calls of one plan run at once (independent steps run together)"""
     tool_timeout_s: float = Field(default=30.0, gt=0)
-    evidence_max_chars: int = Field(default=1500, ge=1)  # a tool's output kept as evidence; the rest is cut
-    max_plan_chars: int = Field(default=DEFAULT_MAX_PLAN_CHARS, ge=1)  # planner output read; the rest: too_long
-    max_plan_steps: int = Field(default=DEFAULT_MAX_PLAN_STEPS, ge=1)  # more is too_many_steps, not tool calls
-    # re-planning on surprise (off: plain ReWOO): a step whose evidence has a status in replan_on asks the
-    # Planner again with the evidence so far, at most max_replans times per question
+    """seconds one tool call may take"""
+    evidence_max_chars: int = Field(default=1500, ge=1)
+    """characters of a tool's output kept as evidence; the rest is cut"""
+    max_plan_chars: int = Field(default=DEFAULT_MAX_PLAN_CHARS, ge=1)
+    """characters of the Planner's output read; a longer plan is invalid (too_long)"""
+    max_plan_steps: int = Field(default=DEFAULT_MAX_PLAN_STEPS, ge=1)
+    """steps a plan may have; more is invalid (too_many_steps) and runs no tool"""
     replan: bool = False
+    """re-planning on surprise: a step whose evidence has a status in replan_on asks the Planner again with the
+    evidence so far (off: plain ReWOO)"""
     replan_on: list[Surprise] = Field(default_factory=lambda: list(SURPRISES))
+    """the evidence statuses that trigger re-planning"""
     max_replans: int = Field(default=1, ge=1)
-    cache: str | None = None  # SQLite call cache path; None turns it off
+    """re-plans per question at most"""
+    cache: str | None = None
+    """SQLite call cache path; null turns it off"""
     prices: dict[str, dict[str, Annotated[float, Field(ge=0)]]] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
+    """dollars per million tokens per model name ({model: {prompt_per_mtok, completion_per_mtok}}); gpt-4o-mini,
+    gpt-4o, gpt-4.1(-mini) and gpt-3.5-turbo are built in"""
 
     def endpoints(self) -> dict[str, ModelSpec]:
         """{setting: endpoint} of every model a run of this config calls: what a check of keys, servers and

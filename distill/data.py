@@ -47,14 +47,20 @@ class DatasetSource(Strict):
     its columns hold what distill reads (`columns`) and the rules its answers are scored by (`metric`)."""
 
     name: Literal["hotpotqa", "triviaqa"] | str
+    """hotpotqa, triviaqa or a name of your own (which then needs a metric)"""
     source: str
+    """hub:<name>[:<config>] or a local .json, .jsonl, .csv or .parquet file"""
     split: str = "train"
-    n: int | None = Field(default=None, ge=1)  # how many distinct questions to draw; None = all
-    max_question_chars: int = Field(default=DEFAULT_MAX_QUESTION_CHARS, ge=1)  # longer questions are refused
-    # distill's field -> the source's column, e.g. {question: prompt, answer: target, id: qid}
+    """the hub split to read"""
+    n: int | None = Field(default=None, ge=1)
+    """distinct questions to draw; null: all"""
+    max_question_chars: int = Field(default=DEFAULT_MAX_QUESTION_CHARS, ge=1)
+    """a longer question is refused when loaded"""
     columns: dict[Column, ColumnName] | None = None
-    # hotpotqa | triviaqa | em_f1; None: the rules the name is (hotpotqa, triviaqa), refused for any other name
+    """distill's field -> the file's column, e.g. {question: prompt, answer: target, id: qid}"""
     metric: Metric | None = Field(default=None, validate_default=True)
+    """scoring rules: hotpotqa, triviaqa or em_f1; null: the rules of the name (hotpotqa, triviaqa), refused for any
+    other name"""
 
     @field_validator("metric")
     @classmethod

@@ -103,11 +103,15 @@ class PlannerEntry(Strict):
     surprise (method rewoo+replan, with the config's replan_on and max_replans)."""
 
     name: str
+    """the row's name in the report (teacher and teacher+... rows take a pipeline's teacher)"""
     spec: ModelSpec
+    """the planner's endpoint (ModelSpec keys)"""
     prompt: PlannerPrompt
+    """the planner prompt: fewshot, full or compact"""
     replan: bool = False
-    # the report also sets this row against that planner row, paired (an improved student against its SFT self)
+    """re-plan on surprise for this row"""
     compare_to: str | None = None
+    """another row's name: the report sets this row against it, paired (an improved student against its SFT self)"""
 
 
 class RobustnessSweep(Strict):
@@ -115,8 +119,11 @@ class RobustnessSweep(Strict):
     the rate the config's `tool_failure_rate` sets, so that rate is not repeated)."""
 
     rates: list[float]
+    """tool failure rates to run at, e.g. [0.3, 1.0]"""
     methods: list[str]
-    n: int | None = Field(default=None, ge=1)  # first n questions of each dataset; None: all of them
+    """the rows and baselines run at each rate"""
+    n: int | None = Field(default=None, ge=1)
+    """first n questions of each dataset; null: all of them"""
 
     @model_validator(mode="after")
     def _check(self) -> "RobustnessSweep":
@@ -136,8 +143,11 @@ class PromptBudget(Strict):
     recall with at most `max_prompt_fraction` of its planner prompt tokens."""
 
     reference: str
+    """the planner row whose evidence recall the others are held against"""
     methods: list[str]
+    """the rows held against the reference"""
     max_prompt_fraction: float = Field(gt=0.0)
+    """the share of the reference's prompt tokens those rows may use"""
 
     @model_validator(mode="after")
     def _check(self) -> "PromptBudget":
@@ -154,6 +164,7 @@ class EvalDatasetSource(DatasetSource):
     """A DatasetSource whose split defaults to the hub's evaluation split rather than `train`."""
 
     split: str = "validation"
+    """the hub split to read (evaluation sets default to validation)"""
 
 
 class EvalConfig(AgentConfig):
@@ -161,24 +172,41 @@ class EvalConfig(AgentConfig):
     by every method; the inherited `planner`/`planner_prompt` are not used (each entry of `planners` has its own)."""
 
     planners: list[PlannerEntry] = Field(default_factory=list)
+    """the ReWOO planner rows ({name, spec, prompt}), a list or a mapping by name"""
     baselines: list[Literal["react", "direct"]] = Field(default_factory=list)
+    """baselines on the same Solver and tools: react, direct"""
     datasets: list[EvalDatasetSource] = Field(default_factory=list)
+    """the evaluation questions (see DatasetSource)"""
     output_dir: str = "runs/eval"
-    seed: int = Field(default=0, ge=0)  # per-question sampling seeds and the bootstrap
-    concurrency: int = Field(default=4, ge=1)  # questions in flight per method
-    cache: str | None = "auto"  # auto: <output_dir>/cache/<method>.sqlite; a path: one shared file; null: off
+    """where records/, the manifest and the report go"""
+    seed: int = Field(default=0, ge=0)
+    """per-question sampling seeds and the bootstrap's"""
+    concurrency: int = Field(default=4, ge=1)
+    """questions in flight per method"""
+    cache: str | None = "auto"
+    """auto: <output_dir>/cache/<method>.sqlite; a path: one shared file; null: off"""
     react_max_steps: int = Field(default=6, ge=1)
-    react_max_tokens: int = Field(default=256, ge=1)  # per ReAct turn (a Thought and an Action)
+    """ReAct baseline: turns per question at most"""
+    react_max_tokens: int = Field(default=256, ge=1)
+    """ReAct baseline: tokens per turn (a Thought and an Action)"""
     tool_failure_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    """share of tool calls made to fail on purpose (robustness)"""
     tool_failure_seed: int = Field(default=0, ge=0)
+    """seed of the injected tool failures"""
     judge: ModelSpec | None = None
+    """an optional LLM judge of each answer"""
     bootstrap_samples: int = Field(default=1000, ge=1, le=MAX_BOOTSTRAP_SAMPLES)
+    """bootstrap resamples behind the report's confidence intervals"""
     robustness: RobustnessSweep | None = None
-    prompt_budget: PromptBudget | None = None  # off unless set; the report reads it from the manifest
-    # progress figures per method to TensorBoard (<output_dir>/tensorboard) and/or W&B; the pipeline takes training's
+    """a sweep of tool failure rates after the main run ({rates, methods, n})"""
+    prompt_budget: PromptBudget | None = None
+    """hold rows against a reference's evidence recall at a fraction of its prompt tokens; off unless set"""
     report_to: list[Integration] = Field(default_factory=list)
-    # dollars for the whole evaluation (every method, earlier runs' records included): it stops (`capped`) there
+    """progress figures per method to tensorboard (<output_dir>/tensorboard) and/or wandb; in a pipeline, training's
+    report_to applies"""
     max_cost_usd: float | None = Field(default=None, ge=0)
+    """dollars for the whole evaluation (every method, earlier runs' records included): it stops (`capped`, exit 2)
+    there; none by default"""
 
     def endpoints(self) -> dict[str, ModelSpec]:
         """The shared models and each planner row's own (the inherited `planner` is not used)."""

@@ -44,13 +44,22 @@ class KeptRecord(TrajectoryRecord):
 
 class FilterConfig(Strict):
     criterion: Criterion = "answer"
-    min_f1: float = Field(default=0.8, ge=0.0, le=1.0)  # HotpotQA: correct when EM on any alias or F1 >= min_f1
-    f1_datasets: list[str] = ["hotpotqa"]  # datasets where the F1 rule applies; elsewhere EM only
-    use_judge: bool = False  # correct when the stored judge verdict says so (needs a judged run)
-    accept_contained_answer: bool = False  # also correct when a normalised gold alias occurs in the prediction
+    """answer: the Solver's answer is correct (the paper's); evidence: every gold supporting page was retrieved;
+    answer_and_evidence: both"""
+    min_f1: float = Field(default=0.8, ge=0.0, le=1.0)
+    """an answer is correct with EM on any alias or F1 at least this (datasets in f1_datasets only)"""
+    f1_datasets: list[str] = ["hotpotqa"]
+    """datasets where the F1 rule applies; elsewhere EM only"""
+    use_judge: bool = False
+    """correct when the stored judge verdict says so (needs a judged run)"""
+    accept_contained_answer: bool = False
+    """also correct when a normalised gold alias occurs in the prediction"""
     max_steps: int | None = Field(default=None, ge=1)
-    reject_unused_evidence: bool = False  # drop plans where some #E is never used by a later step or the solver
+    """drop plans with more steps than this; unset: no limit"""
+    reject_unused_evidence: bool = False
+    """drop plans where some #E is never used by a later step or the Solver"""
     best_per_question: bool = True
+    """keep only the best passing sample of each question"""
 
 
 def is_correct(rec: dict, cfg: FilterConfig) -> bool:

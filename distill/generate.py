@@ -31,18 +31,29 @@ ERRORS = "errors.jsonl"  # one line per failed attempt at a record; a rerun retr
 
 class GenerateConfig(AgentConfig):
     datasets: list[DatasetSource] = Field(default_factory=list)
-    eval_sets: list[DatasetSource] = Field(default_factory=list)  # leak guard: refuse train questions found here
+    """the training questions: [{name, source, n, ...}] (see DatasetSource)"""
+    eval_sets: list[DatasetSource] = Field(default_factory=list)
+    """leak guard: train questions also found in these sets are refused (or excluded, by leak_policy)"""
     output_dir: str = "runs/teacher"
+    """where trajectories.jsonl, the manifest and the call cache go"""
     seed: int = Field(default=0, ge=0)
-    samples_per_question: int = Field(default=1, ge=1)  # >1: rejection sampling, several plans per question
-    concurrency: int = Field(default=4, ge=1)  # questions in flight
-    cache: str | None = "auto"  # auto = <output_dir>/calls.sqlite; null turns the cache off
-    judge: ModelSpec | None = None  # optional LLM judge (the paper's "Acc")
-    leak_policy: Literal["refuse", "exclude"] = "refuse"  # exclude: draw around eval questions instead of failing
-    # progress figures to TensorBoard (<output_dir>/tensorboard) and/or W&B; the pipeline takes training's
+    """seed of question sampling and of each sample's sampling seed"""
+    samples_per_question: int = Field(default=1, ge=1)
+    """plans sampled per question; more than 1 is rejection sampling (set temperature above 0)"""
+    concurrency: int = Field(default=4, ge=1)
+    """questions in flight"""
+    cache: str | None = "auto"
+    """auto: <output_dir>/calls.sqlite; a path: that file; null: off"""
+    judge: ModelSpec | None = None
+    """an optional LLM judge of each answer (the paper's "Acc")"""
+    leak_policy: Literal["refuse", "exclude"] = "refuse"
+    """refuse: stop when a train question is in eval_sets; exclude: draw around eval questions"""
     report_to: list[Integration] = Field(default_factory=list)
-    # dollars: the run stops (manifest `capped`) once its records, earlier runs' included, cost this much
+    """progress figures to tensorboard (<output_dir>/tensorboard) and/or wandb; in a pipeline, training's report_to
+    applies"""
     max_cost_usd: float | None = Field(default=None, ge=0)
+    """dollars: the run stops (manifest `capped`, exit 2) once its records, earlier runs' included, cost this much;
+    none by default"""
 
     def endpoints(self) -> dict[str, ModelSpec]:
         return super().endpoints() | ({"judge": self.judge} if self.judge else {})

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from distill.config import AgentConfig, add_config_args, add_fresh_arg, load_config, read_json_model
+from distill.config import SERVER_PLACEHOLDER, AgentConfig, add_config_args, add_fresh_arg, load_config, read_json_model
 from distill.data import DatasetSource
 from distill.errors import DistillError
 from distill.reward import RewardConfig
@@ -60,23 +60,38 @@ class ImproveConfig(AgentConfig):
     address and model are the round's own); `planner_prompt` must be the prompt the student was trained on."""
 
     method: Literal["expert_iteration", "grpo"] = "expert_iteration"
-    adapter: str  # the SFT student's adapter folder: round 1 starts from it
-    datasets: list[DatasetSource] = Field(default_factory=list)  # training questions (never eval questions)
-    eval_sets: list[DatasetSource] = Field(default_factory=list)  # leak guard: refuse train questions found here
+    """expert_iteration: rounds of sampling plans, keeping each question's best and training on them (any machine);
+    grpo: TRL's GRPOTrainer with the planner reward (GPUs)"""
+    adapter: str
+    """the SFT student's adapter folder: round 1 starts from it"""
+    datasets: list[DatasetSource] = Field(default_factory=list)
+    """the training questions (never eval questions)"""
+    eval_sets: list[DatasetSource] = Field(default_factory=list)
+    """leak guard: train questions also found in these sets are refused (or excluded)"""
     leak_policy: Literal["refuse", "exclude"] = "refuse"
+    """refuse: stop when a train question is in eval_sets; exclude: draw around them"""
     output_dir: str = "runs/improve"
+    """where each round's folder (round_<i>/) or grpo/ goes"""
     seed: int = Field(default=0, ge=0)
+    """seed of question sampling and plan sampling"""
     rounds: int = Field(default=1, ge=1, le=20)
-    samples: int = Field(default=4, ge=1, le=64)  # plans sampled per question per round
-    min_reward: float = Field(default=0.5, ge=0, le=20)  # a question's best plan is kept from this reward up
+    """expert-iteration rounds (grpo: 1)"""
+    samples: int = Field(default=4, ge=1, le=64)
+    """plans sampled per question per round (grpo: num_generations unless grpo sets it)"""
+    min_reward: float = Field(default=0.5, ge=0, le=20)
+    """a question's best plan is kept from this reward up"""
     reward: RewardConfig = Field(default_factory=RewardConfig)
-    server: dict[str, Any] | None = None  # ServeConfig keys: a vLLM server per round; None: `planner`'s endpoint
-    train: dict[str, Any] = Field(default_factory=dict)  # TrainConfig keys of the continued training
-    val_fraction: float = Field(default=0.0, ge=0, lt=1)  # of the kept questions, for the round's eval loss
-    concurrency: int = Field(default=4, ge=1)  # questions sampled and scored at once
-    # method grpo: TRL's GRPOConfig keys (max_steps, num_generations, max_completion_length, beta, use_vllm...);
-    # `samples` is num_generations unless set here
+    """the planner reward's weights (see RewardConfig)"""
+    server: dict[str, Any] | None = None
+    """ServeConfig keys: a vLLM server per round serving the adapter as `policy`; null: the planner's own endpoint"""
+    train: dict[str, Any] = Field(default_factory=dict)
+    """TrainConfig keys of the continued training"""
+    val_fraction: float = Field(default=0.0, ge=0, lt=1)
+    """share of the kept questions held out for the round's eval loss"""
+    concurrency: int = Field(default=4, ge=1)
+    """questions sampled and scored at once"""
     grpo: dict[str, Any] = Field(default_factory=dict)
+    """method grpo: TRL's GRPOConfig keys (max_steps, num_generations, max_completion_length, beta, use_vllm, ...)"""
 
     def endpoints(self) -> dict:
         """The models a run calls: the policy's endpoint (expert iteration without `server`; with it, each round's
@@ -229,7 +244,7 @@ def with_server(cfg: ImproveConfig, url: str | None) -> ImproveConfig:
             return {k: fill(v) for k, v in obj.items()}
         if isinstance(obj, list):
             return [fill(v) for v in obj]
-        return url if obj == "@server" else obj
+        return url if obj == SERVER_PLACEHOLDER else obj
 
     data = fill(data)
     data["planner"] |= {"backend": "openai", "base_url": url, "model": POLICY}

@@ -54,8 +54,8 @@ from typing import Any, Callable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from distill.config import (ENDPOINT_IDENTITY, AgentConfig, ModelSpec, Strict, _merge, add_config_args, load_config,
-                            read_json_model, read_yaml, validate)
+from distill.config import (ENDPOINT_IDENTITY, SERVER_PLACEHOLDER, AgentConfig, ModelSpec, Strict, _merge,
+                            add_config_args, load_config, read_json_model, read_yaml, validate)
 from distill.errors import DistillError
 from distill.run import describe_changes, fingerprint, folder_lock, set_aside, settings_of, source_digests
 from distill.store import content_digest, write_json
@@ -63,7 +63,7 @@ from distill.tracking import PACKAGES
 
 STAGES = ("generate", "filter", "sft-data", "train", "improve", "eval", "report")
 IMPROVED = "{}_improved"  # the LoRA module (and eval row model) of a student's improved adapter
-SERVER = "@server"
+SERVER = SERVER_PLACEHOLDER  # the pipeline fills in the address of the stage's own server
 STAGE_CONFIG = "config"
 AUTO = "auto"  # `train.config: auto`: the training config for the visible GPUs (distill.train.GPU_CONFIGS)
 # The sections that are a stage's config (or a server's): each may name its stage config file (`config: FILE`).
@@ -158,20 +158,30 @@ class PipelineConfig(Strict):
     when the pipeline starts, saying which and why."""
 
     run_dir: str = "runs/demo"
+    """the run folder: one subfolder per stage, the call cache at its root"""
     # declared before the sections: their validator reads it
-    teacher: ModelSpec | None = None  # the teacher endpoint; None: every section names its models itself
-    generate: dict[str, Any]  # GenerateConfig keys (output_dir and cache are set by the pipeline)
-    teacher_server: dict[str, Any] | None = None  # ServeConfig keys: a vLLM server for the teacher, or none
-    filter: dict[str, Any] = Field(default_factory=dict)  # FilterConfig keys
-    sft_data: dict[str, Any] = Field(default_factory=dict)  # SftDataConfig keys (kept and out are set)
-    # {name: SftDataConfig keys over sft_data, plus `train:` TrainConfig keys over train}; see the top
+    teacher: ModelSpec | None = None
+    """the teacher's endpoint, named once: generate's planner, Solver, LLM tool and judge and eval's teacher rows,
+    Solver, LLM tool and judge take it; null: every section names its models"""
+    generate: dict[str, Any]
+    """GenerateConfig keys, or config: FILE plus overrides (output_dir and cache are set by the pipeline)"""
+    teacher_server: dict[str, Any] | None = None
+    """ServeConfig keys: a vLLM server for the teacher ("@server"), or none"""
+    filter: dict[str, Any] = Field(default_factory=dict)
+    """FilterConfig keys"""
+    sft_data: dict[str, Any] = Field(default_factory=dict)
+    """SftDataConfig keys (kept and out are set by the pipeline)"""
     students: dict[str, dict[str, Any]] | None = None
-    train: dict[str, Any]  # TrainConfig keys (dataset_dir and output_dir are set by the pipeline)
-    # ImproveConfig keys plus `student: NAME` (default: the first): expert iteration of that student after
-    # training (adapter and output_dir are set; datasets, eval_sets, prompt, tools default to the run's own)
+    """{name: SftDataConfig keys over sft_data, plus train: TrainConfig keys over train}: several students on the
+    same kept plans"""
+    train: dict[str, Any]
+    """TrainConfig keys, or config: FILE, or config: auto (picked by GPU memory); dataset_dir and output_dir are set"""
     improve: dict[str, Any] | None = None
-    student_server: dict[str, Any] = Field(default_factory=dict)  # ServeConfig keys (adapters are set)
-    eval: dict[str, Any]  # EvalConfig keys (output_dir is set)
+    """ImproveConfig keys plus student: NAME (default: the first): improve that student after training"""
+    student_server: dict[str, Any] = Field(default_factory=dict)
+    """ServeConfig keys of the students' server (adapters are set)"""
+    eval: dict[str, Any]
+    """EvalConfig keys (output_dir is set)"""
 
     @field_validator(*SECTIONS, mode="before")
     @classmethod
@@ -300,6 +310,10 @@ class Pipeline:
         self.config_path = config_path
         self.entries = dict(entries or {})
         self.redone: set[str] = set()  # labels of the units that did work in this run
+        # `--check` walks the stages as a run would, reading the markers and writing nothing (`dry`), and says
+        # what each would do; `forced` holds the stages `--from` would set aside
+        self.dry = False
+        self.forced: tuple[str, ...] = ()
         self._gpus: list[int] | None = None
         self._train: dict | None = None
 
@@ -333,8 +347,15 @@ class Pipeline:
         """`step()` unless the unit's marker holds its fingerprint and nothing it is made from was redone in this
         run; the marker keeps what `step` returned, its time and what it was made from."""
         path = unit.folder / "DONE.json"
-        marker = read_marker(path)
+        marker = None if unit.stage in self.forced else read_marker(path)
         why = unit.why(marker, [d for d in depends if d in self.redone])
+        if self.dry:
+            if unit.stage in self.forced:
+                why = f"rerunning (--from {self.forced[0]})"
+            print(f"  {unit.label}: {why or 'done, would be skipped (same settings and inputs)'}", flush=True)
+            if why is not None:
+                self.redone.add(unit.label)
+            return marker.model_dump() if marker is not None else {}
         if why is None:
             print(f"[pipeline] {unit.label}: done, skipped (same settings and inputs)", flush=True)
             return marker.model_dump()
@@ -358,11 +379,14 @@ class Pipeline:
         whole = Unit(stage, self.run / stage, {}, {name: u.fingerprint for name, u in units.items()})
         marker = read_marker(whole.folder / "DONE.json")
         after = [d for name in units for d in depends(name) if d in self.redone]
-        if (marker is not None and marker.fingerprint == whole.fingerprint and not after
-                and all(read_marker(u.folder / "DONE.json") is not None for u in units.values())):
-            print(f"[pipeline] {stage}: done, skipped (same settings and inputs)", flush=True)
+        if (stage not in self.forced and marker is not None and marker.fingerprint == whole.fingerprint
+                and not after and all(read_marker(u.folder / "DONE.json") is not None for u in units.values())):
+            print(f"  {stage}: done, would be skipped (same settings and inputs)" if self.dry else
+                  f"[pipeline] {stage}: done, skipped (same settings and inputs)", flush=True)
             return
         students = {name: self.once(unit, partial(step, name), depends(name)) for name, unit in units.items()}
+        if self.dry:
+            return
         keep = {name: {k: v for k, v in info.items() if k not in ("settings", "inputs")}
                 for name, info in students.items()}
         seconds = round(sum(info["seconds"] for info in students.values()), 1)
@@ -371,6 +395,21 @@ class Pipeline:
     def stages(self) -> tuple[str, ...]:
         """The stages this pipeline runs: `improve` only where it has a section."""
         return tuple(s for s in STAGES if s != "improve" or self.cfg.improve is not None)
+
+    def show_rerun(self, start: str | None = None) -> None:
+        """`--check` on a run folder: what the same command would redo and why, stage by stage, from the markers
+        and fingerprints a run itself goes by (run_all walked with nothing run and nothing written)."""
+        if not (self.run / "generate").is_dir():
+            print(f"--- {self.run}: no run here yet: every stage would run")
+            return
+        print(f"--- {self.run}: what a rerun would do" + (f" (--from {start})" if start else ""))
+        walker = Pipeline(self.cfg, self.config_path, self.entries)
+        walker.dry, walker._gpus, walker._train = True, self._gpus, self._train
+        walker.forced = STAGES[STAGES.index(start):] if start else ()
+        try:
+            walker.run_all()
+        except DistillError as exc:  # a stage's settings that do not resolve: said by the check already
+            print(f"  (cannot tell the rest: {exc})")
 
     def rerun_from(self, stage: str) -> None:
         """Move the stage's folder and every later one aside, so they rerun from scratch, losing nothing."""
@@ -483,7 +522,7 @@ class Pipeline:
         named = [report_to] if isinstance(report_to, str) else list(report_to)
         return {"report_to": [r for r in named if r in PACKAGES]}
 
-    def check(self, world=None) -> None:
+    def check(self, world=None, start: str | None = None) -> None:
         """Validate every stage's section before the first one runs: a typo in `eval` should not wait an hour, nor
         a paid endpoint without a price run up a bill no cap sees. With `world` (a distill.check.Check: `--check`)
         every problem is collected rather than raised, and each stage's config, commands, prerequisites and
@@ -522,7 +561,7 @@ class Pipeline:
             if line := teacher_mismatch(gen, ev):
                 print(f"warning: {line}", file=sys.stderr, flush=True)
         if world is not None:
-            self.check_world(world, url)
+            self.check_world(world, url, start)
             return
         from distill.check import Check
 
@@ -535,7 +574,7 @@ class Pipeline:
         if prices.problems:
             raise DistillError("; ".join(prices.problems))
 
-    def check_world(self, world, url: str) -> None:
+    def check_world(self, world, url: str, start: str | None = None) -> None:
         """`--check`: each stage's resolved config and the commands it would launch, what the run needs of this
         machine and the endpoints (one line per problem in `world`), and the estimate; nothing is written."""
         from distill.check import TokenCounter, print_estimates, show_config
@@ -574,6 +613,7 @@ class Pipeline:
             estimates.append(check_eval(self.eval_config(url), world, counter, "eval.", {url}))
         except DistillError as exc:
             world.problem(str(exc))
+        self.show_rerun(start)
         print_estimates(estimates)
         world.disk(self.run)
 
@@ -788,10 +828,14 @@ class Pipeline:
     def run_all(self, start: str | None = None) -> None:
         """Every stage in order, each unit skipped when its marker says it is done as configured; a unit that
         does work makes the units made from it work too. One pipeline per run folder at a time."""
-        self.check()
-        self.run.mkdir(parents=True, exist_ok=True)
-        with folder_lock(self.run):
-            if start:
+        if self.dry:
+            lock = nullcontext()
+        else:
+            self.check()
+            self.run.mkdir(parents=True, exist_ok=True)
+            lock = folder_lock(self.run)
+        with lock:
+            if start and not self.dry:
                 self.rerun_from(start)
             names = list(self.students())
             self.once(self.generate_unit(), self.generate)
@@ -805,6 +849,8 @@ class Pipeline:
                 self.once(self.improve_unit(), self.improve, [f"train {self.improved_student()}"])
             self.once(self.eval_unit(), self.eval, trained + ["improve"])
             self.once(self.report_unit(), self.report, ["eval"])
+        if self.dry:
+            return
         print(f"\nreport:  {self.run / 'report.md'}")
         print(f"results: {self.run / 'results.json'}")
 
@@ -903,7 +949,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(PipelineConfig, args.config, args.set)
     if wants_check(args):
         world = Check(args.offline)
-        Pipeline(cfg, args.config).check(world)
+        Pipeline(cfg, args.config).check(world, args.start)
         return world.finish()
     Pipeline(cfg, args.config).run_all(args.start)
     return 0

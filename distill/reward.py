@@ -38,12 +38,19 @@ class RewardConfig(Strict):
     """Weights of the reward's parts; the defaults make evidence the main signal and validity a floor."""
 
     valid_weight: float = Field(default=0.2, ge=0, le=10)
+    """reward for a plan that parses"""
     ran_weight: float = Field(default=0.2, ge=0, le=10)
+    """reward for a plan whose every step ran"""
     recall_weight: float = Field(default=1.0, ge=0, le=10)
+    """weight of the gold pages' evidence recall (HotpotQA)"""
     answer_weight: float = Field(default=1.0, ge=0, le=10)
+    """weight of an answer alias found in the evidence (TriviaQA)"""
     step_cost: float = Field(default=0.05, ge=0, le=10)
-    free_steps: int = Field(default=2, ge=1, le=64)  # steps a question without gold pages may take for free
+    """cost per step beyond what the question needs"""
+    free_steps: int = Field(default=2, ge=1, le=64)
+    """steps a question without gold pages may take for free"""
     max_plan_steps: int = Field(default=DEFAULT_MAX_PLAN_STEPS, ge=1, le=64)
+    """steps a plan may have; more is invalid"""
 
 
 @dataclass(frozen=True)

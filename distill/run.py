@@ -29,7 +29,6 @@ import contextlib
 import os
 import platform
 import signal
-import subprocess
 import sys
 from collections import Counter
 from contextlib import contextmanager
@@ -40,6 +39,7 @@ from typing import Any, Awaitable, Callable, Hashable, Iterable, Iterator, Liter
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from distill import code_version  # noqa: F401 (manifests say which code made a run)
 from distill.errors import DistillError, ServerUnreachable, is_environment_failure, one_line
 from distill.secrets import mask, masked_argv, masked_mapping
 from distill.store import JsonlStore, content_digest, overwrite_in_place, stable_hash, write_json
@@ -47,19 +47,6 @@ from distill.store import JsonlStore, content_digest, overwrite_in_place, stable
 
 def now() -> str:
     return datetime.now(timezone.utc).isoformat()
-
-
-def code_version() -> str:
-    from distill import __version__
-
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-            cwd=Path(__file__).parent,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        sha = ""
-    return f"{__version__}+{sha}" if sha else __version__
 
 
 def manifest_header(command: str, cfg, config_path: str | None) -> dict:

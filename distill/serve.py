@@ -57,31 +57,56 @@ EXIT_NOISE = re.compile(r"^(nanobind: |\s+- (leaked |\.\.\. skipped)|See https:/
 class ServeConfig(Strict):
     """`distill serve`: one vLLM OpenAI-compatible server for the student planner."""
 
-    base_model: str = EMBEDDED_NAME  # embedded alias, local folder or hub id
-    adapter: str | None = None  # PEFT LoRA folder, served as the LoRA module `lora_name` (moved into `adapters`)
-    adapters: dict[str, str] = Field(default_factory=dict)  # LoRA modules on the same base: {name: folder}
-    merged_model: str | None = None  # full weights from `distill merge`, served without LoRA
+    base_model: str = EMBEDDED_NAME
+    """the base model: embedded alias, local folder or hub id"""
+    adapter: str | None = None
+    """a PEFT LoRA folder, served as the LoRA module lora_name"""
+    adapters: dict[str, str] = Field(default_factory=dict)
+    """LoRA modules on the same base: {name: folder}"""
+    merged_model: str | None = None
+    """full weights from `distill merge`, served without LoRA"""
     lora_name: str = "planner"
-    max_lora_rank: int | None = Field(default=None, ge=1)  # None: the adapter's own rank
-    served_model_name: str | None = None  # name of the base (or merged) model; see `served_name`
-    chat_template: str | None = None  # None: the adapter's, else the merged/base model's
+    """the LoRA module name of `adapter`: what clients ask for as the model"""
+    max_lora_rank: int | None = Field(default=None, ge=1)
+    """vLLM's max LoRA rank; null: the adapters' own"""
+    served_model_name: str | None = None
+    """the name the base (or merged) model is served as; null: the base model's name, or lora_name for merged weights"""
+    chat_template: str | None = None
+    """null: the adapter's, else the merged/base model's"""
     host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)  # 0: any free port
-    device: Literal["auto", "cpu", "gpu"] = "auto"  # auto: the installed vLLM build decides
+    """address to listen on; one other machines can reach needs api_key_env or allow_unauthenticated"""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """port to listen on; 0: any free port"""
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+    """auto: the installed vLLM build decides; cpu; gpu"""
     tensor_parallel_size: int = Field(default=1, ge=1)
+    """GPUs one model is split across"""
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """share of GPU memory vLLM may take"""
     max_model_len: int | None = Field(default=None, ge=1)
-    dtype: str | None = None  # None: GPU: vLLM's auto; CPU: bfloat16 where it has bf16 instructions, else float32
-    enforce_eager: bool | None = None  # None: on for CPU (no CUDA graphs there), off on GPU
-    chunked_prefill: bool | None = None  # None: off on CPU (see `whole_prompt_prefill_args`), vLLM's default on GPU
-    cpu_kvcache_space_gb: int = Field(default=2, ge=1)  # VLLM_CPU_KVCACHE_SPACE
-    api_key_env: str | None = None  # name of the env var holding a key clients must send
-    allow_unauthenticated: bool = False  # a host other machines can reach needs api_key_env unless this is set
-    extra_args: list[str] = Field(default_factory=list)  # appended to vLLM's command line as is
-    env: dict[str, str] = Field(default_factory=dict)  # extra environment for the server
+    """longest prompt plus reply in tokens; null: the model's"""
+    dtype: str | None = None
+    """null: vLLM's auto on GPU; on CPU bfloat16 where the CPU has bf16 instructions, else float32"""
+    enforce_eager: bool | None = None
+    """null: on for CPU (no CUDA graphs there), off on GPU"""
+    chunked_prefill: bool | None = None
+    """null: off on CPU (vllm-cpu fails on seeded requests split across chunks), vLLM's default on GPU"""
+    cpu_kvcache_space_gb: int = Field(default=2, ge=1)
+    """CPU KV cache in GiB (VLLM_CPU_KVCACHE_SPACE)"""
+    api_key_env: str | None = None
+    """name of the environment variable holding a key clients must send"""
+    allow_unauthenticated: bool = False
+    """serve on a reachable host without api_key_env"""
+    extra_args: list[str] = Field(default_factory=list)
+    """appended to vLLM's command line as is"""
+    env: dict[str, str] = Field(default_factory=dict)
+    """extra environment for the server"""
     health_timeout_s: float = Field(default=300.0, gt=0)
-    check_base_model: bool = True  # refuse an adapter trained on another base
-    log_file: str | None = None  # the CLI echoes the server log to stderr; this also keeps it
+    """seconds to wait for the server to answer before giving up"""
+    check_base_model: bool = True
+    """refuse an adapter trained on another base model"""
+    log_file: str | None = None
+    """keep the server log here too (the command echoes it to stderr)"""
 
     @model_validator(mode="after")
     def _check(self) -> "ServeConfig":

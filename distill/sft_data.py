@@ -35,13 +35,20 @@ class SftDataConfig(Strict):
     """`distill sft-data` and the pipeline's sft-data stage. `tools` and `student_prompt` make the student's prompt,
     so they must be what it will be served with (eval's student row `prompt`, `distill ask`'s `planner_prompt`)."""
 
-    kept: str | None = None  # kept trajectory records (JSONL); the pipeline fills it in
-    out: str | None = None  # dataset folder to write; the pipeline fills it in
+    kept: str | None = None
+    """kept trajectory records (JSONL); the pipeline fills it in"""
+    out: str | None = None
+    """dataset folder to write; the pipeline fills it in"""
     tools: list[str] = Field(default_factory=lambda: list(DEFAULT_TOOLS))
+    """the tools of the student's prompt (the same list the student is served with)"""
     student_prompt: PlannerPrompt = "full"
+    """the prompt the student is trained on and served with: full or compact"""
     val_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
+    """share of questions held out for validation"""
     seed: int = Field(default=0, ge=0)
-    tokenizer: str | None = "smollm2-135m-instruct"  # for the token-length summary; None or "none" skips it
+    """seed of the train/validation split by question"""
+    tokenizer: str | None = "smollm2-135m-instruct"
+    """tokenizer of the token-length summary; null or "none" skips it"""
 
     @field_validator("tools", mode="before")
     @classmethod

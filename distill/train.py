@@ -43,7 +43,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ACCELERATE_CONFIGS = CONFIGS / "accelerate"
 # `train.config: auto` in `distill pipeline`: the 7B student's training config for the memory of the smallest
 # visible GPU (GiB as the device reports it: a "24 GB" card reports 22-24, a "40 GB" 39-40, an "80 GB" 79-80), the
-# largest first. The README's table "Which training config for which GPU" is this one, in words.
+# largest first. The table "Which training config for which GPU" in docs/gpu-recipe.md is this one, in words.
 GPU_CONFIGS: tuple[tuple[int, str, str], ...] = (
     (70, "qwen2.5-7b_lora_80gb.yaml", "80 GB class: no checkpointing, Liger, padding-free"),
     (36, "qwen2.5-7b_lora_gpu.yaml", "40-48 GB class: bf16 LoRA with checkpointing"),

@@ -16,9 +16,9 @@ from distill.config import load_config
 from distill.train import GPU_CONFIGS
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-STAGE_COMMAND = re.compile(r"\s*(distill (filter|sft-data|serve|serve-agent|eval|report)\b|python scripts/generate_traj|"
-                           r"accelerate launch|make demo\b)")
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+STAGE_COMMAND = re.compile(r"\s*(distill (generate|filter|sft-data|serve|serve-agent|eval|report)\b|"
+                           r"python scripts/generate_traj|accelerate launch|make demo\b)")
 
 
 def command_blocks() -> list[tuple[str, list[list[str]]]]:
@@ -57,7 +57,7 @@ class Chain:
 
     def run(self, argv: list[str]) -> None:
         command = " ".join(argv[:3])
-        if argv[0] == "python" and argv[1] == "scripts/generate_trajectories.py":
+        if argv[:2] in (["python", "scripts/generate_trajectories.py"], ["distill", "generate"]):
             from distill.generate import GenerateConfig
 
             cfg = load_config(GenerateConfig, ROOT / option(argv, "--config"), sets(argv))
@@ -157,12 +157,12 @@ def test_each_gpu_training_config_fits_the_readme_recipe_and_the_improve_config(
 
 
 def test_the_readme_says_which_endpoint_keys_the_teacher_replaces_and_which_stay():
-    """The teacher replaces exactly the keys that say which model an endpoint is; the README names each of them,
+    """The teacher replaces exactly the keys that say which model an endpoint is; the GPU recipe page names each,
     and a stage config file's other keys (max_concurrency, temperature) stay over the teacher's, as it says."""
     from distill.config import ENDPOINT_IDENTITY, validate
     from distill.pipeline import PipelineConfig
 
-    text = " ".join(ROOT.joinpath("README.md").read_text().split())
+    text = " ".join(ROOT.joinpath("docs", "gpu-recipe.md").read_text().split())
     paragraph = text[text.index("**One teacher.**"):text.index("**Training config by GPU.**")]
     replaced = paragraph[paragraph.index("The teacher replaces only"):paragraph.index("every other key")]
     assert set(re.findall(r"`(\w+)`", replaced)) == set(ENDPOINT_IDENTITY)
