@@ -46,21 +46,33 @@ class AgentServerConfig(AgentConfig):
     """`distill serve-agent`: the agent's own settings (planner, Solver, tools, ... as `distill ask` and eval
     read them) plus how it is served. Each bound has a ceiling, so a typo cannot make the server unbounded."""
 
-    name: Annotated[str, Field(pattern=_NAME)] = "distill-agent"  # the `model` clients ask for
+    name: Annotated[str, Field(pattern=_NAME)] = "distill-agent"
+    """the `model` clients ask for"""
     host: str = "127.0.0.1"
-    port: int = Field(default=8080, ge=0, le=65535)  # 0: a free port, printed at start
-    # the *name* of the environment variable holding the bearer token clients must send; required unless the
-    # server listens on loopback only
+    """address to listen on; off loopback a bearer token is required"""
+    port: int = Field(default=8080, ge=0, le=65535)
+    """0: a free port, printed at start"""
     auth_token_env: str | None = None
+    """the *name* of the environment variable holding the bearer token clients must send; required unless the
+    server listens on loopback only"""
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    """largest request body accepted (413 beyond)"""
     max_question_chars: int = Field(default=4000, ge=1, le=100_000)
+    """longest question (the last user message) accepted"""
     max_messages: int = Field(default=64, ge=1, le=1000)
-    max_in_flight: int = Field(default=8, ge=1, le=4096)  # beyond it: 429 with Retry-After
+    """most messages in one request"""
+    max_in_flight: int = Field(default=8, ge=1, le=4096)
+    """requests served at once; beyond it: 429 with Retry-After"""
     retry_after_s: int = Field(default=2, ge=1, le=3600)
-    request_timeout_s: float = Field(default=120.0, gt=0, le=3600)  # the whole plan-work-solve of one request
-    drain_timeout_s: float = Field(default=60.0, ge=0, le=3600)  # SIGTERM: how long requests in flight may finish
-    traces_dir: str = "runs/agent/traces"  # one folder per server process
-    traces_max_bytes: int = Field(default=64 * 1024 * 1024, ge=4096, le=1 << 40)  # then a new trace file
+    """the Retry-After of a 429"""
+    request_timeout_s: float = Field(default=120.0, gt=0, le=3600)
+    """deadline of one request's whole plan-work-solve (503 beyond)"""
+    drain_timeout_s: float = Field(default=60.0, ge=0, le=3600)
+    """on SIGTERM: how long requests in flight may finish"""
+    traces_dir: str = "runs/agent/traces"
+    """append-only traces folder, one per server process"""
+    traces_max_bytes: int = Field(default=64 * 1024 * 1024, ge=4096, le=1 << 40)
+    """size at which a new trace file is started"""
 
     @model_validator(mode="after")
     def _check(self) -> "AgentServerConfig":
