@@ -182,6 +182,15 @@ class PipelineConfig(Strict):
     """ServeConfig keys of the students' server (adapters are set)"""
     eval: dict[str, Any]
     """EvalConfig keys (output_dir is set)"""
+    report: dict[str, Any] = Field(default_factory=dict)
+    """ReportConfig keys: `intro: demo` opens the demo's report with what the demo is and is not"""
+
+    @field_validator("report")
+    @classmethod
+    def _report(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from distill.report import ReportConfig
+
+        return validate(ReportConfig, dict(value), "report").model_dump(exclude_defaults=True)
 
     @field_validator(*SECTIONS, mode="before")
     @classmethod
@@ -763,7 +772,8 @@ class Pipeline:
 
     def report_unit(self) -> Unit:
         records = "eval/records"
-        return Unit("report", self.run / "report", {}, {records: content_digest(self.run / records)})
+        return Unit("report", self.run / "report", dict(self.cfg.report),
+                    {records: content_digest(self.run / records)})
 
     # ------------------------------------------------------------------ stages
     def server(self, name: str):
@@ -819,7 +829,7 @@ class Pipeline:
         """The report from the evaluation's records, at the run folder's root, with the stage timings."""
         from distill.report import prompt_budget_summary, summary_lines
 
-        results = self.entry("report")(self.run / "eval", self.run)
+        results = self.entry("report")(self.run / "eval", self.run, **self.cfg.report)
         print("\n".join(summary_lines(results) + prompt_budget_summary(results)))
         timings = {s: read_marker(self.run / s / "DONE.json").seconds for s in self.stages()[:-1]}
         write_json(self.run / "pipeline.json", {"stage_seconds": timings, "config_file": self.config_path})

@@ -25,9 +25,10 @@ from typing import Any, Callable, Iterable, Mapping
 from urllib.parse import quote
 
 import numpy as np
+from pydantic import field_validator
 
 from distill.baselines import FINISH
-from distill.config import validate
+from distill.config import Strict, validate
 from distill.errors import DistillError
 from distill.evaluate import RECORDS_DIR, EvalRecord, PromptBudget, record_key
 from distill.metrics import bootstrap_ci, evidence_recall, metric_of, paired_bootstrap, score
@@ -45,6 +46,37 @@ ROBUSTNESS_PLOT = "accuracy_vs_calls.png"
 LOSS_PLOT = "loss.png"
 REWARD_PLOT = "reward.png"
 QUESTION_LINKS = 10  # per student and outcome in the verdict; the viewer filters for all of them
+# What a run is and is not, by name, for a reader who opens its report without knowing the config behind it
+# (the pipeline's `report: {intro: NAME}`). Markdown with `code` and **bold** only: report.html renders the same.
+INTROS = {
+    "demo": (
+        "**What this demo is.** SmolLM2-135M distilling planning from its own few-shot self: as teacher it samples "
+        "several plans per training question and the plans that retrieve every gold page are kept (rejection "
+        "sampling); LoRA students are trained on them, and one student is trained further on its own best plans "
+        "(expert iteration). Plans are scored on whether they retrieve the gold pages (evidence recall, all gold "
+        "pages). The same 135M model is every method's Solver and answers few questions right, so EM and F1 are "
+        "not the point here.\n\n"
+        "**What it is not.** It does not test the paper's claim, a 7B student matching a large teacher: that needs "
+        "the real recipe, a large teacher's plans for thousands of questions and a 7B student trained on GPUs "
+        "(`configs/pipeline_hotpot_trivia_7b.yaml` in the distill repository)."
+    ),
+}
+
+
+class ReportConfig(Strict):
+    """The pipeline's `report:` section. No intro by default: a report of one's own run needs no explaining."""
+
+    intro: str | None = None
+    """a paragraph that opens report.md and report.html: `demo` says what the demo shows and what it does not"""
+
+    @field_validator("intro")
+    @classmethod
+    def _known(cls, value: str | None) -> str | None:
+        if value is not None and value not in INTROS:
+            raise ValueError(f"unknown intro {value!r}; known: {', '.join(INTROS)}")
+        return value
+
+
 ROBUSTNESS_FIELDS = ("n", "em", "f1", "judge", "n_evidence", "evidence_recall", "llm_calls_mean",
                      "tool_calls_mean", "tool_failures")
 
@@ -799,12 +831,13 @@ def _provenance_lines(results: dict) -> list[str]:
     ) + ([f"![Training and validation loss per student]({loss})", ""] if loss else [])
 
 
-def render_markdown(results: dict) -> str:
-    """report.md: the tables of results.json and the plots, linked."""
+def render_markdown(results: dict, intro: str | None = None) -> str:
+    """report.md: the tables of results.json and the plots, linked; `intro` (a name in INTROS) opens it."""
     per_method, paired, reference = results["per_method"], results["paired"], results["reference"]
     lines = [
         "# Evaluation report",
         "",
+        *([INTROS[intro], ""] if intro else []),
         f"{results['questions']} questions ({', '.join(results['datasets'])}); methods: "
         f"{', '.join(results['methods'])}; reference for the paired tests: **{reference}**; "
         f"tool failure rate: {results['tool_failure_rate']}; {results['bootstrap_samples']} bootstrap samples "
@@ -910,17 +943,20 @@ def improved_training(student: Mapping[str, Any] | None, improve: Mapping[str, A
     return info
 
 
-def write_report(eval_dir: str | Path, out_dir: str | Path | None = None) -> dict:
+def write_report(eval_dir: str | Path, out_dir: str | Path | None = None, intro: str | None = None) -> dict:
     """Recompute results from `<eval_dir>`'s records; write results.json, report.md, the plots and report.html
-    (the per-question viewer) to `out_dir` (default: `eval_dir`). Returns the results."""
+    (the per-question viewer) to `out_dir` (default: `eval_dir`), both opening with `intro` (a name in INTROS)
+    when given. Returns the results; the intro is not one of them, so `recompute` still equals them."""
     out = Path(out_dir if out_dir is not None else eval_dir)
+    if intro is not None:
+        validate(ReportConfig, {"intro": intro}, "report")
     results, by_method = _load(eval_dir)
-    markdown = render_markdown(results)
+    markdown = render_markdown(results, intro)
     with replace_files(out) as tmp:  # all files or none: a failure keeps the last report as it was
         make_plots(results, by_method, tmp)
         write_json(tmp / "results.json", results)
         (tmp / "report.md").write_text(markdown, encoding="utf-8")
-        write_viewer(tmp / VIEWER, results, by_method, question_scores)
+        write_viewer(tmp / VIEWER, results, by_method, question_scores, INTROS[intro] if intro else None)
     return results
 
 
@@ -945,10 +981,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("eval_dir", metavar="EVAL_DIR", help="an evaluation's output_dir (holds records/)")
     parser.add_argument("--out", help="folder for report.md, results.json, report.html and the plots "
                         "(default: EVAL_DIR)")
+    parser.add_argument("--intro", choices=list(INTROS),
+                        help="open the report with what the run is and is not (a pipeline's `report: {intro: ...}`)")
 
 
 def main(args: argparse.Namespace) -> int:
-    results = write_report(args.eval_dir, args.out)
+    results = write_report(args.eval_dir, args.out, args.intro)
     out = Path(args.out or args.eval_dir)
     print("\n".join(summary_lines(results) + prompt_budget_summary(results)))
     print(f"viewer: {out / VIEWER}")

@@ -11,8 +11,10 @@ cannot close the tag), and the page's script inserts all of it with `textContent
 
 from __future__ import annotations
 
+import html
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -98,13 +100,23 @@ def embed(data: Any) -> str:
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
-def render(data: Mapping[str, Any]) -> str:
-    return PAGE.replace("__DATA__", embed(data))
+def intro_html(markdown: str) -> str:
+    """The report's intro (paragraphs of text with `code` and **bold** only) as HTML paragraphs."""
+    def inline(text: str) -> str:
+        text = html.escape(text, quote=False)
+        text = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", text)
+        return re.sub(r"`(.+?)`", r"<code>\1</code>", text)
+    return "\n".join(f'<p class="intro">{inline(p.strip())}</p>' for p in markdown.split("\n\n") if p.strip())
+
+
+def render(data: Mapping[str, Any], intro: str | None = None) -> str:
+    # the intro first: the data's JSON may hold any text, the placeholder included
+    return PAGE.replace("__INTRO__", intro_html(intro) if intro else "").replace("__DATA__", embed(data))
 
 
 def write_viewer(path: str | Path, results: Mapping[str, Any], by_method: Mapping[str, list[dict]],
-                 scores: Callable[[dict], Mapping[str, Any]]) -> None:
-    Path(path).write_text(render(viewer_data(results, by_method, scores)), encoding="utf-8")
+                 scores: Callable[[dict], Mapping[str, Any]], intro: str | None = None) -> None:
+    Path(path).write_text(render(viewer_data(results, by_method, scores), intro), encoding="utf-8")
 
 
 PAGE = """<!doctype html>
@@ -138,9 +150,11 @@ pre { white-space: pre-wrap; word-break: break-word; margin: .2rem 0; font-size:
       overflow: auto; background: #f6f6f6; padding: .3rem; }
 .invalid { color: #c30; } .err { color: #c30; font-size: 12px; }
 .muted { color: #777; }
+.intro { max-width: 60rem; }
 </style></head>
 <body>
 <h1>Questions side by side</h1>
+__INTRO__
 <p class="muted" id="summary"></p>
 <div id="filters">
   <label>method <select id="f-method"><option value="">all</option></select></label>

@@ -38,6 +38,7 @@ def config_classes() -> list[tuple[str, type, str]]:
     from distill.generate import GenerateConfig
     from distill.improve import ImproveConfig
     from distill.pipeline import PipelineConfig
+    from distill.report import ReportConfig
     from distill.reward import RewardConfig
     from distill.serve import ServeConfig
     from distill.sft_data import SftDataConfig
@@ -61,6 +62,7 @@ def config_classes() -> list[tuple[str, type, str]]:
         ("Eval planner row", PlannerEntry, "each item of eval's `planners`"),
         ("Robustness sweep", RobustnessSweep, "eval's `robustness`"),
         ("Prompt budget", PromptBudget, "eval's `prompt_budget`"),
+        ("Report", ReportConfig, "the pipeline's `report` section"),
     ]
 
 

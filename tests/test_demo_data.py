@@ -20,7 +20,7 @@ SPLITS = ("train", "dev")
 @pytest.fixture(scope="module")
 def corpus() -> dict[str, str]:
     rows = read_jsonl(DEMO / "corpus.jsonl")
-    assert len({r["id"] for r in rows}) == len(rows) >= 160  # unique ids
+    assert len({r["id"] for r in rows}) == len(rows) >= 300  # unique ids
     titles = {r["title"]: r["text"] for r in rows}
     assert len(titles) == len(rows)  # unique titles: Wikipedia[title] finds one paragraph
     return titles
@@ -35,10 +35,21 @@ def splits() -> dict[str, list]:
 
 
 def test_questions_are_distinct_and_dev_does_not_leak_into_train(splits):
-    assert len(splits["train"]) >= 50 and len(splits["dev"]) >= 20
+    # enough for the demo to keep 50+ plans from its train questions and evaluate 64 dev questions
+    assert len(splits["train"]) >= 200 and len(splits["dev"]) >= 64
     ids = Counter(ex.id for examples in splits.values() for ex in examples)
     assert max(ids.values()) == 1
     check_no_leak(splits["train"], splits["dev"])  # the leak guard's own question fold
+
+
+def test_no_dev_question_is_answered_by_the_gold_pages_of_a_train_question(splits):
+    """A reworded question over the same gold pages is a leak the question fold cannot see: a student taught to
+    fetch exactly those pages together would be scored on a plan it was trained on."""
+    def pages(ex):
+        return frozenset(title for title, _ in ex.supporting_facts)
+    taught = {pages(ex) for ex in splits["train"]}
+    shared = [ex.id for ex in splits["dev"] if pages(ex) in taught]
+    assert not shared, shared
 
 
 def test_contexts_are_corpus_paragraphs_and_supporting_facts_land_in_them(splits, corpus):

@@ -368,6 +368,26 @@ def test_a_changed_filter_setting_reruns_filter_and_everything_after_and_the_rep
     assert json.loads((run / "results.json").read_text()) == after
 
 
+def test_the_report_intro_set_on_a_finished_run_rewrites_only_the_report(tmp_path, monkeypatch, capsys):
+    """`report: {intro: demo}` is the report stage's own setting: no model, no server, the same results."""
+    from distill.report import INTROS, recompute
+
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    run_pipeline(wiring_config(tmp_path))
+    assert INTROS["demo"] not in (run / "report.md").read_text()
+    before = json.loads((run / "results.json").read_text())
+    capsys.readouterr()
+
+    again = run_pipeline(wiring_config(tmp_path) | {"report": {"intro": "demo"}})
+    out = capsys.readouterr().out
+    assert again.calls == [] and "[pipeline] eval: done, skipped (same settings and inputs)" in out
+    assert "[pipeline] report: settings changed" in out
+    assert (run / "report.md").read_text().startswith(f"# Evaluation report\n\n{INTROS['demo']}\n\n")
+    assert 'class="intro"' in (run / "report.html").read_text()
+    assert json.loads((run / "results.json").read_text()) == before == recompute(run / "eval")
+
+
 def test_a_changed_student_train_key_retrains_only_that_student_and_re_evaluates(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     run = tmp_path / "run"
@@ -495,6 +515,8 @@ def test_a_student_served_otherwise_than_trained_fails_before_any_stage(tmp_path
     # relative to the pipeline config file's folder (here the test's own), not to the working directory
     ("train", {"config": "configs/nope.yaml"}, "config not found: {tmp}/configs/nope.yaml"),
     ("student_server", {"gpu_memory_utilisation": 0.5}, "student_server: gpu_memory_utilisation"),
+    ("report", {"intro": "paper"}, "unknown intro 'paper'; known: demo"),
+    ("report", {"title": "x"}, "report: title"),
 ])
 def test_a_bad_key_in_any_section_fails_before_any_stage_one_line_exit_2(tmp_path, monkeypatch, capsys,
                                                                            section, value, message):

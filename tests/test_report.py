@@ -397,6 +397,41 @@ def test_write_report_equals_recompute_and_has_every_section(tmp_path):
     assert list(results["prompt_budget"]["rows"]) == ["student"]  # the manifest's budget: only named planners
 
 
+def test_the_demo_intro_opens_report_md_and_report_html_and_no_intro_is_the_default(tmp_path):
+    """A newcomer reads what the run is and is not before any number; a run that sets no intro gets none."""
+    from distill.report import INTROS
+
+    out = write_run(tmp_path, sample_run(), {"reference": "teacher", "bootstrap_samples": 50})
+    plain = write_report(out)
+    text, page = (out / "report.md").read_text(), (out / "report.html").read_text()
+    assert "What this demo is" not in text and 'class="intro"' not in page and "__INTRO__" not in page
+
+    results = write_report(out, intro="demo")
+    assert results == plain == recompute(out)  # the intro is words for the reader, not a result
+    text, page = (out / "report.md").read_text(), (out / "report.html").read_text()
+    assert text.startswith("# Evaluation report\n\n**What this demo is.** SmolLM2-135M distilling planning from "
+                           "its own few-shot self")
+    assert text.index("**What it is not.**") < text.index("## Verdict")
+    for words in ("rejection sampling", "expert iteration", "retrieve the gold pages",
+                  "EM and F1 are not the point here", "a 7B student matching a large teacher",
+                  "`configs/pipeline_hotpot_trivia_7b.yaml`"):
+        assert words in INTROS["demo"], words
+    assert '<p class="intro"><strong>What this demo is.</strong> SmolLM2-135M' in page
+    assert "<code>configs/pipeline_hotpot_trivia_7b.yaml</code>" in page and "**" not in page.split("<script")[0]
+    assert page.index('class="intro"') < page.index('id="summary"')
+
+
+def test_an_unknown_intro_is_one_line_naming_the_known_ones(tmp_path, capsys):
+    from distill import cli
+
+    out = write_run(tmp_path, sample_run(), {"reference": "teacher", "bootstrap_samples": 50})
+    with pytest.raises(DistillError, match="report: intro: .*unknown intro 'paper'; known: demo"):
+        write_report(out, intro="paper")
+    assert not (out / "report.md").exists()
+    assert cli.main(["report", str(out), "--intro", "demo"]) == 0  # by hand, as the pipeline's setting does
+    assert (out / "report.md").read_text().startswith("# Evaluation report\n\n**What this demo is.**")
+
+
 def test_manifest_selects_questions_and_method_order(tmp_path):
     runs = sample_run()
     runs["teacher"].append(rec("teacher", "stale", "x", "x"))  # from an earlier, larger run

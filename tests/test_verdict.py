@@ -212,3 +212,45 @@ def test_an_improved_row_counts_the_plans_its_rounds_kept_beside_its_students_ex
     assert rows["student"]["train_examples"] == 2 and rows["student_improved"]["train_examples"] == 2 + 60 + 70
     assert rows["student_improved"]["student"] == "stu"
     assert rows["student_improved"]["warnings"] == [] and rows["student"]["warnings"]  # 132 is not under 100
+
+
+def mixed_rows(n: int = 20) -> dict[str, list[dict]]:
+    """The student finds both gold pages of every question, the teacher one; each answers right on the questions
+    the other gets wrong (the teacher on even ones), so F1 differs on every question and by 0 on the mean."""
+    gold = {f"q{i}": [f"q{i} A", f"q{i} B"] for i in range(n)}
+    teacher = [rec("teacher", q, "Paris" if i % 2 == 0 else "Rome", "Paris", gold=g, titles=(g[0],))
+               for i, (q, g) in enumerate(gold.items())]
+    student = [rec("student", q, "Paris" if i % 2 else "Rome", "Paris", gold=g, titles=tuple(g))
+               for i, (q, g) in enumerate(gold.items())]
+    return {"teacher": teacher, "student": student}
+
+
+@pytest.mark.parametrize("examples", [MIN_TRAIN_EXAMPLES - 1, MIN_TRAIN_EXAMPLES, 3 * MIN_TRAIN_EXAMPLES])
+def test_verdict_words_for_a_ci_above_0_a_ci_across_0_and_the_training_set_size(tmp_path, examples):
+    """Records written for the test, in a pipeline's run folder: `better` where the paired CI lies above 0,
+    `no detectable difference at n=20` where it spans 0 (F1: every question differs, the mean does not), and
+    the warning exactly when the student was trained on fewer than MIN_TRAIN_EXAMPLES examples."""
+    evals, _ = pipeline_folder(tmp_path, train_examples=examples)
+    manifest = json.loads((evals / "manifest.json").read_text())
+    manifest["methods"] = [{"name": "teacher"}, {"name": "student"}]
+    (evals / "records" / "react.jsonl").unlink()
+    (evals / "records" / "direct.jsonl").unlink()
+    write_run(tmp_path, mixed_rows(), manifest)
+    results = write_report(evals)
+    row = results["verdict"]["rows"]["student"]
+    recall, f1 = row["measures"]["evidence recall"], row["measures"]["F1"]
+    assert recall["reading"] == "better" and recall["diff"]["lo"] > 0 and recall["diff"]["diff"] == 0.5
+    assert f1["reading"] == "no detectable difference at n=20" and f1["diff"]["lo"] < 0 < f1["diff"]["hi"]
+    assert row["measures"]["EM"]["reading"] == "no detectable difference at n=20"
+    assert len(row["questions"]["better"]) == len(row["questions"]["worse"]) == 10
+    text = (evals / "report.md").read_text()
+    assert ("**student** against **teacher**: better on evidence recall, all gold pages; no detectable difference "
+            "at n=20 on plan valid, EM, F1.") in text
+    assert "| evidence recall | 20 | +0.500 [+0.500, +0.500] | better |" in text
+    warning = (f"trained on {examples} examples (fewer than {MIN_TRAIN_EXAMPLES}): too few for this comparison to "
+               "say anything about distillation")
+    if examples < MIN_TRAIN_EXAMPLES:
+        assert row["warnings"] == [warning] and f"> **Warning:** {warning}" in text
+    else:
+        assert row["warnings"] == [] and "> **Warning:**" not in text
+    assert f"trained on {examples} examples (" in text  # the verdict line says the size either way
