@@ -22,6 +22,7 @@ from typing import Literal, get_args
 from pydantic import Field, model_validator
 
 from distill.config import Strict, add_config_args, load_config
+from distill.errors import DistillError
 from distill.rewoo.record import TrajectoryRecord
 
 REASONS = (
@@ -187,6 +188,12 @@ def run_filter(inp: str | Path, out: str | Path, cfg: FilterConfig) -> dict:
     records = read_jsonl(inp, TrajectoryRecord)  # every line checked before any is judged
     # Two files joined by hand can hold a (question, sample) twice: the first is judged, the copies are counted.
     records, duplicates = dedupe(records, lambda r: (r["id"], r["sample"]), str(inp))
+    unsolved = sum(1 for r in records if r.get("answers") and r.get("prediction") is None
+                   and "em" not in (r.get("scores") or {}))
+    if cfg.criterion != "evidence" and unsolved:
+        raise DistillError(f"{inp}: {unsolved} trajectories have no Solver answer (generated with solve: false), and "
+                           f"criterion {cfg.criterion} judges answers: use criterion evidence, or generate with "
+                           "solve: true")
     kept, dropped = filter_records(records, cfg)
     report = build_report(records, kept, dropped, cfg) | {"skipped": {"duplicate": duplicates}}
     for rec in kept:  # what sft-data will check each line against

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from distill.config import AgentConfig, ModelSpec, add_config_args, add_fresh_arg, load_config
 from distill.data import DatasetSource
@@ -40,6 +40,9 @@ class GenerateConfig(AgentConfig):
     """seed of question sampling and of each sample's sampling seed"""
     samples_per_question: int = Field(default=1, ge=1)
     """plans sampled per question; more than 1 is rejection sampling (set temperature above 0)"""
+    solve: bool = True
+    """false: record plan and evidence only, no Solver call (enough for the filter's `evidence` criterion, which
+    never reads the answer; the Solver's prompt is most of a trajectory's unshared prompt tokens)"""
     concurrency: int = Field(default=4, ge=1)
     """questions in flight"""
     cache: str | None = "auto"
@@ -57,6 +60,13 @@ class GenerateConfig(AgentConfig):
 
     def endpoints(self) -> dict[str, ModelSpec]:
         return super().endpoints() | ({"judge": self.judge} if self.judge else {})
+
+    @model_validator(mode="after")
+    def _judge_needs_answers(self) -> "GenerateConfig":
+        if self.judge is not None and not self.solve:
+            raise ValueError("judge: a judge grades the Solver's answers, and solve: false makes none "
+                             "(drop the judge or set solve: true)")
+        return self
 
 
 def load_questions(cfg: GenerateConfig):
@@ -136,7 +146,7 @@ def generate(cfg: GenerateConfig, config_path: str | None = None, fresh: bool = 
     with run_lifecycle(out, manifest, check=check), CallCache.open(cfg.cache, out / "calls.sqlite") as cache, \
             open_tracker(cfg.report_to, out, "generate") as tracker:
         fp = manifest["fingerprint"]
-        agent = build_agent(cfg, cache, method="rewoo-teacher", seed=cfg.seed)
+        agent = build_agent(cfg, cache, method="rewoo-teacher", seed=cfg.seed, solve=cfg.solve)
         judge_model = build_judge(cfg, cache)
 
         async def work(item):
@@ -197,9 +207,10 @@ def check_run(cfg: GenerateConfig, check, counter, prefix: str = "", started=())
     items = n * cfg.samples_per_question
     tools = tool_descriptions(cfg.tools)
     plans = [planner_messages(q, tools, cfg.planner_prompt) for q in questions]
-    kinds = [CallKind("planner", cfg.planner, items, 1, plans, cfg.planner.max_tokens),
-             CallKind("solver", cfg.solver, items, 1, [solver_messages(q, (), ()) for q in questions],
-                      cfg.solver.max_tokens, grows_by=cfg.planner.max_tokens)]
+    kinds = [CallKind("planner", cfg.planner, items, 1, plans, cfg.planner.max_tokens)]
+    if cfg.solve:
+        kinds.append(CallKind("solver", cfg.solver, items, 1, [solver_messages(q, (), ()) for q in questions],
+                              cfg.solver.max_tokens, grows_by=cfg.planner.max_tokens))
     if cfg.replan:
         kinds.append(CallKind("re-plans (at most)", cfg.planner, items, cfg.max_replans, plans,
                               cfg.planner.max_tokens, grows_by=cfg.planner.max_tokens))

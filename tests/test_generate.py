@@ -194,3 +194,14 @@ def test_generate_reports_its_progress_to_tensorboard_and_refuses_a_missing_trac
     assert logged["generate/valid_plan_rate"][-1][1] == pytest.approx(
         sum(r["plan"]["valid"] for r in records) / 3)
     assert logged["generate/tokens"][-1][1] == sum(r["tokens"]["total"] for r in records)
+
+
+def test_a_judge_without_answers_to_grade_is_refused(tmp_path):
+    from distill.errors import DistillError
+
+    path = tmp_path / "g.yaml"
+    spec = {"backend": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m"}
+    path.write_text(yaml.safe_dump({"planner": spec, "solver": spec, "judge": spec, "solve": False}))
+    with pytest.raises(DistillError, match="judge: a judge grades the Solver's answers, and solve: false makes none"):
+        load_config(GenerateConfig, path)
+    assert load_config(GenerateConfig, path, ["solve=true"]).judge is not None

@@ -357,3 +357,32 @@ def test_the_robustness_sweep_runs_each_method_at_each_rate_bounds_replans_and_r
     rows = [(r["method"], r["tool_failure_rate"], r["n"], r["llm_calls_mean"]) for r in results["robustness"]["rows"]]
     assert [row[:3] for row in rows] == [(m, rate, 1) for m in ("rewoo", "rewoo+replan") for rate in (0.0, 0.3, 1.0)]
     assert rows[2][3] == 2.0 and rows[5][3] == 4.0
+
+
+def test_an_unsolved_trajectory_keeps_plan_and_evidence_and_calls_no_solver() -> None:
+    """generate's `solve: false`: rejection sampling by evidence needs no answer, so the Solver is never asked
+    and the record has no score to mistake for a wrong answer."""
+    from distill.filter import FilterConfig, run_filter
+    from distill.rewoo.record import TrajectoryRecord
+
+    agent, planner, solver, wiki, _ = agent_with([FIRST], solve=False)
+    rec = run(agent)
+    assert solver.prompts == [] and len(planner.prompts) == 1
+    assert rec["prediction"] is None and rec["scores"] == {} and rec["llm_calls"] == 1
+    assert rec["tokens"]["solver"] == 0 and [e["status"] for e in rec["evidence"]] == ["ok", "ok"]
+    TrajectoryRecord.model_validate(rec)
+    solved = run(agent_with([FIRST])[0])
+    assert solved["scores"]["em"] == 0 and solved["prediction"] == "2850"  # the same plan, solved and scored
+
+
+def test_the_filter_refuses_to_judge_answers_of_unsolved_trajectories(tmp_path) -> None:
+    from distill.errors import DistillError
+    from distill.filter import FilterConfig, run_filter
+    from distill.store import write_jsonl
+
+    rec = run(agent_with([FIRST], solve=False)[0])
+    write_jsonl(tmp_path / "t.jsonl", [rec])
+    with pytest.raises(DistillError, match=r"t.jsonl: 1 trajectories have no Solver answer .*criterion answer"):
+        run_filter(tmp_path / "t.jsonl", tmp_path / "kept.jsonl", FilterConfig(criterion="answer"))
+    report = run_filter(tmp_path / "t.jsonl", tmp_path / "kept.jsonl", FilterConfig(criterion="evidence"))
+    assert report["input_records"] == 1  # judged on evidence; this question has no gold pages to find

@@ -58,6 +58,10 @@ class ReWOOAgent:
     max_plan_steps: int | None = None
     max_replans: int = 0
     replan_on: Collection[str] = SURPRISES
+    # False: plan and evidence only. Rejection sampling by evidence (the filter's `evidence` criterion, like the
+    # planner reward) never reads the answer, and the Solver's prompt (plan + evidence) is most of a trajectory's
+    # prompt tokens that no prefix cache can share.
+    solve: bool = True
 
     def __post_init__(self) -> None:
         if unknown := set(self.replan_on) - set(SURPRISES):
@@ -91,14 +95,16 @@ class ReWOOAgent:
         work_t0 = time.perf_counter()
         evidence = await run_plan(plan, tools, self.worker, t0=work_t0, on_step=on_step)
         plan, evidence, replans, r_outs = await self.replan(p_messages, plan, evidence, tools, seed, work_t0, on_event)
-        s_messages = prompts.solver_messages(example.question, plan.steps, evidence)
-        s_out = await self.solver.chat(s_messages, temperature=0.0, max_tokens=self.solver_max_tokens, seed=seed)
         extra = {"replans": replans} if self.max_replans > 0 else {}  # plain ReWOO keeps today's record shape
+        solver, prediction, solver_calls = {}, None, []
+        if self.solve:
+            s_messages = prompts.solver_messages(example.question, plan.steps, evidence)
+            s_out = await self.solver.chat(s_messages, temperature=0.0, max_tokens=self.solver_max_tokens, seed=seed)
+            solver, prediction, solver_calls = call_record(s_messages, s_out), prompts.extract_answer(s_out.text), [s_out]
         return make_record(
             example, self.method, sample, t0, planner=call_record(p_messages, p_out), plan=plan.to_dict(),
-            evidence=[e.to_dict() for e in evidence], solver=call_record(s_messages, s_out),
-            prediction=prompts.extract_answer(s_out.text), planner_calls=[p_out, *r_outs], solver_calls=[s_out],
-            tools=tools, **extra,
+            evidence=[e.to_dict() for e in evidence], solver=solver, prediction=prediction,
+            planner_calls=[p_out, *r_outs], solver_calls=solver_calls, tools=tools, scored=self.solve, **extra,
         )
 
     async def replan(
@@ -185,7 +191,7 @@ def make_tools_for(cfg, llm_tool_model, cache=None, wiki=None, wrap=None) -> Cal
 def build_agent(
     cfg, cache=None, *, kind: str = "rewoo", planner=None, planner_prompt: str | None = None, method: str = "rewoo",
     seed: int = 0, wrap_tools: Callable[[dict, Any], dict] | None = None, react_max_steps: int = 6,
-    react_max_tokens: int = 256, replan: bool | None = None,
+    react_max_tokens: int = 256, replan: bool | None = None, solve: bool = True,
 ):
     """The one factory from an AgentConfig to an agent (rewoo, or a baseline eval measures it against), so
     every method gets its Solver and tools wired the same way. `planner`, `planner_prompt` and `replan`
@@ -217,6 +223,7 @@ def build_agent(
         solver_max_tokens=cfg.solver.max_tokens, worker=worker, method=method, seed=seed,
         max_plan_chars=cfg.max_plan_chars, max_plan_steps=cfg.max_plan_steps,
         max_replans=cfg.max_replans if (cfg.replan if replan is None else replan) else 0, replan_on=cfg.replan_on,
+        solve=solve,
     )
     return _with_endpoints(agent, planner_model, solver, llm_tool_model, wiki)
 

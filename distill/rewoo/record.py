@@ -170,11 +170,13 @@ def _mend(value: Any) -> Any:
 def make_record(
     example, method: str, sample: int, t0: float, *, evidence: list[dict], solver: dict, prediction: str,
     solver_calls: Sequence[Completion], tools: Mapping[str, Any], planner: dict | None = None,
-    plan: dict | None = None, planner_calls: Sequence[Completion] = (), recall: bool = True, **extra: Any,
+    plan: dict | None = None, planner_calls: Sequence[Completion] = (), recall: bool = True, scored: bool = True,
+    **extra: Any,
 ) -> dict:
     """The trajectory record of every method (ReWOO and the baselines), so the report compares like with like.
     A method without a plan has no steps and validity not applicable (None, not False); `recall` is off for
-    one that never retrieves, so its records do not enter the evidence-recall mean."""
+    one that never retrieves, so its records do not enter the evidence-recall mean; `scored` is off for a
+    trajectory that was never solved (no answer to score, so no EM of 0 either)."""
     tool_calls = [c for t in tools.values() for c in getattr(t, "calls", [])]
     by_role = {"planner": planner_calls, "solver": solver_calls, "tools": tool_calls}
     usage = {role: sum((c.usage for c in cs), Usage()) for role, cs in by_role.items()}
@@ -197,7 +199,7 @@ def make_record(
         "evidence": evidence,
         "solver": solver,
         "prediction": prediction,
-        "scores": dict(score(metric, prediction, example.answers)) if example.answers else {},
+        "scores": dict(score(metric, prediction, example.answers)) if example.answers and scored else {},
         "tool_usage": asdict(usage["tools"]),
         "tokens": tokens | {"total": sum(tokens.values())},
         "llm_calls": len(calls),
