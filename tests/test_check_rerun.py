@@ -74,22 +74,23 @@ def test_an_unchanged_run_would_skip_every_stage_and_nothing_is_written(finished
 
 
 def test_a_changed_filter_setting_reruns_the_filter_and_what_is_made_from_it(finished_run, capsys):
-    pipeline(finished_run, "filter.min_f1=0.9").show_rerun()
+    pipeline(finished_run, "filter.max_steps=4").show_rerun()
     out = lines(capsys)
     assert out[0] == "generate: done, would be skipped (same settings and inputs)"
-    assert out[1] == "filter: settings changed (min_f1 0.5 -> 0.9): rerunning; sft-data, train, improve, eval, " \
+    assert out[1] == "filter: settings changed (max_steps null -> 4): rerunning; sft-data, train, improve, eval, " \
                      "report follow"
     assert "sft-data student: rerunning (filter redone)" in out
     assert out[-1] == "report: rerunning (eval redone)"
 
 
-def test_one_students_training_key_retrains_that_student_alone(finished_run, capsys):
+def test_a_students_training_key_retrains_it_and_what_is_made_from_it(finished_run, capsys):
     pipeline(finished_run, "students.student.train.learning_rate=0.002").show_rerun()
     out = lines(capsys)
-    assert "train student: settings changed (learning_rate 0.001 -> 0.002): rerunning; eval, report follow" in out
-    assert "train student_compact: done, would be skipped (same settings and inputs)" in out
-    assert "improve: done, would be skipped (same settings and inputs)" in out  # it improves student_compact
-    assert "eval: rerunning (train student redone)" in out
+    assert "sft-data: done, would be skipped (same settings and inputs)" in out
+    assert ("train student: settings changed (learning_rate 0.001 -> 0.002): rerunning; improve, eval, report "
+            "follow") in out
+    assert "improve: rerunning (train student redone)" in out  # it improves that student
+    assert "eval: rerunning (train student, improve redone)" in out
 
 
 def test_from_a_stage_reruns_it_and_the_later_ones(finished_run, capsys):
@@ -107,8 +108,8 @@ def test_a_new_run_folder_runs_everything(tmp_path, capsys):
 
 def test_the_check_command_prints_it(finished_run, capsys):
     rc = main(["pipeline", "--check", "--offline", "--config", str(DEMO), "--set", f"run_dir={finished_run}",
-               "--set", "filter.min_f1=0.9"])
+               "--set", "filter.max_steps=4"])
     out = capsys.readouterr().out
     assert rc == 0, out[-2000:]
     assert f"--- {finished_run}: what a rerun would do" in out
-    assert "filter: settings changed (min_f1 0.5 -> 0.9): rerunning" in out
+    assert "filter: settings changed (max_steps null -> 4): rerunning" in out
