@@ -53,7 +53,7 @@ class DatasetSource(Strict):
     split: str = "train"
     """the hub split to read"""
     n: int | None = Field(default=None, ge=1)
-    """distinct questions to draw; null: all"""
+    """distinct questions to draw; null: all (with leak_policy exclude, all but the eval questions)"""
     max_question_chars: int = Field(default=DEFAULT_MAX_QUESTION_CHARS, ge=1)
     """a longer question is refused when loaded"""
     columns: dict[Column, ColumnName] | None = None
@@ -169,12 +169,13 @@ def check_no_leak(train: Iterable[Example], eval_examples: Iterable[Example] | s
         raise DistillError(f"{len(leaked)} training question(s) also appear in the evaluation set, e.g. {shown}")
 
 
-def sample_mix(pools: list[tuple[list[Example], int]], seed: int,
+def sample_mix(pools: list[tuple[list[Example], int | None]], seed: int,
                exclude_questions: Iterable[str] = ()) -> list[Example]:
-    """Draw `n` examples from each pool, never repeating a question across pools or using an excluded one.
-    Each pool gets its own RNG from (seed, pool index), so resizing one pool leaves the earlier pools' draws
-    unchanged; the final order is shuffled so datasets interleave in training. Asking for more than a pool
-    can give is an error rather than a silently smaller experiment."""
+    """Draw `n` examples from each pool (None: every question not excluded or drawn already), never repeating a
+    question across pools or using an excluded one. Each pool gets its own RNG from (seed, pool index), so
+    resizing one pool leaves the earlier pools' draws unchanged; the final order is shuffled so datasets
+    interleave in training. Asking for more than a pool can give is an error rather than a silently smaller
+    experiment."""
     taken = question_set(exclude_questions)
     mix: list[Example] = []
     for index, (pool, n) in enumerate(pools):
@@ -183,7 +184,10 @@ def sample_mix(pools: list[tuple[list[Example], int]], seed: int,
         fresh = (ex for ex in candidates if normalize_question(ex.question) not in taken)
         picked = list(itertools.islice(fresh, n))
         taken |= question_set(picked)
-        if len(picked) < n:
+        if n is None and not picked:
+            name = pool[0].dataset if pool else "empty"
+            raise DistillError(f"pool {index} ({name}): every question is excluded or already drawn")
+        if n is not None and len(picked) < n:
             name = pool[0].dataset if pool else "empty"
             raise DistillError(f"pool {index} ({name}) has only {len(picked)} unused distinct questions, {n} requested")
         mix.extend(picked)

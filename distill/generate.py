@@ -77,7 +77,7 @@ def load_questions(cfg: GenerateConfig):
     pools = []
     for ds in cfg.datasets:
         examples = load_source(ds)
-        pools.append((examples, ds.n if ds.n is not None else len(examples)))
+        pools.append((examples, ds.n))  # None: all, less those the leak guard excludes
     check_unique_ids((ex for pool, _ in pools for ex in pool), "the datasets")
     eval_questions = question_set(ex for ev in cfg.eval_sets for ex in load_source(ev))
     exclude = eval_questions if cfg.leak_policy == "exclude" else set()

@@ -240,6 +240,16 @@ def test_sample_mix_refuses_to_shrink_silently():
         sample_mix([(_pool("a", "hotpotqa", 5), 2), (_pool("b", "triviaqa", 3), 4)], seed=0)
 
 
+def test_sample_mix_n_none_takes_every_question_the_exclusions_leave():
+    """`n: null` is all of a source: with the leak guard's `exclude` that is all but the eval questions, not a
+    refusal for drawing fewer than the source holds (a traces folder whose traffic asked an eval question)."""
+    pool = _pool("served", "served", 4)
+    mix = sample_mix([(pool, None)], seed=0, exclude_questions={"served question number 2?"})
+    assert sorted(e.question for e in mix) == [f"served question number {i}?" for i in (0, 1, 3)]
+    with pytest.raises(DistillError, match=r"pool 0 \(served\): every question is excluded or already drawn"):
+        sample_mix([(pool[:1], None)], seed=0, exclude_questions={"served question number 0?"})
+
+
 def test_check_no_leak_reports_count_and_examples():
     train = [_ex("What is the capital of France?"), _ex("Who painted the Mona Lisa?"), _ex("Unseen?")]
     evaluation = [_ex("what is the capital of france"), _ex("WHO painted the Mona Lisa")]

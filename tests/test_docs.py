@@ -21,13 +21,19 @@ STAGE_COMMAND = re.compile(r"\s*(distill (generate|filter|sft-data|serve|serve-a
                            r"python scripts/generate_traj|accelerate launch|make demo\b)")
 
 
+# a link of a chain, not one: a block of `distill improve` alternatives (docs/improve.md) is no recipe
+IMPROVE_COMMAND = re.compile(r"\s*distill improve\b")
+
+
 def command_blocks() -> list[tuple[str, list[list[str]]]]:
-    """Each bash block with two or more stage commands, as argv lists (comments and `export` lines dropped)."""
+    """Each bash block with two or more stage commands, as argv lists (comments and `export` lines dropped); the
+    `distill improve` lines of such a block in their place."""
     blocks = []
     for doc in DOCS:
         for n, block in enumerate(re.findall(r"```(?:bash|sh)\n(.*?)```", doc.read_text(), re.S)):
-            lines = [line for line in block.replace("\\\n", " ").splitlines() if STAGE_COMMAND.match(line)]
-            if len(lines) >= 2:
+            lines = [line for line in block.replace("\\\n", " ").splitlines()
+                     if STAGE_COMMAND.match(line) or IMPROVE_COMMAND.match(line)]
+            if sum(bool(STAGE_COMMAND.match(line)) for line in lines) >= 2:
                 blocks.append((f"{doc.name} block {n}", [shlex.split(line, comments=True) for line in lines]))
     return blocks
 
@@ -100,6 +106,16 @@ class Chain:
                         assert spec.model in self.served.get(url, ()), (
                             f"{self.where}: the agent's {role} asks {url} for {spec.model}; "
                             f"served there: {sorted(self.served.get(url, ())) or 'nothing'}")
+            self.written.add(norm(cfg.traces_dir))
+        elif argv[:2] == ["distill", "improve"]:
+            from distill.improve import ImproveConfig, final_adapter
+
+            cfg = load_config(ImproveConfig, ROOT / option(argv, "--config"), sets(argv))
+            self.needs(cfg.adapter, command)
+            for ds in cfg.datasets:  # a file of the checkout is there; anything else an earlier command writes
+                if not ds.source.startswith("hub:") and not (ROOT / ds.source).exists():
+                    self.needs(ds.source, command)
+            self.written.add(norm(final_adapter(cfg)))
         elif argv[:2] == ["distill", "eval"]:
             from distill.evaluate import EvalConfig
 
@@ -139,6 +155,21 @@ def test_a_broken_chain_is_caught():
     with pytest.raises(AssertionError, match="1 processes with the MULTI_GPU launcher"):
         chain.run(shlex.split("accelerate launch --config_file configs/accelerate/multi_gpu.yaml --num_processes 1 "
                               "-m distill.train --config configs/qwen2.5-7b_lora_gpu.yaml"))
+
+
+def test_a_round_from_traces_needs_an_agent_that_wrote_them():
+    """The loop of docs/serving-agent.md: improve reads the traces an agent wrote, serve reads what improve trained."""
+    chain = Chain("example")
+    chain.run(["make", "demo"])
+    improve = shlex.split("distill improve --config configs/improve_from_traces_smollm2_cpu.yaml")
+    with pytest.raises(AssertionError, match="reads runs/agent/traces, which no earlier command writes"):
+        chain.run(improve)
+    chain.run(shlex.split("distill serve --config configs/serve_planner.yaml --set "
+                          "adapter=runs/demo/improve/student_compact/round_1/adapter"))
+    chain.run(shlex.split("distill serve-agent --config configs/agent_server.yaml --set planner_prompt=compact"))
+    chain.run(improve)
+    chain.run(shlex.split("distill serve --config configs/serve_planner.yaml --set "
+                          "adapter=runs/agent/improve/round_1/adapter"))
 
 
 @pytest.mark.parametrize("name", [name for _, name, _ in GPU_CONFIGS])
