@@ -165,8 +165,8 @@ def test_a_round_from_traces_needs_an_agent_that_wrote_them():
     with pytest.raises(AssertionError, match="reads runs/agent/traces, which no earlier command writes"):
         chain.run(improve)
     chain.run(shlex.split("distill serve --config configs/serve_planner.yaml --set "
-                          "adapter=runs/demo/improve/student_compact/round_1/adapter"))
-    chain.run(shlex.split("distill serve-agent --config configs/agent_server.yaml --set planner_prompt=compact"))
+                          "adapter=runs/demo/improve/student/round_1/adapter"))
+    chain.run(shlex.split("distill serve-agent --config configs/agent_server.yaml"))
     chain.run(improve)
     chain.run(shlex.split("distill serve --config configs/serve_planner.yaml --set "
                           "adapter=runs/agent/improve/round_1/adapter"))
