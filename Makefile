@@ -16,8 +16,8 @@ EXTRAS ?= local,serve-cpu,dev
 SHARED_DATA ?= ../shared/data
 DEMO_CONFIG ?= configs/demo_smollm2_cpu.yaml
 PYTEST_ARGS ?=
-# Test processes (pytest-xdist; 0: one process). The tests of the shared vLLM server stay in one worker, so the
-# session starts one server; each worker's torch gets cores / workers threads (tests/conftest.py).
+# Test processes (pytest-xdist; 0: one process). The tests of the shared vLLM server form two groups, each kept in
+# one worker, so a worker starts at most one server; each worker's torch gets cores / workers threads (tests/conftest.py).
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 

@@ -1,5 +1,5 @@
-"""`make test` runs the suite in pytest-xdist workers and counts on `--dist loadgroup` to keep every test of the
-shared vLLM server in one worker: one server start per session instead of one per worker. A pytest or xdist
+"""`make test` runs the suite in pytest-xdist workers and counts on `--dist loadgroup` to keep each group of the
+shared vLLM server's tests in one worker: one server start per group instead of one per test module's worker. A pytest or xdist
 upgrade that breaks the grouping would cost a server start and a minute of both cores without failing anything
 else, so an inner pytest run with the project's conftest checks it."""
 
