@@ -186,14 +186,14 @@ def run_filter(inp: str | Path, out: str | Path, cfg: FilterConfig) -> dict:
     from distill.store import dedupe
 
     records = read_jsonl(inp, TrajectoryRecord)  # every line checked before any is judged
+    unsolved = [n for n, r in enumerate(records, 1)
+                if r.get("answers") and r.get("prediction") is None and "em" not in (r.get("scores") or {})]
+    if cfg.criterion != "evidence" and unsolved:
+        raise DistillError(f"{inp}:{unsolved[0]}: no Solver answer (generated with solve: false; {len(unsolved)} such "
+                           f"record(s)), and criterion {cfg.criterion} judges answers: use criterion evidence, or "
+                           "generate with solve: true")
     # Two files joined by hand can hold a (question, sample) twice: the first is judged, the copies are counted.
     records, duplicates = dedupe(records, lambda r: (r["id"], r["sample"]), str(inp))
-    unsolved = sum(1 for r in records if r.get("answers") and r.get("prediction") is None
-                   and "em" not in (r.get("scores") or {}))
-    if cfg.criterion != "evidence" and unsolved:
-        raise DistillError(f"{inp}: {unsolved} trajectories have no Solver answer (generated with solve: false), and "
-                           f"criterion {cfg.criterion} judges answers: use criterion evidence, or generate with "
-                           "solve: true")
     kept, dropped = filter_records(records, cfg)
     report = build_report(records, kept, dropped, cfg) | {"skipped": {"duplicate": duplicates}}
     for rec in kept:  # what sft-data will check each line against

@@ -112,7 +112,7 @@ def test_shipped_configs_load_with_openai_planners():
         "react@fail1",
     ]
     student = next(p for p in demo.planners if p.name == "student")
-    assert student.spec.backend == "openai" and student.spec.model == "planner" and student.prompt == "full"
+    assert student.spec.backend == "openai" and student.spec.model == "planner" and student.prompt == "compact"
     real = load_config(EvalConfig, ROOT / "configs" / "eval_hotpot_trivia_7b.yaml")
     assert [d.n for d in real.datasets] == [500, 500] and real.solver.api_key_env == "OPENAI_API_KEY"
     assert next(p for p in real.planners if p.name == "student").spec.base_urls == ["http://127.0.0.1:8000/v1"]

@@ -382,7 +382,7 @@ def test_the_filter_refuses_to_judge_answers_of_unsolved_trajectories(tmp_path) 
 
     rec = run(agent_with([FIRST], solve=False)[0])
     write_jsonl(tmp_path / "t.jsonl", [rec])
-    with pytest.raises(DistillError, match=r"t.jsonl: 1 trajectories have no Solver answer .*criterion answer"):
+    with pytest.raises(DistillError, match=r"t.jsonl:1: no Solver answer .*criterion answer judges"):
         run_filter(tmp_path / "t.jsonl", tmp_path / "kept.jsonl", FilterConfig(criterion="answer"))
     report = run_filter(tmp_path / "t.jsonl", tmp_path / "kept.jsonl", FilterConfig(criterion="evidence"))
     assert report["input_records"] == 1  # judged on evidence; this question has no gold pages to find
