@@ -519,6 +519,27 @@ def token_of(cfg: AgentServerConfig) -> str | None:
     return token
 
 
+def check_planner_as_trained(cfg: AgentServerConfig) -> None:
+    """A planner server serving a distill adapter (vLLM's /v1/models names its folder) must be sent the prompt
+    kind and tools it was trained on, as its record says: refused in one line before any request is taken. A
+    server not up yet is asked nothing here (the agent starts, and its first request says so)."""
+    from distill.llm.openai_backend import ServerError
+    from distill.merge import check_as_trained
+    from distill.provenance import adapter_of
+    from distill.run import model_identities
+    from distill.tools.registry import tool_descriptions
+
+    if cfg.planner.backend != "openai":
+        return
+    try:
+        identity = model_identities({"planner": cfg.planner})["planner"]
+    except ServerError as exc:
+        log.warning("planner: could not ask %s what it serves (%s)", cfg.planner.base_url, exc)
+        return
+    if folder := adapter_of(identity):
+        check_as_trained(folder, cfg.planner_prompt, tool_descriptions(cfg.tools), "serve-agent")
+
+
 def main(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -529,6 +550,7 @@ def main(args: argparse.Namespace) -> int:
     if cfg.planner.backend != "openai":
         log.warning("planner: backend %s runs in this process; a served student is usually a LoRA module on a "
                     "vLLM server (backend: openai)", cfg.planner.backend)
+    check_planner_as_trained(cfg)
     service = AgentService(cfg, token=token)
     port = cfg.port or free_port(cfg.host)
     app = build_app(service)

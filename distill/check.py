@@ -25,9 +25,6 @@ from typing import Any, Iterable, Mapping
 from distill.errors import DistillError, one_line
 from distill.secrets import masked_mapping
 
-# report_to integration -> the module it imports
-INTEGRATIONS = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow", "comet_ml": "comet_ml",
-                "trackio": "trackio"}
 # Records, the call cache, sft data and two LoRA checkpoints take a few hundred MB; below this a long run may die
 # on its last write.
 MIN_FREE_BYTES = 2 << 30
@@ -258,14 +255,25 @@ class Check:
         self._pinged[(url, key_env)] = fault
         return fault
 
-    def report_to(self, report_to: Iterable[str], where: str, modules: Mapping[str, str] = INTEGRATIONS) -> None:
-        """Each `report_to` integration must be importable (`modules`: integration -> its module)."""
-        for name in report_to:
+    def report_to(self, report_to: Iterable[str] | str | None, where: str) -> None:
+        """Each `report_to` integration must be importable: the run would fail on it after the work before."""
+        from distill.tracking import INTEGRATIONS
+
+        for name in [report_to] if isinstance(report_to, str) else report_to or []:
             if name in ("none", "all"):
                 continue
-            module = modules.get(name, name)
+            module, package = INTEGRATIONS.get(name, (name, name))
             if not importable(module):
-                self.problem(f"{where}.report_to: {name} is not installed (pip install {name})")
+                self.problem(f"{where}.report_to: {name} is not installed (pip install {package})")
+
+    def cost_cap(self, estimate: StageEstimate, cap: float | None, where: str) -> None:
+        """An estimate above the stage's `max_cost_usd`: the run would stop `capped` part of the way, after
+        spending the cap. Said before, when raising the cap or asking fewer questions costs nothing."""
+        if cap is not None and estimate.usd > cap:
+            part = cap / estimate.usd
+            share = f", {'about ' + format(part, '.0%') if part >= 0.01 else 'less than 1%'} of the way" if cap else ""
+            self.problem(f"{where}: the estimate {dollars(estimate.usd, ())} exceeds max_cost_usd ${cap:.2f}: the run "
+                         f"would stop capped{share}; raise max_cost_usd or ask fewer questions")
 
     def gpus(self, where: str, wants_gpu: str | None, gpus: int, what: str) -> None:
         """`wants_gpu`: the setting that sizes the stage for GPUs, if any; without GPUs that stage cannot run as

@@ -345,11 +345,58 @@ def error_label(data: Any, loc: tuple) -> str:
     return ".".join(parts) or "(top)"
 
 
-def validate(cls: type[C], data: dict, source: str = "config") -> C:
+def _model_at(cls: Any, loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model whose fields the key at `loc` sits among (list places and mapping keys skipped)."""
+    import typing
+
+    model = cls
+    for key in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        if isinstance(key, int) or key not in model.model_fields:
+            continue
+        found, todo = None, [model.model_fields[key].annotation]
+        while todo and found is None:
+            hint = todo.pop()
+            if isinstance(hint, type) and issubclass(hint, BaseModel):
+                found = hint
+            todo += [a for a in typing.get_args(hint) if a is not type(None)]
+        model = found
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def suggestion(name: str, known: Any) -> str:
+    """`; did you mean X?` for a misspelt key, or nothing when no known key is close."""
+    import difflib
+
+    known = [str(k) for k in known]
+    # a shortened or lengthened spelling (`lora_rank` for `lora_r`) before one a letter or two away
+    close = [k for k in known if len(k) >= 4 and len(str(name)) >= 4 and (k.startswith(name) or str(name).startswith(k))]
+    close = close or difflib.get_close_matches(str(name), known, n=1, cutoff=0.75)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _problem(cls: Any, data: Any, err: dict, overrides: Mapping | None) -> str:
+    loc = tuple(err["loc"])
+    label = error_label(data, loc)
+    if err["type"] != "extra_forbidden" or not loc:
+        return f"{label}: {err['msg']}"
+    given = overrides or {}
+    for key in loc[:-1]:
+        given = given.get(key) if isinstance(given, Mapping) else None
+    origin = " (from --set)" if isinstance(given, Mapping) and loc[-1] in given else ""
+    model = _model_at(cls, loc[:-1])
+    hint = suggestion(loc[-1], model.model_fields) if model else ""
+    return f"{label}{origin}: unknown key{hint}"
+
+
+def validate(cls: type[C], data: dict, source: str = "config", overrides: Mapping | None = None) -> C:
+    """`cls` from `data`, or one line naming every bad key with where it came from (`overrides`: the `--set`
+    part of `data`; the rest came from `source`) and, for an unknown key, the close known one."""
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{error_label(data, tuple(err['loc']))}: {err['msg']}" for err in exc.errors())
+        problems = "; ".join(_problem(cls, data, err, overrides) for err in exc.errors())
         raise DistillError(f"{source}: {problems}") from None
 
 
@@ -376,7 +423,8 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: list[st
     data = read_yaml(path) if path else {}
     if path and (rebase := getattr(cls, "relative_to_file", None)):
         data = rebase(data, Path(path).parent)
-    return validate(cls, _merge(data, parse_overrides(overrides)), str(path or "config"))
+    given = parse_overrides(overrides)
+    return validate(cls, _merge(data, given), str(path or "config"), given)
 
 
 def add_config_args(parser, default: str | None = None) -> None:

@@ -37,7 +37,7 @@ from distill.errors import DistillError
 from distill.rewoo.record import CallShape, Count, Seconds, Shape, TokensShape, TrajectoryRecord
 from distill.rewoo.worker import InjectedToolFailure
 from distill.run import MAX_BOOTSTRAP_SAMPLES
-from distill.tracking import Integration, open_tracker, require
+from distill.tracking import ReportTo, open_tracker, require
 
 # An evaluation's output: one JSONL of records per method under RECORDS_DIR, a record keyed by `record_key`;
 # the report reads them back through these two names.
@@ -201,7 +201,7 @@ class EvalConfig(AgentConfig):
     """a sweep of tool failure rates after the main run ({rates, methods, n})"""
     prompt_budget: PromptBudget | None = None
     """hold rows against a reference's evidence recall at a fraction of its prompt tokens; off unless set"""
-    report_to: list[Integration] = Field(default_factory=list)
+    report_to: ReportTo = Field(default_factory=list)
     """progress figures per method to tensorboard (<output_dir>/tensorboard) and/or wandb; in a pipeline, training's
     report_to applies"""
     max_cost_usd: float | None = Field(default=None, ge=0)
@@ -462,6 +462,21 @@ def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, error
                     schema=EvalRecord, tracker=tracker, cap=cap)
 
 
+def check_students_as_trained(cfg: EvalConfig, methods: list[Method], fingerprints: Mapping[str, Any]) -> None:
+    """A row whose server serves a distill adapter must send it the prompt kind and tools it was trained on (its
+    distill_adapter.json says which): otherwise the student is measured on a prompt it never saw, and nothing in
+    the numbers would say so."""
+    from distill.merge import check_as_trained
+    from distill.provenance import served_adapters
+    from distill.tools.registry import tool_descriptions
+
+    served = served_adapters(fingerprints)
+    for method in methods:
+        if method.kind == "rewoo" and method.name in served:
+            check_as_trained(served[method.name], method.prompt, tool_descriptions(cfg.tools),
+                             f"eval planner {method.name}")
+
+
 def evaluate(cfg: EvalConfig, config_path: str | None = None, fresh: bool = False) -> dict:
     """Run (or resume) every method, writing its records; returns the finished manifest (the report is the
     next stage's job, so it can be rebuilt without running any model). `fresh` sets a method's records made
@@ -485,6 +500,7 @@ def evaluate(cfg: EvalConfig, config_path: str | None = None, fresh: bool = Fals
 
     def check() -> None:  # once the folder is ours; the models' servers are asked what they serve
         manifest["fingerprints"] = run_fingerprints(cfg, methods)
+        check_students_as_trained(cfg, methods, manifest["fingerprints"])
         preflight(cfg, methods, out, manifest["fingerprints"], fresh)
 
     require(cfg.report_to)
@@ -552,7 +568,11 @@ def check_run(cfg: EvalConfig, check, counter, prefix: str = "", started=()):
                 [judge_messages("", [""], "")]
             kinds.append(CallKind(f"{name} judge", cfg.judge, n, 1, judged, JUDGE_MAX_TOKENS))
     questions = len(examples) or sum(ds.n or 0 for ds in cfg.datasets)
-    return estimate_stage("eval", questions, kinds, cfg.prices, counter)
+    estimate = estimate_stage("eval", questions, kinds, cfg.prices, counter)
+    check.cost_cap(estimate, cfg.max_cost_usd, prefix.rstrip(".") or "eval")
+    if not prefix:  # in a pipeline, training's report_to applies, and the pipeline's check names it
+        check.report_to(cfg.report_to, "eval")
+    return estimate
 
 
 # ------------------------------------------------------------------------------------------ command line

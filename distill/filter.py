@@ -214,6 +214,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     cfg = load_config(FilterConfig, args.config, args.set)
     report = run_filter(args.trajectories, args.out, cfg)
+    if not report["kept"]:
+        # nothing to train on: sft-data would refuse the empty file anyway, later and less clearly
+        why = ", ".join(f"{k} {n}" for k, n in report["dropped"].items() if n) or "no records"
+        raise DistillError(f"filter kept 0 of {report['input_records']} records (dropped: {why}; criterion "
+                           f"{cfg.criterion}); the report is {Path(args.out).with_suffix('.report.json')}")
     print(format_report(report))
     print(f"kept: {args.out}")
     return 0

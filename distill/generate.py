@@ -23,7 +23,7 @@ from pydantic import Field, model_validator
 from distill.config import AgentConfig, ModelSpec, add_config_args, add_fresh_arg, load_config
 from distill.data import DatasetSource
 from distill.errors import DistillError
-from distill.tracking import Integration, open_tracker, require
+from distill.tracking import ReportTo, open_tracker, require
 
 TRAJECTORIES = "trajectories.jsonl"
 ERRORS = "errors.jsonl"  # one line per failed attempt at a record; a rerun retries them
@@ -51,7 +51,7 @@ class GenerateConfig(AgentConfig):
     """an optional LLM judge of each answer (the paper's "Acc")"""
     leak_policy: Literal["refuse", "exclude"] = "refuse"
     """refuse: stop when a train question is in eval_sets; exclude: draw around eval questions"""
-    report_to: list[Integration] = Field(default_factory=list)
+    report_to: ReportTo = Field(default_factory=list)
     """progress figures to tensorboard (<output_dir>/tensorboard) and/or wandb; in a pipeline, training's report_to
     applies"""
     max_cost_usd: float | None = Field(default=None, ge=0)
@@ -220,7 +220,11 @@ def check_run(cfg: GenerateConfig, check, counter, prefix: str = "", started=())
         answers = [ex.answers for ex in examples] or [[""]]
         kinds.append(CallKind("judge", cfg.judge, items, 1, [judge_messages(q, a, "") for q, a in zip(questions, answers)],
                               JUDGE_MAX_TOKENS))
-    return estimate_stage("generate", items, kinds, cfg.prices, counter)
+    estimate = estimate_stage("generate", items, kinds, cfg.prices, counter)
+    check.cost_cap(estimate, cfg.max_cost_usd, prefix.rstrip(".") or "generate")
+    if not prefix:  # in a pipeline, training's report_to applies, and the pipeline's check names it
+        check.report_to(cfg.report_to, "generate")
+    return estimate
 
 
 # ------------------------------------------------------------------------------------------ command line

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from distill.config import SERVER_PLACEHOLDER, AgentConfig, add_config_args, add_fresh_arg, load_config, read_json_model
 from distill.data import DatasetSource
 from distill.errors import DistillError
+from distill.merge import ADAPTER_INFO
 from distill.reward import RewardConfig
 from distill.rewoo.record import TrajectoryRecord
 
@@ -126,6 +127,38 @@ def record_key(rec: dict) -> tuple[str, int]:
 # what to do about a missing `adapter`: improve continues one, it cannot start without
 NO_ADAPTER = "improve continues the SFT student's adapter: train one with `distill train` and set adapter to its " \
              "output_dir"
+
+
+def check_prompt_as_trained(cfg: ImproveConfig) -> None:
+    """improve samples the student's plans: from the prompt kind and tool list it was trained on, as its own
+    distill_adapter.json says, or every round learns from plans to a prompt it will never be served."""
+    from distill.merge import check_as_trained
+    from distill.tools.registry import tool_descriptions
+
+    check_as_trained(cfg.adapter, cfg.planner_prompt, tool_descriptions(cfg.tools), "improve")
+
+
+def inherit_record(cfg: ImproveConfig, adapter_in: str | Path, adapter_out: Path, how: str) -> None:
+    """The improved adapter's distill_adapter.json: what its own training wrote (a round's plans were the
+    student's, so its sft-data names the policy as teacher), with the SFT student's teacher, datasets and
+    training size kept, and where it came from: the report and the card still say which teacher it was
+    distilled from, and how many examples in all it learnt from."""
+    from distill import code_version
+    from distill.merge import training_record
+    from distill.store import write_json
+    from distill.tools.registry import tool_descriptions
+
+    before, own = training_record(adapter_in), training_record(adapter_out)
+    round_examples = own.get("train_examples")
+    keep = {k: before.get(k) for k in ("teacher", "datasets", "train_questions", "validation_examples")}
+    total = before.get("train_examples")
+    write_json(adapter_out / ADAPTER_INFO, own | {
+        "format_version": 2, "base_model": own.get("base_model") or before.get("base_model"),
+        "student_prompt": cfg.planner_prompt, "tools": tool_descriptions(cfg.tools), **keep,
+        "train_examples": total + round_examples if isinstance(total, int) and isinstance(round_examples, int)
+        else total,
+        "improved": {"from": str(adapter_in), "how": how, "examples": round_examples},
+        "code_version": code_version()})
 
 
 def base_model_of(adapter: str) -> str:
@@ -277,6 +310,10 @@ def check_run(cfg: ImproveConfig, check, prefix: str = "", started=(), base_mode
 
     where = prefix.rstrip(".") or "improve"
     show_config(f"{where}: resolved config", cfg.model_dump(mode="json"))
+    try:
+        check_prompt_as_trained(cfg)
+    except DistillError as exc:
+        check.problem(str(exc))
     if cfg.method == "grpo":
         print(f"{where} would run: TRL's GRPOTrainer in this process from {cfg.adapter} "
               f"({cfg.grpo.get('max_steps', 'TRL default')} steps, {cfg.samples} completions per question)")
@@ -341,6 +378,7 @@ def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh
     from distill.train import launch
 
     info = launch(train_section(cfg, adapter_in, out))
+    inherit_record(cfg, adapter_in, out / "adapter", f"expert_iteration round {i}")
     summary |= {"adapter_in": adapter_in, "adapter": str(out / "adapter"),
                 "train": {k: info.get(k) for k in ("global_step", "final_train_loss", "wall_s")}}
     write_json(out / "summary.json", summary)
@@ -357,6 +395,7 @@ def improve(cfg: ImproveConfig, config_path: str | None = None, fresh: bool = Fa
     from distill.store import write_json
 
     base_model_of(cfg.adapter)  # before anything is read or made: without its adapter there is nothing to improve
+    check_prompt_as_trained(cfg)
     examples = load_questions(cfg)
     out = Path(cfg.output_dir)
     if cfg.method == "grpo":
@@ -466,6 +505,8 @@ def run_grpo(cfg: ImproveConfig, examples: list) -> dict:
         resume = get_last_checkpoint(str(out)) if out.is_dir() else None
         trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(str(out / "adapter"))
+    if trainer.is_world_process_zero():
+        inherit_record(cfg, cfg.adapter, out / "adapter", "grpo")
     keys = ("step", "reward", "reward_std", "kl", "loss", "rewards/planner_reward/mean",
             *(f"reward/{p}" for p in ("valid", "ran", "recall", "answer_in_evidence", "extra_steps")))
     history = [{k: e[k] for k in keys if k in e} for e in trainer.state.log_history if "reward" in e]
@@ -482,14 +523,26 @@ def run_grpo(cfg: ImproveConfig, examples: list) -> dict:
 # ------------------------------------------------------------------------------------------ command line
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
+    from distill.check import add_check_args
+
     add_config_args(parser)
     add_fresh_arg(parser)
+    add_check_args(parser)
 
 
 def main(args: argparse.Namespace) -> int:
+    from distill.check import wants_check
+
     if not args.config:
         raise DistillError("--config is required (e.g. configs/improve_smollm2_cpu.yaml)")
     cfg = load_config(ImproveConfig, args.config, args.set)
+    if wants_check(args):
+        from distill.check import Check, gpu_count
+
+        check = Check(args.offline)
+        check_run(cfg, check, gpus=gpu_count())
+        check.disk(cfg.output_dir)
+        return check.finish()
     result = improve(cfg, args.config, fresh=args.fresh)
     print(json.dumps([{k: r.get(k) for k in ("mean_reward", "mean_best_reward", "kept", "valid_plan_rate")}
                       for r in result["rounds"]]))

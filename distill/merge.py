@@ -39,6 +39,50 @@ def trained_base(adapter_dir: str | Path) -> str | None:
     return None
 
 
+def training_record(adapter_dir: str | Path) -> dict:
+    """What `distill train` recorded about the adapter in `distill_adapter.json` ({} without one). The prompt,
+    tools, teacher and data are copied there at train time, so the folder describes itself wherever it is
+    moved; an adapter recorded before that falls back to its SFT data's summary.json while that is reachable."""
+    path = Path(adapter_dir) / ADAPTER_INFO
+    info = read_json(path) if path.is_file() else {}
+    if info.get("student_prompt") is None and info.get("dataset_dir"):
+        summary = Path(str(info["dataset_dir"])) / "summary.json"
+        if summary.is_file():
+            found = read_json(summary)
+            splits = found.get("splits") if isinstance(found.get("splits"), dict) else {}
+            info = {"student_prompt": found.get("student_prompt"),
+                    "tools": found.get("tool_descriptions") or found.get("tools"),
+                    "train_examples": (splits.get("train") or {}).get("examples"),
+                    "train_questions": (splits.get("train") or {}).get("questions"),
+                    "validation_examples": (splits.get("validation") or {}).get("examples")} | info
+    return info
+
+
+def trained_prompt(adapter_dir: str | Path) -> tuple[str | None, list[str] | None, dict[str, str] | None]:
+    """(prompt kind, tool names, {name: description} where recorded) the adapter was trained on; None where
+    its records do not say."""
+    info = training_record(adapter_dir)
+    tools = info.get("tools")
+    names = list(tools) if isinstance(tools, (dict, list)) and tools else None
+    return info.get("student_prompt"), names, tools if isinstance(tools, dict) and tools else None
+
+
+def check_as_trained(adapter_dir: str | Path, prompt: str, tools: dict[str, str], who: str) -> None:
+    """A student asked with another prompt kind or tool list than it was trained on answers a prompt it never
+    saw (and plans with tools it has no line for): refused in one line naming both. An adapter whose records do
+    not say passes (nothing to compare)."""
+    kind, names, descriptions = trained_prompt(adapter_dir)
+    if kind is None or names is None:
+        return
+    same_tools = (descriptions == dict(tools)) if descriptions else names == list(tools)
+    if kind != prompt or not same_tools:
+        raise DistillError(
+            f"{who} asks adapter {adapter_dir} with planner prompt {prompt} and tools {', '.join(tools)}, but it "
+            f"was trained on prompt {kind} with tools {', '.join(names)}"
+            + ("" if same_tools or list(tools) != names else " (same names, other descriptions)")
+            + ": use those (the adapter's distill_adapter.json says so)")
+
+
 def adapter_base(adapter_dir: str | Path, base: str | None = None) -> str:
     """The base to merge into: `base` where given, else the one the adapter was trained on."""
     adapter_dir = Path(adapter_dir)

@@ -4,9 +4,10 @@
 
 TRL's own card names no base model a Hub user can load and shows a chat quick-start that ignores what makes
 the adapter useful: the planner prompt it was trained on and the LoRA serving. This card is written from the
-adapter's own records (`distill_adapter.json`, the SFT dataset's `summary.json`, `loss_history.json`), and only
-what serving needs is uploaded (an allow-list: never checkpoints, optimizer state or `training_args.bin`,
-which holds every training argument). The token is read from an environment variable and appears nowhere:
+adapter's own records (`distill_adapter.json`, which training fills from the SFT data's `summary.json`, and
+`loss_history.json`), never from defaults: an adapter whose records do not say its prompt and tools gets no card
+until they are given. Only what serving needs is uploaded (an allow-list: never checkpoints, optimizer state or
+`training_args.bin`, which holds every training argument). The token is read from an environment variable and appears nowhere:
 not in the card, not in a message, even when the server echoes it back.
 """
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import time
 from pathlib import Path
@@ -41,28 +41,42 @@ def hub_base(base: str | None) -> str | None:
     return base if base and not base.startswith(("/", ".")) else None
 
 
-def _training_facts(folder: Path, info: dict) -> dict[str, Any]:
-    summary_path = Path(str(info.get("dataset_dir") or "")) / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    splits = summary.get("splits") or {}
-    return {
-        "prompt": summary.get("student_prompt"), "tools": summary.get("tools"),
-        "train_examples": (splits.get("train") or {}).get("examples"),
-        "train_questions": (splits.get("train") or {}).get("questions"),
-        "validation_examples": (splits.get("validation") or {}).get("examples"),
-    }
+def model_card_problem(folder: str | Path, prompt: str | None = None, tools: list[str] | None = None) -> str | None:
+    """Why no honest card can be written for `folder` (one line), or None. The card tells users which prompt and
+    tools to send; a guessed default would teach them a prompt the adapter never saw."""
+    from distill.merge import trained_prompt
+
+    kind, names, _ = trained_prompt(folder)
+    where = f"{Path(folder) / ADAPTER_INFO}"
+    if prompt and kind and prompt != kind:
+        return f"--student-prompt {prompt} differs from the {kind} recorded in {where}"
+    if tools and names and list(tools) != names:
+        return f"--tools {','.join(tools)} differs from the {','.join(names)} recorded in {where}"
+    missing = [what for what, known in (("student_prompt", kind or prompt), ("tools", names or tools)) if not known]
+    if missing:
+        return (f"{where} does not record {' or '.join(missing)} (the adapter's SFT data is not where it says): "
+                "give them with --student-prompt KIND --tools A,B, as its `distill sft-data` run had them")
+    return None
 
 
-def model_card(folder: str | Path, repo_id: str | None = None) -> str:
-    """The card for `folder`; without a repo_id (training writes it) it serves the local folder."""
+def model_card(folder: str | Path, repo_id: str | None = None, prompt: str | None = None,
+               tools: list[str] | None = None) -> str:
+    """The card for `folder`; without a repo_id (training writes it) it serves the local folder. Refused (one
+    line) where the adapter's records do not say its prompt and tools and they are not given."""
+    from distill.merge import trained_prompt, training_record
+
     folder = Path(folder)
+    if problem := model_card_problem(folder, prompt, tools):
+        raise DistillError(f"push: {problem}")
     where = "planner" if repo_id else str(folder)
     download = f"hf download {repo_id} --local-dir planner\n" if repo_id else ""
-    info = read_json(folder / ADAPTER_INFO) if (folder / ADAPTER_INFO).is_file() else {}
-    facts = _training_facts(folder, info)
+    info = training_record(folder)
+    kind, names, _ = trained_prompt(folder)
     base = hub_base(trained_base(folder))
     shown_base = base or "the base model it was trained on"
-    prompt, tools = facts["prompt"] or "full", facts["tools"] or ["Wikipedia", "LLM", "Calculator"]
+    prompt, tools = kind or prompt, names or list(tools or [])
+    teacher = info.get("teacher") if isinstance(info.get("teacher"), dict) else {}
+    datasets = info.get("datasets") if isinstance(info.get("datasets"), dict) else {}
 
     def value(x: Any, digits: int = 4) -> str:
         return "unknown" if x is None else f"{x:.{digits}f}" if isinstance(x, float) else str(x)
@@ -74,10 +88,15 @@ def model_card(folder: str | Path, repo_id: str | None = None) -> str:
         ("optimiser steps", value(info.get("global_step"))),
         ("effective batch", value(info.get("effective_batch_size"))),
         ("max length (tokens)", value(info.get("max_length"))),
-        ("training examples (questions)", f"{value(facts['train_examples'])} ({value(facts['train_questions'])})"),
-        ("validation examples", value(facts["validation_examples"])),
+        ("training examples (questions)", f"{value(info.get('train_examples'))} ({value(info.get('train_questions'))})"),
+        ("validation examples", value(info.get("validation_examples"))),
         ("final train / validation loss", f"{value(info.get('final_train_loss'))} / {value(info.get('final_eval_loss'))}"),
         ("planner prompt, tools", f"`{prompt}`, {', '.join(tools)}"),
+        ("teacher (its prompt)", f"{', '.join(teacher.get('models') or []) or 'unknown'} "
+                                 f"({value(teacher.get('prompt'))})"),
+        ("datasets (train / validation examples)",
+         "; ".join(f"{d} ({c.get('train')} / {c.get('validation')})" for d, c in datasets.items()) or "unknown"),
+        ("distill version", value(info.get("code_version"))),
     ]
     front = ["---"] + ([f"base_model: {base}"] if base else []) + [
         "library_name: peft", "pipeline_tag: text-generation",
@@ -131,14 +150,16 @@ LoRA SFT with TRL on plans a teacher wrote and the Worker verified (the filtered
 """
 
 
-def write_model_card(folder: str | Path, repo_id: str | None = None) -> Path:
+def write_model_card(folder: str | Path, repo_id: str | None = None, prompt: str | None = None,
+                     tools: list[str] | None = None) -> Path:
     path = Path(folder) / CARD
-    path.write_text(model_card(folder, repo_id))
+    path.write_text(model_card(folder, repo_id, prompt, tools))
     return path
 
 
 def push(folder: str | Path, repo_id: str, *, token_env: str = "HF_TOKEN", private: bool = False,
-         endpoint: str | None = None, timeout_s: float = 60.0, retries: int = 3, dry_run: bool = False) -> dict:
+         endpoint: str | None = None, timeout_s: float = 60.0, retries: int = 3, dry_run: bool = False,
+         prompt: str | None = None, tools: list[str] | None = None) -> dict:
     """Write the card, then upload the allow-listed files as one commit; a failure is one line, token masked.
     Creating the repository and committing the same files again are idempotent, so a failed try is retried."""
     folder = Path(folder)
@@ -148,7 +169,7 @@ def push(folder: str | Path, repo_id: str, *, token_env: str = "HF_TOKEN", priva
         raise DistillError(f"{folder} is not an adapter folder (adapter_config.json + adapter_model.safetensors)")
     if "/" not in repo_id or repo_id.count("/") > 1 or not all(repo_id.split("/")):
         raise DistillError(f"--repo-id must be owner/name, not {repo_id!r}")
-    write_model_card(folder, repo_id)
+    write_model_card(folder, repo_id, prompt, tools)
     files = [name for name in UPLOAD if (folder / name).is_file()]
     if dry_run:
         return {"repo_id": repo_id, "files": files, "uploaded": False}
@@ -191,11 +212,17 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding the token")
     parser.add_argument("--timeout-s", type=float, default=60.0, help="seconds per HTTP request (default 60)")
     parser.add_argument("--dry-run", action="store_true", help="write the card and list the files; upload nothing")
+    parser.add_argument("--student-prompt", choices=["fewshot", "full", "compact"],
+                        help="the planner prompt it was trained on, for an adapter whose records do not say")
+    parser.add_argument("--tools", help="comma-separated tools it was trained on, for an adapter whose records do not say")
 
 
 def main(args: argparse.Namespace) -> int:
+    from distill.tools.registry import tool_descriptions
+
     done = push(args.adapter, args.repo_id, token_env=args.token_env, private=args.private,
-                timeout_s=args.timeout_s, dry_run=args.dry_run)
+                timeout_s=args.timeout_s, dry_run=args.dry_run, prompt=args.student_prompt,
+                tools=list(tool_descriptions(t.strip() for t in args.tools.split(",") if t.strip())) if args.tools else None)
     print(f"model card: {Path(args.adapter) / CARD}")
     print(("uploaded to " if done["uploaded"] else "would upload to ") + f"{done['repo_id']}: {', '.join(done['files'])}")
     return 0

@@ -148,6 +148,12 @@ def plan_valid_of(rec: dict) -> dict | None:
     return {"valid": float(bool((rec.get("plan") or {}).get("valid")))} if rec["kind"] == "rewoo" else None
 
 
+def judge_of(rec: dict) -> dict | None:
+    """The judge's verdict on a record (1.0 right, 0.0 wrong); None where no judge ran or its reply did not parse."""
+    verdict_ = (rec.get("scores") or {}).get("judge")
+    return {"accuracy": float(verdict_)} if isinstance(verdict_, bool) else None
+
+
 def too_many_steps(rec: dict) -> bool:
     return any(e.get("code") == "too_many_steps" for e in (rec.get("plan") or {}).get("errors") or [])
 
@@ -282,12 +288,13 @@ def _paired_on(records: list[dict], reference: list[dict], measure: Callable[[di
 def paired_vs_reference(records: list[dict], reference: list[dict], samples: int = 1000, seed: int = 0) -> dict | None:
     """method - reference: EM and F1 (`n`, `em`, `f1`) over the questions both answered; evidence recall and
     the all-gold-pages rate (`evidence`) over those both have gold pages for; steps per plan (`plan_steps`)
-    and the share of valid plans (`plan_valid`) when both are ReWOO planners. None when they share no question
-    with any of these."""
+    and the share of valid plans (`plan_valid`) when both are ReWOO planners; the judge's accuracy (`judge`)
+    where a judge ran on both. None when they share no question with any of these."""
     out: dict[str, Any] = _paired_on(records, reference, rescore, ("em", "f1"), samples, seed) or {}
     for key, measure, metrics in (("evidence", recall_of, ("recall", "all")),
                                   ("plan_steps", plan_steps_of, ("steps",)),
-                                  ("plan_valid", plan_valid_of, ("valid",))):
+                                  ("plan_valid", plan_valid_of, ("valid",)),
+                                  ("judge", judge_of, ("accuracy",))):
         if found := _paired_on(records, reference, measure, metrics, samples, seed):
             out[key] = found
     return out or None
@@ -424,10 +431,17 @@ def question_scores(rec: dict) -> dict:
 
 
 def _outcomes(by_method: dict[str, list[dict]], reference: str) -> dict[str, dict[str, list]]:
-    """Per method other than the reference: the questions it wins and loses against the reference."""
+    """Per method other than the reference: the questions it wins and loses against the reference. A question
+    whose plan is invalid is never a win, whatever the Solver made of it: the student did not plan it."""
     ref = {_key(r): question_scores(r) for r in by_method[reference]}
-    return {m: question_outcomes({_key(r): question_scores(r) for r in recs}, ref)
-            for m, recs in by_method.items() if m != reference}
+    out = {}
+    for m, recs in by_method.items():
+        if m == reference:
+            continue
+        found = question_outcomes({_key(r): question_scores(r) for r in recs}, ref)
+        invalid = {_key(r) for r in recs if (r.get("plan") or {}).get("valid") is False}
+        out[m] = found | {"better": [k for k in found["better"] if tuple(k) not in invalid]}
+    return out
 
 
 def _load(output_dir: str | Path) -> tuple[dict, dict[str, list[dict]]]:
@@ -820,7 +834,7 @@ def _provenance_lines(results: dict) -> list[str]:
     students = p.get("students") or {}
     if not students:
         return lines + ["Students: unknown (no pipeline run folder with sft-data/ and train/ around this "
-                        "evaluation).", ""]
+                        "evaluation, and no served adapter folder with distill's record).", ""]
     loss = results["plots"].get("loss")
     return lines + _table(
         ["student", "base model", "LoRA r", "alpha", "steps", "train examples", "validation examples", "prompt",
@@ -945,8 +959,9 @@ def improved_training(student: Mapping[str, Any] | None, improve: Mapping[str, A
 
 def write_report(eval_dir: str | Path, out_dir: str | Path | None = None, intro: str | None = None) -> dict:
     """Recompute results from `<eval_dir>`'s records; write results.json, report.md, the plots and report.html
-    (the per-question viewer) to `out_dir` (default: `eval_dir`), both opening with `intro` (a name in INTROS)
-    when given. Returns the results; the intro is not one of them, so `recompute` still equals them."""
+    (report.md's text, then the per-question viewer) to `out_dir` (default: `eval_dir`), both opening with
+    `intro` (a name in INTROS) when given. Returns the results; the intro is not one of them, so `recompute` still
+    equals them."""
     out = Path(out_dir if out_dir is not None else eval_dir)
     if intro is not None:
         validate(ReportConfig, {"intro": intro}, "report")
@@ -956,7 +971,8 @@ def write_report(eval_dir: str | Path, out_dir: str | Path | None = None, intro:
         make_plots(results, by_method, tmp)
         write_json(tmp / "results.json", results)
         (tmp / "report.md").write_text(markdown, encoding="utf-8")
-        write_viewer(tmp / VIEWER, results, by_method, question_scores, INTROS[intro] if intro else None)
+        write_viewer(tmp / VIEWER, results, by_method, question_scores, markdown,  # the same text, as HTML
+                     INTROS[intro] if intro else None)
     return results
 
 

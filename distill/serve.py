@@ -690,10 +690,25 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def trained_lines(cfg: ServeConfig) -> list[str]:
+    """What each served adapter must be sent, from its own record: a client that sends another prompt kind or
+    tool list asks the student a prompt it never saw (eval and improve refuse that; a hand-written client is told
+    here)."""
+    from distill.merge import trained_prompt
+
+    lines = []
+    for name, folder in cfg.adapters.items():
+        kind, tools, _ = trained_prompt(folder)
+        lines.append(f"{name}: send planner_prompt {kind} with tools {','.join(tools)} (as it was trained)"
+                     if kind and tools else f"{name}: its record does not say which prompt and tools it was trained on")
+    return lines
+
+
 def _announce(server: VLLMServer) -> None:
     lines = [f"vLLM is ready (pid {server.pid})", f"base_url: {server.base_url}", f"model: {server.model_name}"]
     if len(server.cfg.adapters) > 1:
         lines.append(f"LoRA modules: {', '.join(server.cfg.adapters)}")
+    lines += trained_lines(server.cfg)
     lines.append("use it as the planner: --set planner.backend=openai "
                  f"--set planner.base_url={server.base_url} --set planner.model={server.model_name}")
     if server.cfg.host in WILDCARD_HOSTS:
@@ -706,6 +721,7 @@ def main(args: argparse.Namespace) -> int:
     if args.dry_run:
         argv, env = build_command(cfg.model_copy(update={"port": cfg.port or 8000}), platform_of(cfg))
         print(format_command(argv, env))
+        print("\n".join(trained_lines(cfg)))
         return 0
     server = VLLMServer(cfg, log_path=cfg.log_file, echo=True)
     previous = signal.signal(signal.SIGTERM, _interrupt)

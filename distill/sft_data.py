@@ -11,6 +11,7 @@ validation loss measures planning for unseen questions rather than recall of a s
 from __future__ import annotations
 
 import argparse
+import sys
 import random
 import statistics
 from collections import Counter
@@ -24,9 +25,11 @@ from distill.data import normalize_question
 from distill.errors import DistillError
 from distill.filter import KeptRecord
 from distill.rewoo.plan import parse_plan, render_plan
-from distill.rewoo.prompts import PromptKind, planner_messages
+from distill import code_version
+from distill.rewoo.prompts import PromptKind, planner_messages, prompt_kind_of
 from distill.store import describe, read_jsonl, replace_folder, write_json, write_jsonl
 from distill.tools.registry import DEFAULT_TOOLS, tool_descriptions
+from distill.verdict import small_training_set
 
 PREVIEW_ROWS = 20
 
@@ -248,6 +251,28 @@ def load_tokenizer(name: str | None):
         raise DistillError(f"cannot load tokenizer {name!r}: {str(exc).splitlines()[0]}") from None
 
 
+def teacher_of(records: Sequence[Mapping[str, Any]]) -> dict:
+    """Who wrote the plans and from which prompt, as the records themselves say (each keeps its planner call's
+    model and messages): the adapter trained on this data copies it, so its card and the report name the teacher
+    wherever the adapter goes."""
+    models, kinds = Counter(), Counter()
+    for record in records:
+        call = record.get("planner") or {}
+        models[str(call.get("model") or "unknown")] += 1
+        kinds[prompt_kind_of(call.get("messages") or []) or "unknown"] += 1
+    return {"models": sorted(models), "prompt": "/".join(sorted(kinds)) if kinds else None}
+
+
+def datasets_of(train: Sequence[Mapping[str, Any]], val: Sequence[Mapping[str, Any]]) -> dict:
+    """{dataset: {split: examples}}: which source questions the student saw, and which were held out."""
+    out: dict[str, dict[str, int]] = {}
+    for split, rows in (("train", train), ("validation", val)):
+        for row in rows:
+            counts = out.setdefault(str(row.get("dataset") or "unknown"), {"train": 0, "validation": 0})
+            counts[split] += 1
+    return dict(sorted(out.items()))
+
+
 def build_sft_data(cfg: SftDataConfig) -> dict:
     """Read kept records, write `save_to_disk(out)`, `preview.jsonl` and `summary.json`; return the summary."""
     if not cfg.kept or not cfg.out:
@@ -262,7 +287,8 @@ def build_sft_data(cfg: SftDataConfig) -> dict:
     train, val = split_by_question(examples, cfg.val_fraction, cfg.seed)
     dataset_dict = to_dataset_dict(train, val)
     summary = summarize(dataset_dict, counts, load_tokenizer(cfg.tokenizer), cfg.tokenizer or "none")
-    summary |= {"source": cfg.kept, "tools": list(tools)}
+    summary |= {"source": cfg.kept, "tools": list(tools), "tool_descriptions": tools,
+                "teacher": teacher_of(records), "datasets": datasets_of(train, val), "code_version": code_version()}
     summary |= cfg.model_dump(include={"student_prompt", "val_fraction", "seed"})
     # Written beside `out` and renamed into place: a full disk keeps the old dataset whole.
     with replace_folder(cfg.out, marker="dataset_dict.json") as tmp:
@@ -292,6 +318,9 @@ def main(args: argparse.Namespace) -> int:
     flags = {k: v for k, v in vars(args).items() if k in SftDataConfig.model_fields and v is not None}
     data = (read_yaml(args.config) if args.config else {}) | flags
     cfg = validate(SftDataConfig, data | parse_overrides(args.set), args.config or "sft-data")
-    print(format_summary(build_sft_data(cfg)))
+    summary = build_sft_data(cfg)
+    print(format_summary(summary))
+    if warning := small_training_set(summary["splits"]["train"]["examples"]):
+        print(f"WARNING: {warning}", file=sys.stderr)
     print(f"wrote {cfg.out} (save_to_disk), {cfg.out}/preview.jsonl, {cfg.out}/summary.json")
     return 0

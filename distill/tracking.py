@@ -16,13 +16,33 @@ import importlib.util
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Annotated, Iterator, Literal
+
+from pydantic import BeforeValidator
 
 from distill.errors import DistillError
 
 Integration = Literal["tensorboard", "wandb", "none"]
-# the module each tracker needs, and the pip package that provides it
-PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
+# Every `report_to` integration training (transformers' Trainer under TRL) supports: the module it imports, and
+# the pip package that provides it. What `--check` and every stage ask of a named tracker.
+INTEGRATIONS: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow"),
+    "comet_ml": ("comet_ml", "comet-ml"), "trackio": ("trackio", "trackio"), "neptune": ("neptune", "neptune"),
+    "clearml": ("clearml", "clearml"), "dvclive": ("dvclive", "dvclive"), "azure_ml": ("azureml", "azureml-core"),
+    "codecarbon": ("codecarbon", "codecarbon"), "dagshub": ("dagshub", "dagshub"), "flyte": ("flytekit", "flytekit"),
+    "swanlab": ("swanlab", "swanlab"),
+}
+# the trackers generation and evaluation send their progress figures to (a subset of training's)
+PACKAGES = {name: INTEGRATIONS[name] for name in ("tensorboard", "wandb")}
+
+
+def _as_list(value):
+    """`report_to: wandb` and `--set report_to=wandb` mean the one-item list, as TRL reads them."""
+    return [value] if isinstance(value, str) else value
+
+
+# `report_to` of generate and eval: a list (a single name is accepted), spelled as training's
+ReportTo = Annotated[list[Integration], BeforeValidator(_as_list)]
 # the running figures logged (RunningStats.summary keys with a number)
 FIGURES = ("records", "em", "f1", "valid_plan_rate", "evidence_recall", "tokens", "cost_usd", "errors")
 
@@ -35,8 +55,8 @@ def trackers(report_to: list[str]) -> list[str]:
 def require(report_to: list[str], setting: str = "report_to") -> None:
     """Refuse a tracker whose package is missing before any work (training's other integrations, e.g.
     mlflow, are checked by their module's name)."""
-    for name in trackers(report_to):
-        module, package = PACKAGES.get(name, (name, name))
+    for name in trackers(_as_list(report_to)):
+        module, package = INTEGRATIONS.get(name, (name, name))
         if importlib.util.find_spec(module) is None:
             raise DistillError(f"{setting}: {name} needs the package {module!r} (pip install {package})")
 

@@ -30,7 +30,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from distill.config import add_config_args as configure_parser
+from distill.config import add_config_args
 from distill.config import load_config
 from distill.errors import DistillError
 from distill.merge import ADAPTER_INFO
@@ -145,8 +145,15 @@ def parse_train_config(data: dict, argv: list[str] | None = None, processes: int
     parser = _parser()
     unknown = parser.set_defaults_with_config(**(DEFAULTS | dynamic | given))
     if unknown:
-        _fail(f"unknown key(s) {', '.join(u[2:] for u in unknown[::2])} (keys are SFTConfig, ModelConfig and "
-              "DistillArguments fields: see docs/TRAINING.md)")
+        from trl import ModelConfig
+
+        from distill.config import suggestion
+
+        names = [u[2:] for u in unknown[::2]]
+        known = [f.name for cls in (DistillArguments, SFTConfig, ModelConfig) for f in dataclasses.fields(cls)]
+        hints = "".join(suggestion(n, known).replace("; did you mean", f"; {n}: did you mean") for n in names)
+        _fail(f"unknown key(s) {', '.join(names)}{hints} (keys are SFTConfig, ModelConfig and DistillArguments "
+              "fields: see docs/TRAINING.md)")
     check_bounds(given)
     try:
         distill, sft, model = parser.parse_args_into_dataclasses(args=list(argv or []))
@@ -437,6 +444,45 @@ def tracking_env(report_to: list[str], output_dir: str, env: Mapping[str, str]) 
     return {}
 
 
+def progress_callback(lines: int = 20):
+    """A TrainerCallback that logs `step i/n (p%), s/step, ETA, last loss` about `lines` times a run: off a
+    terminal (a log file, a pipeline's stage log, a batch job) transformers' tqdm bar is off, and hours of
+    training would print nothing between evaluations."""
+    from transformers import TrainerCallback
+
+    class ProgressLog(TrainerCallback):
+        def __init__(self):
+            self.started: tuple[float, int] | None = None
+            self.loss: float | None = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.started = (time.monotonic(), state.global_step)  # a resumed run counts from its checkpoint
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                self.loss = logs["loss"]
+
+        def on_step_end(self, args, state, control, **kwargs):
+            total, step = state.max_steps, state.global_step
+            every = max(1, total // lines)
+            if not state.is_world_process_zero or (step % every and step != total) or self.started is None:
+                return
+            t0, first = self.started
+            per_step = (time.monotonic() - t0) / max(step - first, 1)
+            eta = per_step * (total - step)
+            loss = f", last logged loss {self.loss:.4f}" if self.loss is not None else ""
+            log.info("step %d/%d (%d%%), %.2f s/step, ETA %s%s", step, total, 100 * step // max(total, 1),
+                     per_step, _duration(eta), loss)
+
+    return ProgressLog()
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
+        f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
 def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: bool = False):
     """The SFTTrainer exactly as training uses it (tests take their batches from it)."""
     from transformers import AutoTokenizer
@@ -466,6 +512,10 @@ def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: boo
         raise DistillError(f"{cfg.model.model_name_or_path}: the tokenizer has no chat template; the planner prompt "
                            "is a chat")
     check_prompt_lengths({"train": train, "validation": val}, tokenizer, args.max_length, cfg.distill.dataset_dir)
+    from distill.verdict import small_training_set
+
+    if not cfg.distill.init_adapter and (warning := small_training_set(len(train))):  # improve's rounds are small
+        log.warning("%s: %s", cfg.distill.dataset_dir, warning)
     log.info(
         "effective batch %d = per-device %d x accumulation %d x %d process(es); %d train / %d validation examples",
         cfg.distill.global_batch_size, args.per_device_train_batch_size, args.gradient_accumulation_steps,
@@ -475,6 +525,8 @@ def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: boo
         model, peft_config = path, get_peft_config(cfg.model)
         if cfg.distill.init_adapter and not resuming:  # a resumed run's checkpoint already holds the adapter
             model, peft_config = continued_adapter(cfg, path), None
+        if args.disable_tqdm:  # off a terminal: a progress line in the log instead of an invisible bar
+            callbacks = [*(callbacks or []), progress_callback()]
         return SFTTrainer(
             model=model, args=args, train_dataset=train, eval_dataset=val, processing_class=tokenizer,
             peft_config=peft_config, callbacks=callbacks,
@@ -547,12 +599,40 @@ def write_outputs(trainer, cfg: TrainConfig, started: float) -> dict:
         "final_train_loss": history["train"][-1]["loss"] if history["train"] else None,
         "final_eval_loss": history["eval"][-1]["eval_loss"] if history["eval"] else None,
         "wall_s": round(time.time() - started, 1), **derived,
-    }
+    } | trained_on(cfg.distill.dataset_dir, len(trainer.train_dataset),
+                   len(trainer.eval_dataset) if trainer.eval_dataset is not None else 0)
     write_json(out / ADAPTER_INFO, info)
-    from distill.push import write_model_card
+    from distill.push import model_card_problem, write_model_card
 
-    write_model_card(out)  # in place of TRL's card, which names no loadable base and ignores the planner prompt
+    if problem := model_card_problem(out):
+        log.warning("no model card written: %s", problem)
+    else:
+        write_model_card(out)  # in place of TRL's card, which names no loadable base and ignores the planner prompt
     return info
+
+
+def trained_on(dataset_dir: str, train_examples: int, validation_examples: int) -> dict:
+    """What the adapter learnt from, copied from its SFT data's summary.json into distill_adapter.json: the
+    dataset folder is named by a path that means nothing once the adapter is moved or pushed, and push, serve,
+    improve, eval and the report must know the prompt and tools it was trained on without it. The counts are
+    the rows training read."""
+    from distill import code_version
+    from distill.provenance import read_json as read_optional
+
+    summary = read_optional(Path(dataset_dir) / "summary.json") or {}
+    splits = summary.get("splits") if isinstance(summary.get("splits"), dict) else {}
+    tools = summary.get("tool_descriptions") or summary.get("tools")
+    if not summary:
+        log.warning("%s has no summary.json (not written by `distill sft-data`): the adapter will not record the "
+                    "prompt and tools it is trained on, and push will refuse to write its card", dataset_dir)
+    return {
+        "format_version": 2, "student_prompt": summary.get("student_prompt"), "tools": tools,
+        "train_examples": train_examples, "train_questions": (splits.get("train") or {}).get("questions"),
+        "validation_examples": validation_examples,
+        "teacher": summary.get("teacher"), "datasets": summary.get("datasets"),
+        "sft_data": {k: summary.get(k) for k in ("source", "val_fraction", "seed", "code_version")} if summary else None,
+        "code_version": code_version(),
+    }
 
 
 def train(cfg: TrainConfig, callbacks: list | None = None) -> dict:
@@ -579,8 +659,55 @@ def train(cfg: TrainConfig, callbacks: list | None = None) -> dict:
     return info
 
 
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    from distill.check import add_check_args
+
+    add_config_args(parser)
+    add_check_args(parser)
+
+
+def check_run(cfg: TrainConfig, check, config_path: str | Path, where: str = "train") -> None:
+    """`train --check`: the parsed config, the command a pipeline would launch, and what training would fail on
+    after loading the model: its data, its trackers (`report_to`), GPUs for a config sized for them, the disk."""
+    from distill.check import gpu_count, show_config
+    from distill.verdict import small_training_set
+
+    show_config(f"{where}: resolved config", without_secrets(cfg.resolved)[0])
+    gpus = gpu_count()
+    try:
+        print(f"{where} would run: {shlex.join(launch_command(config_path, cfg, gpus))}")
+    except DistillError as exc:
+        check.problem(f"{where}: {exc}")
+    check.report_to(cfg.sft.report_to, where)
+    wants = next((f"{where}.{k}: true" for k in ("bf16", "fp16", "load_in_4bit", "load_in_8bit")
+                  if getattr(cfg.sft, k, None) or getattr(cfg.model, k, None)), None)
+    check.gpus(where, wants, gpus, "training")
+    summary = Path(cfg.distill.dataset_dir) / "summary.json"
+    if not (Path(cfg.distill.dataset_dir) / "dataset_dict.json").is_file():
+        check.problem(f"{where}.dataset_dir: {cfg.distill.dataset_dir} is not a dataset folder (run `distill sft-data`)")
+    elif not summary.is_file():
+        check.problem(f"{where}.dataset_dir: {summary} is missing: the adapter could not record the prompt and tools "
+                      "it is trained on (make the data with `distill sft-data`)")
+    else:
+        from distill.provenance import read_json as read_optional
+
+        splits = (read_optional(summary) or {}).get("splits") or {}
+        examples = (splits.get("train") or {}).get("examples")
+        if isinstance(examples, int) and (warning := small_training_set(examples)):
+            print(f"{where}: WARNING: {warning}")
+    if cfg.sft.use_liger_kernel and importlib.util.find_spec("liger_kernel") is None:
+        check.problem(f"{where}.use_liger_kernel: liger_kernel is not installed (pip install liger-kernel)")
+    check.disk(cfg.sft.output_dir)
+
+
 def main(args: argparse.Namespace, rest: list[str] | None = None) -> int:
+    from distill.check import Check, wants_check
+
     cfg = load_train_config(args.config, args.set, rest)
+    if wants_check(args):
+        check = Check(args.offline)
+        check_run(cfg, check, args.config)
+        return check.finish()
     info = train(cfg)
     if info:
         print(json.dumps({k: info[k] for k in ("global_step", "final_train_loss", "final_eval_loss", "wall_s")}))

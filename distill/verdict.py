@@ -17,10 +17,22 @@ MEASURES = (
     ("plan valid", "plan_valid", "valid"),
     ("EM", None, "em"),
     ("F1", None, "f1"),
+    ("judge accuracy", "judge", "accuracy"),  # only where a judge ran (eval's `judge`)
 )
+OPTIONAL = {"judge"}  # groups a comparison has only where they were measured
 # Below this many training examples a LoRA adapter learns the plan format at best: whatever the evaluation
 # shows says little about distilling the teacher's planning.
 MIN_TRAIN_EXAMPLES = 100
+
+
+def small_training_set(examples: int) -> str | None:
+    """The loud line sft-data and train print below MIN_TRAIN_EXAMPLES (the verdict says the same of the
+    result): hours of training on a handful of examples teach the format, not the teacher's planning."""
+    if examples >= MIN_TRAIN_EXAMPLES:
+        return None
+    return (f"only {examples} training example{'s' if examples != 1 else ''} (fewer than {MIN_TRAIN_EXAMPLES}): "
+            "the student can learn the plan format at best, and an evaluation will say little about distillation; "
+            "generate more questions or samples")
 
 
 def reading(diff: Mapping[str, float] | None, n: int) -> str | None:
@@ -65,6 +77,8 @@ def read_measures(paired: Mapping[str, Any]) -> dict[str, dict]:
     """{measure label: {n, diff, reading}} from one paired comparison (`paired_vs_reference`'s shape)."""
     measures = {}
     for label, group, metric in MEASURES:
+        if group in OPTIONAL and group not in paired:
+            continue
         source = paired if group is None else paired.get(group) or {}
         diff = source.get(metric) if "n" in source else None
         n = source.get("n", 0)
@@ -93,7 +107,7 @@ def verdict(results: Mapping[str, Any], students: Mapping[str, str | None] | Non
         examples = (row_training.get(m) or training.get(student) or {}).get("train_examples") if student else None
         warnings = []
         if examples is None:
-            warnings.append("training set size unknown (no sft-data summary beside this evaluation)")
+            warnings.append("training set size unknown (neither the served adapter's record nor an sft-data summary beside this evaluation says it)")
         elif examples < MIN_TRAIN_EXAMPLES:
             warnings.append(f"trained on {examples} example{'s' if examples != 1 else ''} (fewer than "
                             f"{MIN_TRAIN_EXAMPLES}): too few for this comparison to say anything about distillation")

@@ -1,4 +1,5 @@
-"""report.html: every question's plans side by side, in one file that opens anywhere.
+"""report.html: the report (verdict, provenance, tables: report.md's own text) and then every question's plans side
+by side, in one file that opens anywhere.
 
 A table of numbers cannot show why a student lost a question; its plan can (a step such as
 `Wikipedia[LLM[Lemoine] Wozniak]` is plain at a glance). The page is self-contained (inline CSS and script, the
@@ -83,6 +84,88 @@ def viewer_data(results: Mapping[str, Any], by_method: Mapping[str, list[dict]],
             "outcomes": outcomes, "questions": [questions[k] for k in sorted(questions)]}
 
 
+_INLINE = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]*)\)|`([^`]+)`|\*\*(.+?)\*\*|\*([^*\s][^*]*)\*")
+
+
+def _href(url: str) -> str | None:
+    """A link the page may follow: relative (a plot, report.html#q=...) or http(s); nothing else (javascript:)."""
+    scheme = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*):", url)
+    return url if scheme is None or scheme.group(1).lower() in ("http", "https") else None
+
+
+def _inline(text: str) -> str:
+    """Links, images, code, bold and emphasis of one line of report.md; every other character escaped."""
+    out, at = [], 0
+    for m in _INLINE.finditer(text):
+        out.append(html.escape(text[at:m.start()]))
+        at = m.end()
+        bang, label, url, code, bold, em = m.groups()
+        if url is not None or label is not None:
+            href = _href(url or "")
+            if href is None:
+                out.append(html.escape(m.group(0)))
+            elif bang:
+                out.append(f'<img src="{html.escape(href)}" alt="{html.escape(label)}">')
+            else:
+                out.append(f'<a href="{html.escape(href)}">{_inline(label)}</a>')
+        elif code is not None:
+            out.append(f"<code>{html.escape(code)}</code>")
+        elif bold is not None:
+            out.append(f"<strong>{_inline(bold)}</strong>")
+        else:
+            out.append(f"<em>{_inline(em)}</em>")
+    return "".join(out) + html.escape(text[at:])
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def markdown_html(text: str) -> str:
+    """report.md as HTML, for the top of report.html: the one text the report writes, shown twice, never written
+    twice. Only what report.md uses (headings, paragraphs, lists, quotes, tables, links, images, code, bold and
+    emphasis); the strings in it come from models and datasets, so each is escaped."""
+    out: list[str] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if not line.strip():
+            i += 1
+        elif heading := re.match(r"^(#{1,4}) (.*)$", line):
+            level = len(heading.group(1))
+            out.append(f"<h{level}>{_inline(heading.group(2))}</h{level}>")
+            i += 1
+        elif line.startswith("|"):
+            rows = []
+            while i < len(lines) and lines[i].startswith("|"):
+                rows.append(_cells(lines[i]))
+                i += 1
+            body = [r for r in rows[1:] if not all(re.fullmatch(r":?-+:?", c) for c in r)]
+            head = "".join(f"<th>{_inline(c)}</th>" for c in rows[0])
+            cells = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in body)
+            out.append(f"<table class=\"report\"><thead><tr>{head}</tr></thead><tbody>{cells}</tbody></table>")
+        elif line.startswith("- "):
+            items = []
+            while i < len(lines) and lines[i].startswith("- "):
+                items.append(f"<li>{_inline(lines[i][2:])}</li>")
+                i += 1
+            out.append("<ul>" + "".join(items) + "</ul>")
+        elif line.startswith(">"):
+            quoted = []
+            while i < len(lines) and lines[i].startswith(">"):
+                quoted.append(_inline(lines[i].lstrip(">").strip()))
+                i += 1
+            out.append("<blockquote>" + "<br>".join(quoted) + "</blockquote>")
+        else:
+            para = []
+            while i < len(lines) and lines[i].strip() and not re.match(r"^(#{1,4} |\||- |>)", lines[i]):
+                para.append(_inline(lines[i]))
+                i += 1
+            out.append("<p>" + "\n".join(para) + "</p>")
+    return "\n".join(out)
+
+
 def _finite(value: Any) -> Any:
     """NaN and infinities as null: the browser's JSON.parse rejects them, and the page would show nothing."""
     if isinstance(value, float):
@@ -100,29 +183,27 @@ def embed(data: Any) -> str:
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
-def intro_html(markdown: str) -> str:
-    """The report's intro (paragraphs of text with `code` and **bold** only) as HTML paragraphs."""
-    def inline(text: str) -> str:
-        text = html.escape(text, quote=False)
-        text = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", text)
-        return re.sub(r"`(.+?)`", r"<code>\1</code>", text)
-    return "\n".join(f'<p class="intro">{inline(p.strip())}</p>' for p in markdown.split("\n\n") if p.strip())
-
-
-def render(data: Mapping[str, Any], intro: str | None = None) -> str:
-    # the intro first: the data's JSON may hold any text, the placeholder included
-    return PAGE.replace("__INTRO__", intro_html(intro) if intro else "").replace("__DATA__", embed(data))
+def render(data: Mapping[str, Any], report: str = "", intro: str | None = None) -> str:
+    """The page: `report` (report.md's text) first, as HTML, then the viewer over `data`. `intro`: the part of
+    the report that is its intro, whose paragraphs are marked as such."""
+    body = markdown_html(report)
+    for block in markdown_html(intro or "").split("\n"):
+        if block.startswith("<p>"):
+            body = body.replace(block, '<p class="intro">' + block[3:], 1)
+    head, rest = PAGE.split("__REPORT__")  # split, not replaced in turn: a model's text may hold either marker
+    middle, tail = rest.split("__DATA__")
+    return head + body + middle + embed(data) + tail
 
 
 def write_viewer(path: str | Path, results: Mapping[str, Any], by_method: Mapping[str, list[dict]],
-                 scores: Callable[[dict], Mapping[str, Any]], intro: str | None = None) -> None:
-    Path(path).write_text(render(viewer_data(results, by_method, scores), intro), encoding="utf-8")
+                 scores: Callable[[dict], Mapping[str, Any]], report: str = "", intro: str | None = None) -> None:
+    Path(path).write_text(render(viewer_data(results, by_method, scores), report, intro), encoding="utf-8")
 
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>distill: questions side by side</title>
+<title>distill: evaluation report</title>
 <style>
 body { font: 14px/1.4 system-ui, sans-serif; margin: 1rem 1.5rem; color: #222; background: #fff; }
 h1 { font-size: 1.3rem; margin: 0 0 .5rem; }
@@ -151,10 +232,15 @@ pre { white-space: pre-wrap; word-break: break-word; margin: .2rem 0; font-size:
 .invalid { color: #c30; } .err { color: #c30; font-size: 12px; }
 .muted { color: #777; }
 .intro { max-width: 60rem; }
+#report { max-width: 72rem; margin-bottom: 2rem; } #report table { width: auto; margin: .5rem 0 1rem; }
+#report th { position: static; } #report img { max-width: 100%; } #report h2 { margin-top: 1.5rem; }
+#report blockquote { border-left: 4px solid #c30; margin: .5rem 0; padding: .3rem .8rem; background: #fff4f0; }
 </style></head>
 <body>
-<h1>Questions side by side</h1>
-__INTRO__
+<section id="report">
+__REPORT__
+</section>
+<h2 id="viewer">Questions side by side</h2>
 <p class="muted" id="summary"></p>
 <div id="filters">
   <label>method <select id="f-method"><option value="">all</option></select></label>

@@ -119,13 +119,71 @@ def test_pipeline_check_finds_a_missing_report_to_integration_and_writes_nothing
     assert not (tmp_path / "run").exists()
 
 
-def test_an_integration_is_checked_by_the_module_it_imports():
-    """wandb's absence, or tensorboard's, as the check sees it: by the module name it would import."""
+def test_an_integration_is_checked_by_the_module_it_imports(monkeypatch):
+    """wandb's absence, or tensorboard's, as the check sees it: by the module name it would import; a single
+    name is the one-item list, as TRL reads it."""
+    from distill.tracking import INTEGRATIONS
+
     check = Check()
-    check.report_to(["none", "tensorboard"], "train", modules={"tensorboard": "tensorboard"})
+    check.report_to(["none", "tensorboard"], "train")
     assert check.problems == [] and importable("tensorboard")
-    check.report_to(["wandb"], "train", modules={"wandb": "wandb_not_installed_here"})
-    assert check.problems == ["train.report_to: wandb is not installed (pip install wandb)"]
+    monkeypatch.setitem(INTEGRATIONS, "wandb", ("wandb_not_installed_here", "wandb"))
+    check.report_to("wandb", "train")
+    check.report_to(["comet_ml"], "eval")
+    assert check.problems[0] == "train.report_to: wandb is not installed (pip install wandb)"
+    assert check.problems[1:] == [] if importable("comet_ml") else \
+        ["eval.report_to: comet_ml is not installed (pip install comet-ml)"]
+
+
+def test_every_command_that_spends_checks_its_trackers(tmp_path, monkeypatch, capsys):
+    """generate, eval, train and improve --check each find a tracker whose package is not installed (a name TRL
+    knows, its module made absent here), and an estimate above max_cost_usd is a problem line."""
+    from distill.tracking import INTEGRATIONS
+    from test_improve import recorded_adapter
+    from test_sft_data import kept_records, write_kept
+    from distill.sft_data import SftDataConfig, build_sft_data
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setitem(INTEGRATIONS, "wandb", ("wandb_not_installed_here", "wandb"))
+    missing = "report_to: wandb is not installed (pip install wandb)"
+    local = {"backend": "transformers", "model": "smollm2-135m-instruct", "prompt_per_mtok": 0.0,
+             "completion_per_mtok": 1_000_000.0}  # a dollar per completion token
+    path = write_config(tmp_path, n=2, samples=1, planner=local | {"max_tokens": 10}, solver=local | {"max_tokens": 5},
+                        tools=["Calculator"])
+    assert cli.main(["generate", "--check", "--config", str(path), "--set", "report_to=wandb",
+                     "--set", "max_cost_usd=0.05"]) == 2
+    found = problems(capsys.readouterr().err)
+    assert f"problem: generate.{missing}" in found
+    assert "problem: generate: the estimate $30.00 exceeds max_cost_usd $0.05: the run would stop capped, less than " \
+           "1% of the way; raise max_cost_usd or ask fewer questions" in found
+
+    cfg = {"baselines": ["direct"], "solver": {"backend": "transformers", "max_tokens": 16}, "tools": ["Calculator"],
+           "datasets": [{"name": "hotpotqa", "source": str(MINI), "n": 2}], "output_dir": str(tmp_path / "eval"),
+           "report_to": ["wandb"]}
+    (tmp_path / "eval.yaml").write_text(yaml.safe_dump(cfg))
+    assert cli.main(["eval", "--check", "--config", str(tmp_path / "eval.yaml"), "--set", "max_cost_usd=0"]) == 2
+    assert problems(capsys.readouterr().err) == [f"problem: eval.{missing}"]
+
+    sft = tmp_path / "sft"
+    build_sft_data(SftDataConfig(kept=str(write_kept(tmp_path / "kept.jsonl", kept_records())), out=str(sft),
+                                 tokenizer=None))
+    assert cli.main(["train", "--check", "--config", str(ROOT / "configs/smollm2-135m_lora_cpu.yaml"),
+                     "--set", f"dataset_dir={sft}", "--set", f"output_dir={tmp_path / 'adapter'}",
+                     "--set", "report_to=[wandb]"]) == 2
+    out, err = capsys.readouterr()
+    assert problems(err) == [f"problem: train.{missing}"] and "train would run: " in out
+    assert "WARNING: only 10 training examples" in out
+    assert not (tmp_path / "adapter").exists()
+
+    adapter = recorded_adapter(tmp_path / "student")
+    improve = {"adapter": str(adapter), "output_dir": str(tmp_path / "improve"), "planner_prompt": "compact",
+               "tools": ["Wikipedia", "LLM"], "server": {"gpu_memory_utilization": 0.5},
+               "datasets": [{"name": "hotpotqa", "source": str(ROOT / "data/demo/train.jsonl"), "n": 2}],
+               "train": {"report_to": ["wandb"], "global_batch_size": 2, "per_device_train_batch_size": 2}}
+    (tmp_path / "improve.yaml").write_text(yaml.safe_dump(improve))
+    assert cli.main(["improve", "--check", "--offline", "--config", str(tmp_path / "improve.yaml")]) == 2
+    assert f"problem: improve.train.{missing}" in problems(capsys.readouterr().err)
+    assert not (tmp_path / "improve").exists()
 
 
 def test_pipeline_check_sizes_train_config_auto_and_the_launch_by_the_same_gpu_query(tmp_path, monkeypatch, capsys):

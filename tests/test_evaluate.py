@@ -333,6 +333,46 @@ def test_eval_refuses_a_folder_whose_served_adapter_was_retrained(tmp_path, monk
     assert "method.planner.serves.servers" in err
 
 
+def test_eval_refuses_a_prompt_the_served_adapter_was_not_trained_on(tmp_path, monkeypatch, capsys):
+    """The served LoRA module's folder (vLLM's /v1/models root) holds the adapter's own record: a row asking it
+    with another prompt kind or tool list is one line naming both, exit 2, before any record is made."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from distill.tools.registry import tool_descriptions
+    from test_openai_backend import ServedModels, _save_adapter
+
+    monkeypatch.chdir(ROOT)
+    ServedModels.root = str(tmp_path / "adapter")
+    _save_adapter(tmp_path / "adapter", seed=0)
+    (tmp_path / "adapter" / "distill_adapter.json").write_text(json.dumps({
+        "format_version": 2, "student_prompt": "compact", "tools": tool_descriptions(["Wikipedia", "LLM"])}))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ServedModels)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        served = {"backend": "openai", "base_url": url, "model": "planner", "max_retries": 0}
+        out = tmp_path / "eval"
+        cfg = BASE | {"output_dir": str(out), "baselines": [], "tools": ["Wikipedia", "LLM"],
+                      "planners": [{"name": "student", "prompt": "full", "spec": served}]}
+        path = tmp_path / "eval.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        assert cli.main(["eval", "--config", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert "eval planner student asks adapter" in err and "planner prompt full and tools Wikipedia, LLM" in err
+        assert "trained on prompt compact with tools Wikipedia, LLM" in err
+        assert not list(out.glob("records/*.jsonl"))
+
+        path.write_text(yaml.safe_dump(cfg | {"tools": ["Wikipedia", "LLM", "Calculator"],
+                                              "planners": [cfg["planners"][0] | {"prompt": "compact"}]}))
+        assert cli.main(["eval", "--config", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert "planner prompt compact and tools Wikipedia, LLM, Calculator" in err, err
+    finally:
+        server.shutdown()
+
+
 # ----------------------------------------------------------------------------------------- tool failures
 
 

@@ -105,3 +105,13 @@ def test_each_criterion_on_records_built_to_pass_or_fail_it():
     assert report["kept_by_criterion"] == {"answer": 3, "evidence": 3, "answer_and_evidence": 2}
     assert report["evidence_recall"]["input"]["hotpotqa"] == {"n": 4, "recall": (1 + 0.5 + 1 + 0) / 4, "all": 0.5}
     assert "triviaqa" not in report["evidence_recall"]["input"]
+
+
+def test_a_filter_that_keeps_nothing_is_one_line_exit_2_and_keeps_its_report(tmp_path, capsys):
+    inp = tmp_path / "t.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in [rec("1", em=0, f1=0.0), rec("2", valid=False)]))
+    out = tmp_path / "kept.jsonl"
+    assert main(["filter", str(inp), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "filter kept 0 of 2 records (dropped: invalid_plan 1, incorrect 1;" in err
+    assert json.loads((tmp_path / "kept.report.json").read_text())["kept"] == 0  # what was dropped, and why

@@ -226,3 +226,71 @@ def test_a_missing_adapter_is_one_line_that_improve_can_act_on_and_makes_nothing
             raise DistillError("stopped")
     with folder_lock(tmp_path / "locked"):  # released: taken again at once, by this process or another
         pass
+
+
+def recorded_adapter(out: Path, prompt: str = "compact", tools: tuple[str, ...] = ("Wikipedia", "LLM")) -> Path:
+    """An adapter folder as `distill train` leaves it, as far as improve reads it before sampling: the PEFT config,
+    a weights file and distill_adapter.json naming the prompt and tools it was trained on."""
+    from distill.tools.registry import tool_descriptions
+
+    out.mkdir(parents=True)
+    (out / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8,
+                                                          "base_model_name_or_path": "smollm2-135m-instruct"}))
+    (out / "adapter_model.safetensors").write_bytes(b"")
+    (out / "distill_adapter.json").write_text(json.dumps({
+        "format_version": 2, "base_model": "smollm2-135m-instruct", "student_prompt": prompt,
+        "tools": tool_descriptions(tools)}))
+    return out
+
+
+@pytest.mark.parametrize("change", [{"planner_prompt": "full"}, {"tools": ["Wikipedia", "LLM", "Calculator"]}])
+def test_improve_refuses_a_prompt_or_tools_the_adapter_was_not_trained_on(tmp_path, capsys, change):
+    """Standalone improve reads the adapter's own record: another prompt kind or tool list is one line naming
+    both, before any server starts or any folder is made; `improve --check` lists it as a problem."""
+    from distill import cli
+
+    adapter = recorded_adapter(tmp_path / "student_compact")
+    path = tmp_path / "improve.yaml"
+    cfg = {"adapter": str(adapter), "output_dir": str(tmp_path / "improve"), "planner_prompt": "compact",
+           "tools": ["Wikipedia", "LLM"], "server": {"gpu_memory_utilization": 0.5},
+           "datasets": [{"name": "hotpotqa", "source": str(ROOT / "data/demo/train.jsonl"), "n": 2}]} | change
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["improve", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "but it was trained on prompt compact with tools Wikipedia, LLM" in err
+    assert f"planner prompt {cfg['planner_prompt']} and tools {', '.join(cfg['tools'])}" in err
+    assert not (tmp_path / "improve").exists()
+
+    assert cli.main(["improve", "--config", str(path), "--check", "--offline"]) == 2
+    assert "problem: improve asks adapter" in capsys.readouterr().err
+
+    path.write_text(yaml.safe_dump(cfg | {"planner_prompt": "compact", "tools": ["Wikipedia", "LLM"]}))
+    assert cli.main(["improve", "--config", str(path), "--check", "--offline"]) in (0, 2)
+    assert "improve asks adapter" not in capsys.readouterr().err
+
+
+def test_an_improved_adapter_keeps_the_sft_students_teacher_and_says_where_it_came_from(tmp_path):
+    """A round trains on the student's own plans, so its sft-data names the policy as teacher: the improved
+    adapter's record keeps the SFT student's teacher and datasets, counts every example it learnt from, and names
+    the adapter it continued."""
+    from distill.improve import ImproveConfig, inherit_record
+    from distill.tools.registry import tool_descriptions
+
+    sft = recorded_adapter(tmp_path / "student_compact")
+    info = json.loads((sft / "distill_adapter.json").read_text())
+    (sft / "distill_adapter.json").write_text(json.dumps(info | {
+        "train_examples": 120, "teacher": {"models": ["Qwen/Qwen2.5-72B-Instruct"], "prompt": "fewshot"},
+        "datasets": {"hotpotqa": {"train": 120, "validation": 10}}}))
+    out = recorded_adapter(tmp_path / "round_1" / "adapter")
+    info = json.loads((out / "distill_adapter.json").read_text())
+    (out / "distill_adapter.json").write_text(json.dumps(info | {
+        "train_examples": 7, "teacher": {"models": ["policy"], "prompt": "compact"}, "global_step": 2}))
+    cfg = ImproveConfig(adapter=str(sft), planner_prompt="compact", tools=["Wikipedia", "LLM"],
+                        datasets=[{"name": "hotpotqa", "source": str(ROOT / "data/demo/train.jsonl")}])
+    inherit_record(cfg, sft, out, "expert_iteration round 1")
+    got = json.loads((out / "distill_adapter.json").read_text())
+    assert got["teacher"] == {"models": ["Qwen/Qwen2.5-72B-Instruct"], "prompt": "fewshot"}
+    assert got["train_examples"] == 127 and got["global_step"] == 2 and got["student_prompt"] == "compact"
+    assert got["tools"] == tool_descriptions(["Wikipedia", "LLM"])
+    assert got["improved"] == {"from": str(sft), "how": "expert_iteration round 1", "examples": 7}

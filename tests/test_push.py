@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -144,10 +145,62 @@ def test_the_card_names_the_base_the_prompt_and_how_it_was_trained(adapter):
         assert row in card, row
 
 
-def test_a_card_without_records_says_unknown(tmp_path):
+def test_a_card_without_records_is_refused_unless_the_prompt_and_tools_are_given(tmp_path):
     (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "Qwen/Qwen2.5-7B-Instruct"}))
-    card = model_card(tmp_path, "me/planner")
+    with pytest.raises(DistillError, match="does not record student_prompt or tools .*--student-prompt KIND --tools"):
+        model_card(tmp_path, "me/planner")
+    card = model_card(tmp_path, "me/planner", "compact", ["Wikipedia"])
     assert "base_model: Qwen/Qwen2.5-7B-Instruct" in card and "| optimiser steps | unknown |" in card
+    assert "| planner prompt, tools | `compact`, Wikipedia |" in card
+
+
+def moved_adapter(adapter: Path, tmp_path: Path) -> Path:
+    """The adapter as a new user has it: copied elsewhere, its SFT data left behind (the recorded dataset_dir
+    is a relative path that resolves to nothing from here)."""
+    import shutil
+
+    info = json.loads((adapter / "distill_adapter.json").read_text())
+    shutil.rmtree(info.pop("dataset_dir"))
+    (adapter / "distill_adapter.json").write_text(json.dumps(info | {"dataset_dir": "runs/x/sft-data/student"}))
+    moved = tmp_path / "elsewhere" / "student_compact"
+    shutil.copytree(adapter, moved)
+    shutil.rmtree(adapter)
+    return moved
+
+
+def test_push_on_a_moved_adapter_writes_the_prompt_and_tools_it_was_trained_on(adapter, tmp_path, monkeypatch):
+    info = json.loads((adapter / "distill_adapter.json").read_text())
+    (adapter / "distill_adapter.json").write_text(json.dumps(info | {
+        "format_version": 2, "student_prompt": "compact",
+        "tools": {"Wikipedia": "Search Wikipedia.", "LLM": "Ask a language model."},
+        "train_examples": 40, "train_questions": 20, "validation_examples": 6,
+        "teacher": {"models": ["Qwen/Qwen2.5-72B-Instruct"], "prompt": "fewshot"},
+        "datasets": {"hotpotqa": {"train": 40, "validation": 6}}, "code_version": "0.1.0+abc1234"}))
+    moved = moved_adapter(adapter, tmp_path)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    done = push("student_compact", "me/c", dry_run=True)
+    card = (moved / "README.md").read_text()
+    assert done["uploaded"] is False
+    for row in ("| planner prompt, tools | `compact`, Wikipedia, LLM |", "| training examples (questions) | 40 (20) |",
+                "| teacher (its prompt) | Qwen/Qwen2.5-72B-Instruct (fewshot) |",
+                "| datasets (train / validation examples) | hotpotqa (40 / 6) |", "| distill version | 0.1.0+abc1234 |"):
+        assert row in card, row
+    assert "Calculator" not in card and "`full`" not in card
+
+
+def test_push_on_a_moved_adapter_without_records_refuses_in_one_line(adapter, tmp_path, monkeypatch):
+    moved = moved_adapter(adapter, tmp_path)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    run = subprocess.run([sys.executable, "-m", "distill.cli", "push", "student_compact", "--repo-id", "me/c", "--dry-run"],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and "--student-prompt KIND --tools A,B" in run.stderr
+    assert not (moved / "README.md").exists()
+    run = subprocess.run([sys.executable, "-m", "distill.cli", "push", "student_compact", "--repo-id", "me/c", "--dry-run",
+                          "--student-prompt", "compact", "--tools", "wikipedia,llm"],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0, run.stderr
+    assert "| planner prompt, tools | `compact`, Wikipedia, LLM |" in (moved / "README.md").read_text()
 
 
 def test_push_uploads_what_serving_needs_and_nothing_else(adapter, hub, monkeypatch):

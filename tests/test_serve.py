@@ -555,6 +555,13 @@ def test_cli_dry_run_prints_the_command(base: Path, adapter: Path, capsys) -> No
     out = capsys.readouterr().out
     assert code == 0
     assert "VLLM_CPU_KVCACHE_SPACE=2" in out and f"--lora-modules planner={adapter.resolve()}" in out
+    assert "planner: its record does not say which prompt and tools it was trained on" in out
+
+    (adapter / "distill_adapter.json").write_text(json.dumps({"student_prompt": "compact",
+                                                              "tools": {"Wikipedia": "w", "LLM": "l"}}))
+    assert main(["serve", "--dry-run", "--set", f"base_model={base}", "--set", f"adapter={adapter}",
+                 "--set", "device=cpu"]) == 0
+    assert "planner: send planner_prompt compact with tools Wikipedia,LLM (as it was trained)" in capsys.readouterr().out
 
 
 def test_dry_run_masks_hf_token_flags_and_secret_env_names(base: Path, adapter: Path, capsys, monkeypatch) -> None:

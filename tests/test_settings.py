@@ -178,3 +178,21 @@ def test_any_value_of_a_numeric_training_setting_is_a_valid_config_or_one_line_n
         assert len(message.splitlines()) == 1 and name in message, message
         return
     assert cfg.sft.per_device_train_batch_size >= 1 and cfg.distill.global_batch_size >= 1
+
+
+@pytest.mark.parametrize("where", ["file", "set"])
+def test_an_unknown_key_says_where_it_came_from_and_the_close_known_one(tmp_path, capsys, where):
+    """A misspelt key is one line: the key, whether `--set` or the file gave it, and the key it is close to."""
+    from distill import cli
+
+    path = tmp_path / "generate.yaml"
+    path.write_text("conccurency: 3\n" if where == "file" else "concurrency: 3\n")
+    argv = ["generate", "--config", str(path), "--check", "--offline"]
+    argv += ["--set", "planner.temprature=0.5"] if where == "set" else []
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    if where == "file":
+        assert err == f"error: {path}: conccurency: unknown key; did you mean concurrency?\n"
+    else:
+        assert err == f"error: {path}: planner.temprature (from --set): unknown key; did you mean temperature?\n"

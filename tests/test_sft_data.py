@@ -234,8 +234,10 @@ def test_cli_writes_dataset_preview_and_summary(tmp_path, capsys):
     kept = write_kept(tmp_path / "kept.jsonl", kept_records() + bad_records())
     out = tmp_path / "sft"
     assert cli_main(["sft-data", str(kept), "--out", str(out), "--val-fraction", "0.2", "--seed", "1"]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "train:" in printed and "validation:" in printed and "prompt_tokens" in printed
+    assert "WARNING: only 10 training examples (fewer than 100)" in captured.err  # loud, on stderr
     data = load_from_disk(str(out))
     assert set(data) == {"train", "validation"}
     assert len(data["train"]) + len(data["validation"]) == 12 and len(data["validation"]) == 2
@@ -246,6 +248,11 @@ def test_cli_writes_dataset_preview_and_summary(tmp_path, capsys):
     assert summary["records"] == {"invalid_plan": 1, "no_steps": 1, "ok": 12}
     train = summary["splits"]["train"]
     assert train["examples"] == 10 and train["questions"] == 5
+    # what the adapter trained on this data copies into its own record: the teacher, its prompt, the datasets
+    assert summary["teacher"] == {"models": ["teacher"], "prompt": "fewshot"}
+    assert summary["tool_descriptions"] == tool_descriptions(summary["tools"])
+    assert sum(c["train"] for c in summary["datasets"].values()) == 10
+    assert sum(c["validation"] for c in summary["datasets"].values()) == 2
     assert sum(train["per_dataset"].values()) == 10
     p = train["prompt_tokens"]
     assert 100 < p["min"] <= p["mean"] <= p["max"] < 1000

@@ -427,12 +427,13 @@ def _files_holding(folder: Path, secret: str) -> list[str]:
 
 @pytest.mark.parametrize("spelling", ["dashes", "underscores"])
 def test_both_flag_spellings_train_and_no_token_is_written(spelling, sft_dir, tiny_model, tmp_path, capfd,
-                                                          monkeypatch):
+                                                          monkeypatch, caplog):
     """`python -m distill.train` with TRL-style flags as users type them, one real optimiser step of a 2-layer
     model; a hub token given as a flag and one in the environment reach no file of the run (checkpoints pickle
     the training arguments) and no line it prints."""
     from distill.train import launcher_main
 
+    caplog.set_level(logging.INFO, logger="distill.train")
     flag_token, env_token = "hf_FlagToken0123456789", "hf_EnvToken9876543210"
     monkeypatch.setenv("HF_TOKEN", env_token)
     flags = {"dashes": ["--learning-rate", "2e-4", "--no-gradient-checkpointing", "--hub-token", flag_token],
@@ -445,10 +446,19 @@ def test_both_flag_spellings_train_and_no_token_is_written(spelling, sft_dir, ti
     assert launcher_main(argv) == 0
     info = json.loads((out / "distill_adapter.json").read_text())
     assert info["global_step"] == 1 and (out / "checkpoint-1").is_dir()
+    # the folder describes itself: what push, serve, improve, eval and the report read wherever it is moved
+    assert (info["student_prompt"], list(info["tools"]), info["train_examples"]) == ("full", TOOLS, 8)
+    assert info["teacher"] == {"models": ["teacher"], "prompt": "fewshot"} and info["code_version"].startswith("0.")
+    assert sum(c["train"] for c in info["datasets"].values()) == 8
+    assert "| planner prompt, tools | `full`, " + ", ".join(TOOLS) + " |" in (out / "README.md").read_text()
     recorded = yaml.safe_load((out / "train_config.yaml").read_text())
     assert recorded["learning_rate"] == 2e-4 and recorded["gradient_checkpointing"] is False
     assert recorded.get("hub_token") is None
     printed = capfd.readouterr()
+    warned = [r for r in caplog.records if r.levelname == "WARNING" and "only 8 training examples" in r.getMessage()]
+    assert len(warned) == 1 and "(fewer than 100)" in warned[0].getMessage()  # a tiny set is said, loudly
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert len(progress) == 1 and progress[0].startswith("step 1/1 (100%), ") and "ETA 0s" in progress[0]
     for secret in (flag_token, env_token):
         assert _files_holding(out, secret) == [], secret
         assert secret not in printed.out + printed.err

@@ -254,3 +254,57 @@ def test_verdict_words_for_a_ci_above_0_a_ci_across_0_and_the_training_set_size(
     else:
         assert row["warnings"] == [] and "> **Warning:**" not in text
     assert f"trained on {examples} examples (" in text  # the verdict line says the size either way
+
+
+def test_a_stage_by_stage_run_has_full_provenance_from_its_served_adapter(tmp_path):
+    """No pipeline run folder: eval ran on its own against a server serving an adapter trained elsewhere. Eval's
+    fingerprints name the served adapter's folder (vLLM's /v1/models root), and that folder's own record says
+    the rest: the report's provenance is as full as a pipeline's."""
+    adapter = tmp_path / "elsewhere" / "student_compact"
+    write_json(adapter / "distill_adapter.json", {
+        "format_version": 2, "base_model": "smollm2-135m-instruct", "lora_r": 8, "lora_alpha": 16, "global_step": 40,
+        "final_train_loss": 0.31, "final_eval_loss": 0.52, "student_prompt": "compact",
+        "tools": {"Wikipedia": "Search Wikipedia.", "LLM": "Ask a language model."},
+        "train_examples": 120, "train_questions": 60, "validation_examples": 14,
+        "teacher": {"models": ["Qwen/Qwen2.5-72B-Instruct"], "prompt": "fewshot"},
+        "datasets": {"hotpotqa": {"train": 80, "validation": 10}, "triviaqa": {"train": 40, "validation": 4}},
+        "code_version": "0.1.0+abc1234"})
+    runs = sample_run()
+    served = {"model": "student_compact", "servers": [{"root": str(adapter), "parent": "base", "weights": "w"}]}
+    manifest = {"methods": [{"name": n} for n in runs], "reference": "teacher", "bootstrap_samples": 100,
+                "config": {"solver": {"backend": "openai", "model": "solver-m"},
+                           "datasets": [{"name": "hotpotqa", "split": "dev", "n": 12, "source": "dev.jsonl"}]},
+                "fingerprints": {"student": {"fingerprint": "f", "settings": {"method": {"planner": {"serves": served}}}},
+                                 "teacher": {"fingerprint": "g", "settings": {"method": {"planner": {"serves": None}}}}}}
+    for r in runs["student"]:
+        r["planner"]["model"] = "student_compact"
+    evals = write_run(tmp_path, runs, manifest)  # tmp_path/run: no generate/, sft-data/ or train/ beside it
+    results = write_report(evals)
+    p = results["provenance"]
+    assert p["run_dir"] is None and p["student_rows"] == {"student": "student_compact"}
+    assert (p["distill_version"], p["commit"]) == ("0.1.0", "abc1234")
+    assert p["teacher"] == {"model": "Qwen/Qwen2.5-72B-Instruct", "prompt": "fewshot", "temperature": None}
+    assert p["datasets"]["generate"] == [{"name": "hotpotqa", "split": "train+validation", "n": 90},
+                                         {"name": "triviaqa", "split": "train+validation", "n": 44}]
+    s = p["students"]["student_compact"]
+    assert (s["train_examples"], s["validation_examples"], s["student_prompt"]) == (120, 14, "compact")
+    assert s["tools"] == ["Wikipedia", "LLM"] and s["adapter"] == str(adapter)
+    assert results["verdict"]["rows"]["student"]["train_examples"] == 120
+    text = (evals / "report.md").read_text()
+    assert "Students: unknown" not in text and "training set size unknown" not in text
+    assert "- teacher (generation): Qwen/Qwen2.5-72B-Instruct, prompt fewshot" in text
+    assert "| student_compact | smollm2-135m-instruct | 8 | 16 | 40 | 120 | 14 | compact | 0.31 | 0.52 |" in text
+
+
+def test_judge_accuracy_joins_the_verdict_only_where_a_judge_ran():
+    rows = paired_rows()
+    assert "judge accuracy" not in compute(rows, reference="teacher", samples=100)["verdict"]["rows"]["student"][
+        "measures"]
+    for r in rows["teacher"]:
+        r["scores"]["judge"] = False
+    for r in rows["student"]:
+        r["scores"]["judge"] = True  # the judge accepts the student's answers, rejects the teacher's
+    results = compute(rows, reference="teacher", samples=100)
+    judged = results["verdict"]["rows"]["student"]["measures"]["judge accuracy"]
+    assert judged["n"] == 20 and judged["diff"]["diff"] == 1.0 and judged["reading"] == "better"
+    assert "| judge accuracy | 20 | +1.000 [+1.000, +1.000] | better |" in render_markdown(results)

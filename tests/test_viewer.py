@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from distill.report import question_scores, write_report
-from distill.viewer import VIEWER, embed, viewer_data
+from distill.viewer import VIEWER, embed, markdown_html, viewer_data
 from tests.test_report import rec, sample_run, write_run
 
 HOSTILE = "</script><img src=x onerror=alert(1)>"
@@ -74,8 +74,48 @@ def test_a_hostile_record_stays_text_in_the_file(tmp_path):
     out = write_run(tmp_path, runs, MANIFEST | {"methods": [{"name": "teacher"}, {"name": "student"}]})
     write_report(out)
     html = (out / VIEWER).read_text()
-    assert HOSTILE not in html and "<img" not in html
+    assert HOSTILE not in html
+    images = re.findall(r"<img[^>]*>", html)  # the report's plots, and nothing a record brought in
+    assert images and all(re.fullmatch(r'<img src="[a-z_]+\.png" alt="[^"<>]*">', i) for i in images), images
     assert page_data(html)["questions"][0]["question"] == HOSTILE
+
+
+def test_report_html_opens_with_the_reports_own_text_then_the_viewer(tmp_path):
+    """One source: report.html shows report.md's verdict, provenance and tables (the same text, as HTML) above
+    the questions, and report.md's links into the page land in it."""
+    runs = sample_run()
+    out = write_run(tmp_path, runs, MANIFEST)
+    write_report(out)
+    page = (out / VIEWER).read_text()
+    report = (out / "report.md").read_text()
+    assert page.index("<h2>Verdict</h2>") < page.index("<h2>Where these numbers come from</h2>") \
+        < page.index("<h2>Accuracy</h2>") < page.index('<h2 id="viewer">Questions side by side</h2>')
+    verdict_line = next(line for line in report.splitlines() if line.startswith("**student** against **teacher**"))
+    assert markdown_html(verdict_line) in page  # the verdict sentence, rendered from report.md's own line
+    assert "<strong>student</strong> against <strong>teacher</strong>" in page
+    assert '<th>method</th><th>kind</th><th>planner prompt</th>' in page  # the accuracy table
+
+
+def test_markdown_html_escapes_everything_and_follows_no_script_link():
+    text = ("# Report <b>\n\n| method | note |\n|---|---|\n| <script>alert(1)</script> | **x** |\n\n"
+            "- a [link](javascript:alert(1)) and [ok](report.html#q=a%20b)\n\n> **Warning:** `<i>`\n")
+    out = markdown_html(text)
+    assert "<script>" not in out and "&lt;script&gt;alert(1)&lt;/script&gt;" in out
+    assert "<h1>Report &lt;b&gt;</h1>" in out and "<td><strong>x</strong></td>" in out
+    assert 'href="javascript' not in out and '<a href="report.html#q=a%20b">ok</a>' in out
+    assert "<blockquote><strong>Warning:</strong> <code>&lt;i&gt;</code></blockquote>" in out
+
+
+def test_an_invalid_plan_is_never_a_win_in_the_verdict_or_the_page(tmp_path):
+    """The student's plan failed to parse, yet its Solver answered right where the teacher's did not: no win."""
+    runs = {"teacher": [rec("teacher", f"q{i}", "wrong", "Paris") for i in range(3)],
+            "student": [rec("student", f"q{i}", "Paris", "Paris", valid=i != 0) for i in range(3)]}
+    out = write_run(tmp_path, runs, MANIFEST | {"methods": [{"name": "teacher"}, {"name": "student"}]})
+    results = write_report(out)
+    assert results["verdict"]["rows"]["student"]["questions"]["better"] == [["hotpotqa", "q1"], ["hotpotqa", "q2"]]
+    data = page_data((out / VIEWER).read_text())
+    assert data["outcomes"]["student"] == {"hotpotqa:q1": "better", "hotpotqa:q2": "better"}
+    assert data["questions"][0]["runs"]["student"]["valid"] is False
 
 
 # ------------------------------------------------------------------------------------------- in a browser

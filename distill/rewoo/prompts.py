@@ -8,7 +8,7 @@ server's prefix cache reuses the instructions, tool list and exemplars across qu
 from __future__ import annotations
 
 import re
-from typing import Literal, Mapping, Sequence, get_args
+from typing import Any, Literal, Mapping, Sequence, get_args
 
 from distill.rewoo.plan import Plan, render_plan
 from distill.rewoo.worker import NO_EVIDENCE
@@ -108,6 +108,18 @@ def planner_messages(question: str, tools: Mapping[str, str], kind: PromptKind) 
             parts.append("For example:\n\n" + "\n\n".join(shots))
         system = "\n\n".join(parts)
     return [{"role": "system", "content": system}, {"role": "user", "content": f"Question: {question.strip()}"}]
+
+
+def prompt_kind_of(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """The planner prompt kind a recorded planner call was sent, read back from its system message (records
+    keep the messages, not the kind): what the SFT data says its teacher was prompted with. None: a prompt
+    distill's builder did not write."""
+    system = next((str(m.get("content") or "") for m in messages if m.get("role") == "system"), "")
+    if system.startswith("Tools: "):
+        return "compact"
+    if system.startswith(PLANNER_INSTRUCTIONS):
+        return "fewshot" if "\n\nFor example:\n\n" in system else "full"
+    return None
 
 
 def solver_messages(question: str, steps: Sequence, evidence: Sequence) -> list[dict]:
