@@ -96,18 +96,23 @@ async def burst(chat, prompts: list[list[dict]], max_tokens: int) -> tuple[float
 
 
 def stage_tokens(run: Path) -> dict[str, tuple[int, float]]:
-    """Per stage of a finished pipeline run: model tokens its records spent (cached calls left out) and its wall s."""
+    """Per stage of a finished pipeline run: model tokens its records spent (cached calls left out) and its wall s
+    (a server's start included)."""
     seconds = json.loads((run / "pipeline.json").read_text())["stage_seconds"]
     out = {}
     for stage, wall in seconds.items():
         tokens = 0
+        # the files of model calls: generation's trajectories, improve's samples, eval's records (not the
+        # filter's copies of trajectories); improve's samples keep no LLM-tool usage, so its count is a floor
         for path in (run / stage).rglob("*.jsonl"):
+            if path.name not in ("trajectories.jsonl", "samples.jsonl") and path.parent.name != "records":
+                continue
             for line in path.read_text().splitlines():
                 try:
                     rec = json.loads(line)
                 except ValueError:
                     continue
-                if not isinstance(rec, dict) or "tokens" not in rec:
+                if not isinstance(rec, dict) or "planner" not in rec:
                     continue
                 for role in ("planner", "solver"):
                     call = rec.get(role) or {}
