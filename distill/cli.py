@@ -77,7 +77,7 @@ GUIDE: dict[tuple[str, ...], tuple[str, str]] = {
     ("serve-agent",): ("Serves the whole ReWOO agent (planner, Worker with the config's tools, Solver; built as eval "
                        "builds it) as an OpenAI chat-completions endpoint, streaming the plan and each step; every "
                        "request is traced, and traces with feedback become improve's training questions.",
-                       "AGENT_TOKEN=... distill serve-agent --config configs/agent_server.yaml"),
+                       "distill serve-agent --config configs/agent_server.yaml"),
     ("eval",): ("Runs each planner row (student, base, teacher, teacher+replan) and the ReAct and Direct baselines "
                 "on the same questions, Solver and tools, into records that `distill report` reads. --check runs "
                 "nothing.",

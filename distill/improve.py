@@ -80,7 +80,8 @@ class ImproveConfig(AgentConfig):
     samples: int = Field(default=4, ge=1, le=64)
     """plans sampled per question per round (grpo: num_generations unless grpo sets it)"""
     min_reward: float = Field(default=0.5, ge=0, le=20)
-    """a question's best plan is kept from this reward up"""
+    """a question's best plan is kept from this reward up (the most a plan earns is valid_weight + ran_weight +
+    recall_weight, 1.4 with the default weights)"""
     reward: RewardConfig = Field(default_factory=RewardConfig)
     """the planner reward's weights (see RewardConfig)"""
     server: dict[str, Any] | None = None
