@@ -35,13 +35,13 @@ def reduced_demo(tmp_path: Path, teacher_url: str) -> Path:
     gen = cfg["generate"]
     assert cfg["teacher"]["base_url"] == "@server"  # eval's teacher rows stay on the students' server
     for role in ("planner", "solver", "llm_tool"):
-        gen[role]["base_url"] = teacher_url  # the section's own key wins over the teacher's
+        gen.setdefault(role, {})["base_url"] = teacher_url  # the section's own key wins over the teacher's
     gen["datasets"][0]["n"] = 5
     gen["samples_per_question"] = 3
     gen["planner"]["temperature"] = 0.5  # a tiny teacher writes more well-formed plans when less random
     gen["planner"]["max_tokens"] = 128
     gen["solve"] = True  # the answer criterion below needs the Solver's answers
-    gen["solver"] = {"max_tokens": 12}
+    gen["solver"]["max_tokens"] = 12
     cfg["filter"] = {"min_f1": 0.0}  # keep every valid, fully run plan: this test is about the machinery
     # 1 step of 1 example, one validation pass and one checkpoint: the demo's step of 4 examples is ~20 s here
     short = {"max_steps": 1, "eval_steps": 1, "save_steps": 1, "eval_on_start": False,
