@@ -219,7 +219,10 @@ def test_a_hostile_record_renders_as_text_in_a_real_browser(tmp_path, browser):
     browser.get((out / VIEWER).as_uri() + "#q=h")
     with pytest.raises(NoAlertPresentException):
         browser.switch_to.alert  # noqa: B018
-    assert browser.find_elements(By.TAG_NAME, "img") == [] and browser.find_elements(By.ID, "injected") == []
+    # the only images are the report's own plots, files beside the page; none comes from a record
+    sources = [img.get_attribute("src") for img in browser.find_elements(By.TAG_NAME, "img")]
+    assert all(src.startswith(out.as_uri() + "/") and src.endswith(".png") for src in sources), sources
+    assert browser.find_elements(By.ID, "injected") == []
     assert browser.execute_script("return window.pwned === undefined")
     column = browser.find_element(By.CSS_SELECTOR, '#runs .run[data-method="student"]')
     assert f"#E1 = Wikipedia[{HOSTILE}]" in column.find_element(By.CSS_SELECTOR, ".call").text
