@@ -46,12 +46,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(condition, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.02)
+def wait_for(condition, what: str, poll_s: float = 0.02) -> None:
+    """Polls a bounded number of times (at least WAIT_S of sleeping), reading no clock."""
+    for _ in range(int(WAIT_S / poll_s)):
+        if condition():
+            return
+        time.sleep(poll_s)
+    raise AssertionError(f"gave up waiting for {what}")
 
 
 @contextmanager
@@ -359,7 +360,7 @@ def test_a_folder_without_traces_or_feedback_is_one_line(tmp_path):
     with pytest.raises(DistillError, match="without trace files"):
         load_source(source)
     log = TraceLog(tmp_path, max_bytes=4096)
-    log.write(make_record(Question("q?", id="r1", dataset="served"), "a", 0, time.perf_counter(), evidence=[],
+    log.write(make_record(Question("q?", id="r1", dataset="served"), "a", 0, 0.0, evidence=[],
                           solver={}, prediction="p", solver_calls=(), tools={}))
     log.close()
     with pytest.raises(DistillError, match="no served question has feedback"):
@@ -385,7 +386,7 @@ def test_traces_rotate_by_size_and_ids_survive_a_restart(tmp_path):
 
     def record(i: int) -> dict:
         return make_record(Question(f"question {i} " + "x" * 500, id=f"r{i}", dataset="served"), "a", 0,
-                           time.perf_counter(), evidence=[], solver={}, prediction="p", solver_calls=(), tools={})
+                           0.0, evidence=[], solver={}, prediction="p", solver_calls=(), tools={})
 
     log = TraceLog(tmp_path, max_bytes=4096)
     for i in range(12):
