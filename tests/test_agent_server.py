@@ -55,6 +55,18 @@ def wait_for(condition, what: str, poll_s: float = 0.02) -> None:
     raise AssertionError(f"gave up waiting for {what}")
 
 
+def wait_until_up(proc: subprocess.Popen, base: str) -> None:
+    """`distill serve-agent` in a subprocess answers /health; if it dies first, its output is the failure."""
+    def up() -> bool:
+        try:
+            return httpx.get(f"{base}/health", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            assert proc.poll() is None, proc.stdout.read()
+            return False
+
+    wait_for(up, "the agent server to start")
+
+
 @contextmanager
 def uvicorn_thread(app, port: int):
     import uvicorn
@@ -415,14 +427,7 @@ def test_sigterm_drains_the_request_in_flight_and_keeps_its_trace(tmp_path, upst
     upstream.gate.clear()
     result = {}
     try:
-        def up() -> bool:
-            try:
-                return httpx.get(f"{base}/health", timeout=5).status_code == 200
-            except httpx.HTTPError:
-                assert proc.poll() is None, proc.stdout.read()
-                return False
-
-        wait_for(up, "the agent server to start")
+        wait_until_up(proc, base)
         before = upstream.arrived
         thread = threading.Thread(target=lambda: result.setdefault("reply", client(base).chat.completions.create(
             model="test-agent", messages=[{"role": "user", "content": "What is 2 + 3?"}])))
@@ -513,14 +518,7 @@ def test_real_vllm_auth_and_sigterm_mid_request_in_a_subprocess(tmp_path, vllm_s
     auth = {"Authorization": f"Bearer {token}"}
     result = {}
     try:
-        def up() -> bool:
-            try:
-                return httpx.get(f"{base}/health", timeout=5).status_code == 200
-            except httpx.HTTPError:
-                assert proc.poll() is None, proc.stdout.read()
-                return False
-
-        wait_for(up, "the agent server to start")
+        wait_until_up(proc, base)
         question = [{"role": "user", "content": "What is 12 * 12?"}]
         with pytest.raises(openai.AuthenticationError):
             client(base, "not-the-token-at-all").chat.completions.create(model="student-agent", messages=question)
