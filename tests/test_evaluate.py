@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -302,21 +303,32 @@ def test_more_questions_resume_and_fresh_sets_aside_only_the_methods_made_otherw
     assert (out / "records" / "student.jsonl").exists() and (out / "records" / "direct.jsonl").exists()
 
 
-def test_eval_refuses_a_folder_whose_served_adapter_was_retrained(tmp_path, monkeypatch, capsys):
-    """The weights behind a served LoRA name are part of what a record was made from (a stand-in for vLLM's
-    /v1/models tells where they are, as vLLM does). On the command line: one line, exit 2."""
+@contextlib.contextmanager
+def served_planner(root: Path):
+    """A stand-in for vLLM's /v1/models serving the LoRA module `planner` from `root` (as vLLM reports where its
+    weights are); yields the endpoint spec a planner row uses."""
     import threading
     from http.server import ThreadingHTTPServer
 
-    from test_openai_backend import ServedModels, _save_adapter
+    from test_openai_backend import ServedModels
 
-    monkeypatch.chdir(ROOT)
-    ServedModels.root = str(tmp_path / "adapter")
+    ServedModels.root = str(root)
     server = ThreadingHTTPServer(("127.0.0.1", 0), ServedModels)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        served = {"backend": "openai", "base_url": url, "model": "planner", "max_retries": 0}
+        yield {"backend": "openai", "base_url": f"http://127.0.0.1:{server.server_address[1]}/v1", "model": "planner",
+               "max_retries": 0}
+    finally:
+        server.shutdown()
+
+
+def test_eval_refuses_a_folder_whose_served_adapter_was_retrained(tmp_path, monkeypatch, capsys):
+    """The weights behind a served LoRA name are part of what a record was made from (a stand-in for vLLM's
+    /v1/models tells where they are, as vLLM does). On the command line: one line, exit 2."""
+    from test_openai_backend import _save_adapter
+
+    monkeypatch.chdir(ROOT)
+    with served_planner(tmp_path / "adapter") as served:
         out = tmp_path / "eval"
         cfg = BASE | {"output_dir": str(out), "baselines": [],
                       "planners": [{"name": "student", "prompt": "full", "spec": served}]}
@@ -326,8 +338,6 @@ def test_eval_refuses_a_folder_whose_served_adapter_was_retrained(tmp_path, monk
         path = tmp_path / "eval.yaml"
         path.write_text(yaml.safe_dump(cfg))
         assert cli.main(["eval", "--config", str(path)]) == 2
-    finally:
-        server.shutdown()
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "student.jsonl holds student records made with other settings" in err, err
     assert "method.planner.serves.servers" in err
@@ -336,22 +346,14 @@ def test_eval_refuses_a_folder_whose_served_adapter_was_retrained(tmp_path, monk
 def test_eval_refuses_a_prompt_the_served_adapter_was_not_trained_on(tmp_path, monkeypatch, capsys):
     """The served LoRA module's folder (vLLM's /v1/models root) holds the adapter's own record: a row asking it
     with another prompt kind or tool list is one line naming both, exit 2, before any record is made."""
-    import threading
-    from http.server import ThreadingHTTPServer
-
     from distill.tools.registry import tool_descriptions
-    from test_openai_backend import ServedModels, _save_adapter
+    from test_openai_backend import _save_adapter
 
     monkeypatch.chdir(ROOT)
-    ServedModels.root = str(tmp_path / "adapter")
     _save_adapter(tmp_path / "adapter", seed=0)
     (tmp_path / "adapter" / "distill_adapter.json").write_text(json.dumps({
         "format_version": 2, "student_prompt": "compact", "tools": tool_descriptions(["Wikipedia", "LLM"])}))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ServedModels)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        served = {"backend": "openai", "base_url": url, "model": "planner", "max_retries": 0}
+    with served_planner(tmp_path / "adapter") as served:
         out = tmp_path / "eval"
         cfg = BASE | {"output_dir": str(out), "baselines": [], "tools": ["Wikipedia", "LLM"],
                       "planners": [{"name": "student", "prompt": "full", "spec": served}]}
@@ -369,8 +371,6 @@ def test_eval_refuses_a_prompt_the_served_adapter_was_not_trained_on(tmp_path, m
         assert cli.main(["eval", "--config", str(path)]) == 2
         err = capsys.readouterr().err
         assert "planner prompt compact and tools Wikipedia, LLM, Calculator" in err, err
-    finally:
-        server.shutdown()
 
 
 # ----------------------------------------------------------------------------------------- tool failures
