@@ -186,9 +186,10 @@ def run_filter(inp: str | Path, out: str | Path, cfg: FilterConfig) -> dict:
     from distill.store import dedupe
 
     records = read_jsonl(inp, TrajectoryRecord)  # every line checked before any is judged
-    unsolved = [n for n, r in enumerate(records, 1)
-                if r.get("answers") and r.get("prediction") is None and "em" not in (r.get("scores") or {})]
-    if cfg.criterion != "evidence" and unsolved:
+    unsolved = [] if cfg.criterion == "evidence" else [
+        n for n, r in enumerate(records, 1)
+        if r.get("answers") and r.get("prediction") is None and "em" not in (r.get("scores") or {})]
+    if unsolved:  # generate's solve: false; the evidence criterion never reads an answer
         raise DistillError(f"{inp}:{unsolved[0]}: no Solver answer (generated with solve: false; {len(unsolved)} such "
                            f"record(s)), and criterion {cfg.criterion} judges answers: use criterion evidence, or "
                            "generate with solve: true")
