@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from distill.rewoo.plan import parse_plan
-from distill.rewoo.prompts import PROMPT_KINDS, FEWSHOT_EXEMPLARS, extract_answer, planner_messages, solver_messages
+from distill.rewoo.prompts import (
+    PROMPT_KINDS, FEWSHOT_EXEMPLARS, extract_answer, planner_messages, prompt_kind_of, solver_messages,
+)
 from distill.tools.registry import TOOL_DESCRIPTIONS, tool_descriptions
 
 
@@ -30,17 +32,17 @@ def test_extract_answer(text, answer):
 def test_static_text_first_and_question_last(kind):
     a = planner_messages("Who wrote Dracula?", TOOL_DESCRIPTIONS, kind)
     b = planner_messages("Where is Ulm?", TOOL_DESCRIPTIONS, kind)
-    assert a[0] == b[0]  # the whole system message is shared: a server's prefix cache reuses it
-    assert [m["role"] for m in a] == ["system", "user"] and a[1]["content"] == "Question: Who wrote Dracula?"
+    assert a[:-1] == b[:-1]  # all but the question is shared: a server's prefix cache reuses it
+    assert a[-1] == {"role": "user", "content": "Question: Who wrote Dracula?"} and a[0]["role"] == "system"
     assert planner_messages("Who wrote Dracula?", TOOL_DESCRIPTIONS, kind) == a  # deterministic
 
 
 def test_full_student_prompt_has_no_exemplars_but_lists_tools():
-    student = planner_messages("Q?", TOOL_DESCRIPTIONS, "full")[0]["content"]
-    teacher = planner_messages("Q?", TOOL_DESCRIPTIONS, "fewshot")[0]["content"]
-    assert "For example" not in student and "For example" in teacher
-    assert all(f"{name}[input]" in student for name in TOOL_DESCRIPTIONS)
-    assert len(student) < len(teacher) / 2
+    student = planner_messages("Q?", TOOL_DESCRIPTIONS, "full")
+    teacher = planner_messages("Q?", TOOL_DESCRIPTIONS, "fewshot")
+    assert [m["role"] for m in student] == ["system", "user"] and student[0] == teacher[0]
+    assert all(f"{name}[input]" in student[0]["content"] for name in TOOL_DESCRIPTIONS)
+    assert sum(len(m["content"]) for m in student) < sum(len(m["content"]) for m in teacher) / 2
 
 
 def test_compact_prompt_names_the_tools_in_config_order_and_nothing_else():
@@ -95,8 +97,28 @@ def test_exemplars_are_valid_canonical_plans():
 
 
 def test_exemplars_needing_a_missing_tool_are_left_out():
-    content = planner_messages("Q?", {"Wikipedia": TOOL_DESCRIPTIONS["Wikipedia"], "LLM": TOOL_DESCRIPTIONS["LLM"]}, "fewshot")[0]["content"]
+    messages = planner_messages("Q?", {"Wikipedia": TOOL_DESCRIPTIONS["Wikipedia"], "LLM": TOOL_DESCRIPTIONS["LLM"]}, "fewshot")
+    content = "\n".join(m["content"] for m in messages)
     assert "Calculator[" not in content and "Wikipedia[Danube]" in content
+
+
+def test_fewshot_exemplars_are_earlier_turns_answered_by_the_assistant():
+    """Chat models copy a turn they answered; the question stays the last message, after the static prefix."""
+    messages = planner_messages("Q?", TOOL_DESCRIPTIONS, "fewshot")
+    assert [m["role"] for m in messages] == ["system"] + ["user", "assistant"] * len(FEWSHOT_EXEMPLARS) + ["user"]
+    assert [m["content"] for m in messages[2:-1:2]] == [plan for _, plan in FEWSHOT_EXEMPLARS]
+    assert messages[-1]["content"] == "Question: Q?" and "Question:" not in messages[0]["content"]
+
+
+def test_prompt_kind_is_read_back_from_recorded_messages():
+    tools = {"Wikipedia": TOOL_DESCRIPTIONS["Wikipedia"], "LLM": TOOL_DESCRIPTIONS["LLM"]}
+    for kind in PROMPT_KINDS:
+        assert prompt_kind_of(planner_messages("Q?", tools, kind)) == kind
+    # a record written when the exemplars sat inside the system message
+    full = planner_messages("Q?", tools, "full")
+    older = [{"role": "system", "content": full[0]["content"] + "\n\nFor example:\n\nQuestion: x\nPlan: y"}, full[1]]
+    assert prompt_kind_of(older) == "fewshot"
+    assert prompt_kind_of([{"role": "user", "content": "Q?"}]) is None
 
 
 def test_solver_sees_every_step_with_its_evidence():

@@ -35,37 +35,53 @@ PLANNER_FORMAT = (
     "Write only the plan: no answer, no other text."
 )
 
-# Exemplars written for this project (facts checked), in the canonical format the parser renders.
+# Exemplars written for this project (facts checked; no demo question), in the canonical format the parser
+# renders. They are sent as earlier chat turns, not inside the system message: chat models copy a turn they
+# answered, and the last turns weigh most, so the bridge shape (HotpotQA's commonest) comes last. Plan lines
+# are short so a four-step plan fits the planners' 128 tokens. On the demo's 96 train questions x 2 samples
+# (SmolLM2-135M, temperature 0.5) this layout wrote 165 of 192 valid plans against 88 for the same exemplars
+# inside the system message (BENCHMARKS.md, "The few-shot teacher's prompt").
 FEWSHOT_EXEMPLARS: list[tuple[str, str]] = [
     (
-        "Which country is the birthplace of the physicist who proposed the theory of general relativity?",
-        "Plan: Find out which physicist proposed the theory of general relativity.\n"
-        "#E1 = Wikipedia[general relativity]\n"
-        "Plan: Identify the physicist from the evidence.\n"
-        "#E2 = LLM[Who proposed the theory of general relativity? Given context: #E1]\n"
-        "Plan: Find out where that physicist was born.\n"
-        "#E3 = Wikipedia[#E2]\n"
-        "Plan: Name the country of the birthplace.\n"
-        "#E4 = LLM[In which country was #E2 born? Given context: #E3]",
-    ),
-    (
         "Which river is longer, the Danube or the Rhine?",
-        "Plan: Find the length of the Danube.\n"
+        "Plan: Find the Danube's length.\n"
         "#E1 = Wikipedia[Danube]\n"
-        "Plan: Find the length of the Rhine.\n"
+        "Plan: Find the Rhine's length.\n"
         "#E2 = Wikipedia[Rhine]\n"
-        "Plan: Compare the two lengths.\n"
+        "Plan: Compare them.\n"
         "#E3 = LLM[Which river is longer, the Danube or the Rhine? Given context: #E1 and #E2]",
     ),
     (
         "How many years passed between the founding of Harvard University and the signing of the United States "
         "Declaration of Independence?",
-        "Plan: Find the year Harvard University was founded.\n"
+        "Plan: Find when Harvard was founded.\n"
         "#E1 = Wikipedia[Harvard University]\n"
         "Plan: Extract the founding year.\n"
         "#E2 = LLM[In which year was Harvard University founded? Answer with the year only. Given context: #E1]\n"
-        "Plan: Compute the years between the founding and 1776.\n"
+        "Plan: Count the years to 1776.\n"
         "#E3 = Calculator[1776 - #E2]",
+    ),
+    (
+        "Which country is the birthplace of the physicist who proposed the theory of general relativity?",
+        "Plan: Find who proposed general relativity.\n"
+        "#E1 = Wikipedia[general relativity]\n"
+        "Plan: Name the physicist.\n"
+        "#E2 = LLM[Who proposed the theory of general relativity? Given context: #E1]\n"
+        "Plan: Find where he was born.\n"
+        "#E3 = Wikipedia[#E2]\n"
+        "Plan: Name the country.\n"
+        "#E4 = LLM[In which country was #E2 born? Given context: #E3]",
+    ),
+    (
+        "What is the capital of the country where Angkor Wat stands?",
+        "Plan: Find where Angkor Wat is.\n"
+        "#E1 = Wikipedia[Angkor Wat]\n"
+        "Plan: Name the country.\n"
+        "#E2 = LLM[In which country does Angkor Wat stand? Given context: #E1]\n"
+        "Plan: Find that country.\n"
+        "#E3 = Wikipedia[#E2]\n"
+        "Plan: Name its capital.\n"
+        "#E4 = LLM[What is the capital of #E2? Given context: #E3]",
     ),
 ]
 
@@ -95,30 +111,33 @@ def canonical_prompt_kind(kind):
 
 
 def planner_messages(question: str, tools: Mapping[str, str], kind: PromptKind) -> list[dict]:
-    """A system message, then the question, the only part that varies. Even the compact prompt has a system
-    message: without one, chat templates insert their own default (SmolLM2's and Qwen2.5's do)."""
+    """A system message, the fewshot kind's exemplars as earlier turns, then the question, the only part that
+    varies. Even the compact prompt has a system message: without one, chat templates insert their own default
+    (SmolLM2's and Qwen2.5's do)."""
     if kind not in PROMPT_KINDS:
         raise ValueError(f"unknown planner prompt kind {kind!r}; known: {', '.join(PROMPT_KINDS)}")
+    turns: list[dict] = []
     if kind == "compact":
         system = "Tools: " + ", ".join(tools)
     else:
-        parts = [PLANNER_INSTRUCTIONS, "Tools can be one of the following:\n" + tool_list(tools), PLANNER_FORMAT]
-        shots = [f"Question: {q}\n{p}" for q, p in FEWSHOT_EXEMPLARS if set(_TOOL_USE.findall(p)) <= set(tools)]
-        if kind == "fewshot" and shots:
-            parts.append("For example:\n\n" + "\n\n".join(shots))
-        system = "\n\n".join(parts)
-    return [{"role": "system", "content": system}, {"role": "user", "content": f"Question: {question.strip()}"}]
+        system = "\n\n".join([PLANNER_INSTRUCTIONS, "Tools can be one of the following:\n" + tool_list(tools), PLANNER_FORMAT])
+        if kind == "fewshot":
+            for q, p in FEWSHOT_EXEMPLARS:
+                if set(_TOOL_USE.findall(p)) <= set(tools):
+                    turns += [{"role": "user", "content": f"Question: {q}"}, {"role": "assistant", "content": p}]
+    return [{"role": "system", "content": system}, *turns, {"role": "user", "content": f"Question: {question.strip()}"}]
 
 
 def prompt_kind_of(messages: Sequence[Mapping[str, Any]]) -> str | None:
-    """The planner prompt kind a recorded planner call was sent, read back from its system message (records
-    keep the messages, not the kind): what the SFT data says its teacher was prompted with. None: a prompt
-    distill's builder did not write."""
+    """The planner prompt kind a recorded planner call was sent, read back from its messages (records keep the
+    messages, not the kind): what the SFT data says its teacher was prompted with. None: a prompt distill's
+    builder did not write. Records written when the exemplars sat inside the system message read as fewshot."""
     system = next((str(m.get("content") or "") for m in messages if m.get("role") == "system"), "")
     if system.startswith("Tools: "):
         return "compact"
     if system.startswith(PLANNER_INSTRUCTIONS):
-        return "fewshot" if "\n\nFor example:\n\n" in system else "full"
+        shots = any(m.get("role") == "assistant" for m in messages) or "\n\nFor example:\n\n" in system
+        return "fewshot" if shots else "full"
     return None
 
 
