@@ -153,6 +153,18 @@ def score(metric: str, prediction: str | None, answers: str | Sequence[str]) -> 
     return _SCORERS[metric](prediction, answers)
 
 
+_NORMALIZERS = {"hotpotqa": hotpot_normalize, "triviaqa": trivia_normalize, "em_f1": hotpot_normalize}
+
+
+def answer_in_text(metric: str, answers: str | Sequence[str], text: str) -> bool:
+    """Whether a gold answer, normalised by the metric's rules, appears in `text` as whole words: whether the
+    evidence held what a Solver needed, apart from what it made of it."""
+    _check_metric(metric)
+    normalize = _NORMALIZERS[metric]
+    haystack = f" {normalize(text)} "
+    return any(gold and f" {gold} " in haystack for gold in (normalize(g) for g in _gold_list(answers)))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Evidence recall: a Planner metric that needs no Solver
 

@@ -31,7 +31,7 @@ from distill.baselines import FINISH
 from distill.config import Strict, validate
 from distill.errors import DistillError
 from distill.evaluate import RECORDS_DIR, EvalRecord, PromptBudget, record_key
-from distill.metrics import bootstrap_ci, evidence_recall, metric_of, paired_bootstrap, score
+from distill.metrics import answer_in_text, bootstrap_ci, evidence_recall, metric_of, paired_bootstrap, score
 from distill.provenance import collect as collect_provenance
 from distill.store import dedupe, read_jsonl, replace_files, write_json
 from distill.verdict import headline, question_outcomes, read_measures, verdict
@@ -154,6 +154,33 @@ def judge_of(rec: dict) -> dict | None:
     return {"accuracy": float(verdict_)} if isinstance(verdict_, bool) else None
 
 
+def answer_reach_of(rec: dict) -> dict | None:
+    """Whether a gold answer is in the evidence, and the F1 made of it: "better evidence, worse answers" split
+    into the Planner's part (it fetched the answer) and the Solver's (it read it out). A plan whose last step
+    is an LLM call hands the Solver a short answer to copy; one ending on a retrieval hands it a paragraph.
+    None without gold answers or evidence (Direct)."""
+    if not rec.get("answers") or rec["kind"] not in ("rewoo", "react"):
+        return None
+    text = "\n".join(str(e.get("output") or "") for e in rec.get("evidence") or [])
+    steps = (rec.get("plan") or {}).get("steps") or [] if rec["kind"] == "rewoo" else []
+    return {"in_evidence": float(answer_in_text(metric_of(rec), rec["answers"], text)),
+            "f1": float(rescore(rec)["f1"]),
+            "ends_in_llm": float(bool(steps) and steps[-1].get("tool") == "LLM") if rec["kind"] == "rewoo" else None,
+            "answer_words": float(len(str(rec.get("prediction") or "").split()))}
+
+
+def _answer_reach(records: list[dict]) -> dict | None:
+    reached = _present(answer_reach_of, records)
+    if not reached:
+        return None
+    inside = [r["f1"] for r in reached if r["in_evidence"]]
+    outside = [r["f1"] for r in reached if not r["in_evidence"]]
+    ends = [r["ends_in_llm"] for r in reached if r["ends_in_llm"] is not None]
+    return {"n": len(reached), "in_evidence_rate": _mean(r["in_evidence"] for r in reached),
+            "n_in_evidence": len(inside), "f1_in_evidence": _mean(inside), "f1_not_in_evidence": _mean(outside),
+            "ends_in_llm_rate": _mean(ends), "answer_words_mean": _mean(r["answer_words"] for r in reached)}
+
+
 def too_many_steps(rec: dict) -> bool:
     return any(e.get("code") == "too_many_steps" for e in (rec.get("plan") or {}).get("errors") or [])
 
@@ -260,6 +287,7 @@ def method_metrics(records: list[dict], samples: int = 1000, seed: int = 0) -> d
         "latency_s": {"p50": float(p50), "p95": float(p95), "mean": _mean(walls)},
         "tool_failures": _tool_failures(records),
         "react_finished_rate": _mean(float(bool(x.get("finished"))) for x in react) if react else None,
+        "answers": _answer_reach(records),
         "by_dataset": _by_dataset(records),
     }
 
@@ -663,6 +691,25 @@ def _without_empty(header: list[str], rows: list[list[Any]], empty: Mapping[str,
     return [header[i] for i in keep], [[r[i] for i in keep] for r in rows]
 
 
+def _answers_lines(per_method: dict) -> list[str]:
+    rows = [[m, a["n"], a["in_evidence_rate"], a["n_in_evidence"], a["f1_in_evidence"], a["f1_not_in_evidence"],
+             a["ends_in_llm_rate"], _f(a["answer_words_mean"], 1)]
+            for m, pm in per_method.items() for a in [pm.get("answers")] if a]
+    if not rows:
+        return []
+    return [
+        "## Answers: what the evidence held, what the Solver made of it",
+        "",
+        "Answer in evidence: the share of questions where a gold answer (normalised by the dataset's rules) "
+        "appears in the evidence, the Planner's part. F1 where it does: the Solver's reading of that evidence. "
+        "Ends in LLM: plans whose last step is an LLM call, which hands the Solver a short answer to copy; a plan "
+        "ending on a retrieval hands it a paragraph. Answer words: the mean length of the predictions.",
+        "",
+        *_table(["method", "n", "answer in evidence", "n in evidence", "F1 where in evidence",
+                 "F1 where not", "ends in LLM", "answer words"], rows),
+    ]
+
+
 def _hops_table(results: dict, key: str) -> list[str]:
     columns = sorted({int(h) for groups in results[key].values() for h in groups})
     if not columns:
@@ -893,6 +940,7 @@ def render_markdown(results: dict, intro: str | None = None) -> str:
               _ci_text(ev and ev["all"]), ev and ev["all"]["p_value"], _ci_text(steps and steps["steps"], 2)]
              for m, p in paired.items() for ev, steps in [(p.get("evidence"), p.get("plan_steps"))]],
         ),
+        *_answers_lines(per_method),
         "## Cost and efficiency (means per question)",
         "",
         *_table(*_without_empty(

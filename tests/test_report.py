@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from distill.errors import DistillError
-from distill.metrics import bootstrap_ci, evidence_recall, paired_bootstrap, score
+from distill.metrics import answer_in_text, bootstrap_ci, evidence_recall, paired_bootstrap, score
 from distill.report import (
+    answer_reach_of,
     compute,
     hops_of,
     method_metrics,
@@ -591,3 +592,27 @@ def test_a_report_of_a_stopped_evaluation_says_so(tmp_path):
     assert "**This evaluation is not complete (run status: interrupted; no records yet for direct)" in text
     manifest["status"] = "complete"
     assert "incomplete" not in write_report(write_run(tmp_path / "done", sample_run(), manifest))
+
+
+def test_answer_in_evidence_splits_what_the_planner_fetched_from_what_the_solver_read(tmp_path):
+    """Better evidence, worse answers: the report tells a Planner that never fetched the answer from a Solver
+    that could not read it out."""
+    fetched = rec("m", "q1", "Leipzig, Saxony", "Saxony", titles=("Leipzig is a city in Saxony",))
+    missed = rec("m", "q2", "Bavaria", "Saxony", titles=("Richard Wagner",))
+    direct = rec("d", "q1", "Saxony", "Saxony", kind="direct")
+    assert answer_reach_of(fetched)["in_evidence"] == 1.0 and answer_reach_of(missed)["in_evidence"] == 0.0
+    assert answer_reach_of(direct) is None
+    # whole words, by the dataset's normaliser: TriviaQA's splits "Saxony-Anhalt" at the hyphen, HotpotQA's joins it
+    assert answer_in_text("triviaqa", ["Anhalt"], "Saxony-Anhalt is a state") is True
+    assert answer_in_text("hotpotqa", ["Anhalt"], "Saxony-Anhalt is a state") is False
+    assert answer_in_text("hotpotqa", ["Saxon"], "Saxony is a state") is False
+    answers = method_metrics([fetched, missed])["answers"]
+    assert answers["in_evidence_rate"] == 0.5 and answers["n_in_evidence"] == 1
+    assert answers["f1_in_evidence"] == pytest.approx(score("hotpotqa", "Leipzig, Saxony", ["Saxony"])["f1"])
+    assert answers["f1_not_in_evidence"] == 0.0 and answers["ends_in_llm_rate"] == 0.0
+    ends_llm = rec("m", "q3", "x", "y")
+    ends_llm["plan"]["steps"][-1]["tool"] = "LLM"
+    assert answer_reach_of(ends_llm)["ends_in_llm"] == 1.0
+    md = render_markdown(compute({"m": [fetched, missed], "d": [direct]}, reference="m"))
+    assert "## Answers: what the evidence held, what the Solver made of it" in md
+    assert "| m | 2 | 0.500 | 1 | 0.667 | 0.000 | 0.000 | 1.5 |" in md and "| d |" not in md.split("## Answers")[1].split("##")[0]
