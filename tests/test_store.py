@@ -267,3 +267,24 @@ def test_a_file_that_is_not_a_cache_is_one_line(tmp_path):
     path.write_bytes(b"not a database at all, just some text that is long enough" * 40)
     with pytest.raises(DistillError, match=rf"call cache {re.escape(str(path))}: file is not a database"):
         CallCache(path)
+
+
+def test_a_cached_wikipedia_answer_is_not_reused_under_other_settings(tmp_path):
+    """A rerun with another top_k or corpus must search again: the pipeline reruns generate when wikipedia_top_k
+    changes, and an answer cached under top_k 1 would make that rerun repeat the old evidence."""
+    from distill.llm.cached import CachedTool
+    from distill.tools.wikipedia import LocalWikipedia
+
+    corpus = tmp_path / "corpus.jsonl"
+    write_jsonl(corpus, [{"title": f"River {i}", "text": f"River {i} is a long river number {i}."} for i in range(4)])
+    cache = CallCache(tmp_path / "c.sqlite")
+
+    def search(tool) -> str:
+        return asyncio.run(CachedTool(tool, cache).run("long river"))
+
+    one = search(LocalWikipedia(corpus, top_k=1))
+    three = search(LocalWikipedia(corpus, top_k=3))
+    assert one.count("River ") == 2 and three.count("\n\n") == 2  # one paragraph, then three
+    assert search(LocalWikipedia(corpus, top_k=3)) == three  # same settings: served from the cache
+    write_jsonl(corpus, [{"title": "Lake", "text": "A long river flows into the lake."}])
+    assert search(LocalWikipedia(corpus, top_k=3)).startswith("Lake:")  # another corpus: searched again

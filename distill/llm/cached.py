@@ -51,7 +51,9 @@ class CachedChat:
 
 
 class CachedTool:
-    """Forwards every other member (`name`, `description`, the LLM tool's `calls`) to the tool it caches."""
+    """Forwards every other member (`name`, `description`, the LLM tool's `calls`) to the tool it caches. The key
+    holds the tool's `cache_settings` where it has them (Wikipedia's corpus, top_k, max_chars): a rerun with
+    other settings is never answered with the old paragraphs."""
 
     def __init__(self, inner, cache: CallCache, scope: str = ""):
         self.inner = inner
@@ -59,7 +61,8 @@ class CachedTool:
         self.scope = scope  # e.g. the question id for a per-question Wikipedia
 
     async def run(self, query: str) -> str:
-        key = stable_hash({"tool": self.name, "scope": self.scope, "input": query})
+        key = stable_hash({"tool": self.name, "scope": self.scope, "input": query,
+                           "settings": getattr(self.inner, "cache_settings", None)})
         hit = self.cache.get(key, kind="tool")
         if hit is not None:
             return hit

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from distill import __version__
 from distill.errors import DistillError, clip, one_line
 from distill.retry import Fault, bind, retry_after_s, with_retries
-from distill.store import read_jsonl
+from distill.store import read_jsonl, stable_hash
 from distill.text import title_key
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,8 @@ class ScopedWikipedia:
             raise DistillError(f"wikipedia top_k must be at least 1, got {top_k}")
         self.paragraphs = list(paragraphs)
         self.top_k, self.max_chars = top_k, max_chars
+        # what a cached answer depends on besides the query (distill.llm.cached.CachedTool)
+        self.cache_settings = {"top_k": top_k, "max_chars": max_chars, "paragraphs": stable_hash(self.paragraphs)}
         self._stemmer = Stemmer.Stemmer("english")
         self._lock = threading.Lock()
         self._by_title: dict[str, int] = {}
@@ -176,6 +178,11 @@ class OnlineWikipedia:
 
         about = "ReWOO planner distillation" + (f"; {self.contact}" if self.contact else "")
         self.user_agent = f"distill/{__version__} ({about}) httpx/{httpx.__version__}"
+
+    @property
+    def cache_settings(self) -> dict:
+        """What a cached answer depends on besides the query (distill.llm.cached.CachedTool)."""
+        return {"api_url": self.api_url, "top_k": self.top_k, "sentences": self.sentences, "max_chars": self.max_chars}
 
     @classmethod
     def from_config(cls, cfg: Any) -> "OnlineWikipedia":
