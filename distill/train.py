@@ -21,8 +21,10 @@ import logging
 import math
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -332,9 +334,32 @@ def launch(data: dict, gpus: int | None = None) -> dict:
         gpus = device_count()
     cmd = launch_command(config, cfg, gpus)
     print(f"[pipeline] {shlex.join(cmd)}", flush=True)
-    if subprocess.run(cmd).returncode != 0:
+    if run_child(cmd) != 0:
         raise DistillError(f"training failed ({shlex.join(cmd[1:4])}...); its error is printed above")
     return json.loads((out / ADAPTER_INFO).read_text())
+
+
+def run_child(cmd: list[str]) -> int:
+    """Run `cmd`, passing on a SIGTERM sent to this process (`kill`, a scheduler's stop), then stopping as that
+    signal would have. Ctrl-C reaches the whole process group by itself; a SIGTERM reaches only its target, and
+    without this the trainer would run on, orphaned, holding the GPUs and the output folder."""
+    proc = subprocess.Popen(cmd)
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        return proc.wait()
+    received: list[int] = []
+
+    def forward(signum, _frame):
+        received.append(signum)
+        proc.send_signal(signum)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        code = proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if received:
+        signal.raise_signal(received[0])
+    return code
 
 
 def without_secrets(data: dict) -> tuple[dict, dict]:

@@ -7,8 +7,10 @@ import importlib.util
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -706,3 +708,31 @@ def test_init_adapter_must_be_an_adapter_folder(sft_dir, tmp_path):
     cfg = TrainConfig.model_validate(_small(sft_dir, tmp_path / "out", init_adapter=str(tmp_path)))
     with pytest.raises(DistillError, match="init_adapter .*: no adapter_config.json"):
         build_trainer(cfg)
+
+
+def test_a_sigterm_to_the_pipeline_stops_its_training_child_too(tmp_path):
+    """`kill <pipeline pid>` reaches only the pipeline; an orphaned trainer would run on, holding the folder."""
+    pid_file = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    parent = subprocess.Popen([sys.executable, "-c", "import sys; from distill.train import run_child; "
+                               f"run_child([sys.executable, '-c', {child!r}])"], cwd=ROOT)
+    for _ in range(600):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        parent_done = parent.poll()
+        assert parent_done is None, f"the parent exited ({parent_done}) before its child started"
+        threading.Event().wait(0.1)
+    child_pid = int(pid_file.read_text())
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=60) == -signal.SIGTERM  # it stops as the signal would have stopped it
+    for _ in range(600):
+        try:
+            os.kill(child_pid, 0)
+        except ProcessLookupError:
+            break
+        if Path(f"/proc/{child_pid}/stat").read_text().split(") ")[1].startswith("Z"):
+            break  # exited, waiting for init to reap it
+        threading.Event().wait(0.1)
+    else:
+        os.kill(child_pid, signal.SIGKILL)
+        raise AssertionError("the training child outlived its pipeline")
