@@ -33,6 +33,7 @@ from distill.errors import DistillError
 from distill.rewoo.record import TrajectoryRecord
 from distill.store import read_jsonl
 from distill.traces import TraceLog, trace_files
+from fakes import chat_api
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = "Plan: add the numbers.\n#E1 = Calculator[2 + 3]"
@@ -546,20 +547,15 @@ def test_real_vllm_auth_and_sigterm_mid_request_in_a_subprocess(tmp_path, vllm_s
 def test_serve_agent_refuses_a_prompt_its_planner_adapter_was_not_trained_on(tmp_path):
     """The planner server names the LoRA module's folder (vLLM's /v1/models root); the adapter's own record says
     it was trained on the compact prompt with Wikipedia and LLM: another prompt or tool list is one line."""
-    from http.server import ThreadingHTTPServer
-
     from distill.agent_server import check_planner_as_trained
     from distill.tools.registry import tool_descriptions
-    from test_openai_backend import ServedModels, _save_adapter
+    from test_openai_backend import _save_adapter
 
     _save_adapter(tmp_path / "adapter", seed=0)
     (tmp_path / "adapter" / "distill_adapter.json").write_text(json.dumps({
         "student_prompt": "compact", "tools": tool_descriptions(["Wikipedia", "LLM"])}))
-    ServedModels.root = str(tmp_path / "adapter")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ServedModels)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    with chat_api(adapter=str(tmp_path / "adapter")) as api:
+        url = api.url
         spec = {"backend": "openai", "base_url": url, "model": "planner", "max_retries": 0}
         with pytest.raises(DistillError, match="serve-agent asks adapter .* with planner prompt full and tools "
                                                "Calculator, but it was trained on prompt compact with tools "
@@ -567,8 +563,6 @@ def test_serve_agent_refuses_a_prompt_its_planner_adapter_was_not_trained_on(tmp
             check_planner_as_trained(agent_config(tmp_path, url, planner=spec))
         check_planner_as_trained(agent_config(tmp_path, url, planner=spec, planner_prompt="compact",
                                               tools=["Wikipedia", "LLM"]))  # as trained: no complaint
-    finally:
-        server.shutdown()
     down = {"backend": "openai", "base_url": f"http://127.0.0.1:{free_port()}/v1", "model": "planner",
             "max_retries": 0, "timeout_s": 2}
     check_planner_as_trained(agent_config(tmp_path, down["base_url"], planner=down))  # not up yet: asked nothing

@@ -6,16 +6,14 @@ price set each call costs a known amount."""
 from __future__ import annotations
 
 import json
-import threading
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from distill import cli
 from distill.store import read_jsonl
+from fakes import chat_api
 from test_generate import MINI, write_config
-from test_openai_backend import ServedModels
 
 # The stand-in reports 2 completion tokens per call: at $500k per million completion tokens a call costs $1, and
 # a question (planner + solver: the plan "Paris" has no steps, so no tool runs) $2.
@@ -24,17 +22,12 @@ PRICED = {"prompt_per_mtok": 0, "completion_per_mtok": 500_000}
 
 @pytest.fixture
 def paid_api(tmp_path):
-    ServedModels.calls, ServedModels.fail_first, ServedModels.root = 0, 0, str(tmp_path / "weights")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ServedModels)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
-    ServedModels.fail_first = 2
+    with chat_api(adapter=str(tmp_path / "weights")) as api:
+        yield api
 
 
 def test_the_cost_cap_stops_generation_and_a_higher_cap_resumes_it(tmp_path, paid_api, capsys):
-    spec = {"backend": "openai", "base_url": paid_api, "model": "planner", "max_retries": 0} | PRICED
+    spec = {"backend": "openai", "base_url": paid_api.url, "model": "planner", "max_retries": 0} | PRICED
     path = write_config(tmp_path, n=5, samples=1, planner=spec, solver=spec, tools=["Calculator"], concurrency=1,
                         max_cost_usd=3)
     out = tmp_path / "run"
@@ -47,16 +40,16 @@ def test_the_cost_cap_stops_generation_and_a_higher_cap_resumes_it(tmp_path, pai
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "capped" and "max_cost_usd $3" in manifest["reason"]
     assert manifest["counts"] == {"planned": 5, "done": 2, "errors": 0, "not_run": 3}
-    assert ServedModels.calls == 4
+    assert paid_api.calls == 4
 
     assert cli.main(["generate", "--config", str(path)]) == 2  # the same cap: spent already, nothing is called
-    assert ServedModels.calls == 4 and len(read_jsonl(out / "trajectories.jsonl")) == 2
+    assert paid_api.calls == 4 and len(read_jsonl(out / "trajectories.jsonl")) == 2
 
     capsys.readouterr()
     assert cli.main(["generate", "--config", str(path), "--set", "max_cost_usd=100"]) == 0  # not a new fingerprint
     records = read_jsonl(out / "trajectories.jsonl")
     assert records[:2] == first and sorted(r["id"] for r in records) == sorted({r["id"] for r in records})
-    assert len(records) == 5 and ServedModels.calls == 10  # 5 questions x 2 calls: none repeated
+    assert len(records) == 5 and paid_api.calls == 10  # 5 questions x 2 calls: none repeated
     assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
 
 
@@ -105,7 +98,7 @@ def test_the_pipeline_refuses_a_price_less_paid_planner_before_any_stage(tmp_pat
 def test_the_cost_cap_covers_every_method_of_an_evaluation(tmp_path, paid_api, capsys):
     import yaml
 
-    solver = {"backend": "openai", "base_url": paid_api, "model": "planner", "max_retries": 0} | PRICED
+    solver = {"backend": "openai", "base_url": paid_api.url, "model": "planner", "max_retries": 0} | PRICED
     cfg = {"baselines": ["direct"], "solver": solver, "tools": ["Calculator"], "concurrency": 1,
            "datasets": [{"name": "hotpotqa", "source": str(MINI), "n": 4}], "output_dir": str(tmp_path / "eval"),
            "max_cost_usd": 2}
@@ -114,7 +107,7 @@ def test_the_cost_cap_covers_every_method_of_an_evaluation(tmp_path, paid_api, c
     assert cli.main(["eval", "--config", str(path)]) == 2  # Direct: one $1 call a question
     assert "max_cost_usd $2" in capsys.readouterr().err.strip().splitlines()[-1]
     records = tmp_path / "eval" / "records" / "direct.jsonl"
-    assert len(read_jsonl(records)) == 2 and ServedModels.calls == 2
+    assert len(read_jsonl(records)) == 2 and paid_api.calls == 2
     assert json.loads((tmp_path / "eval" / "manifest.json").read_text())["status"] == "capped"
     assert cli.main(["eval", "--config", str(path), "--set", "max_cost_usd=null"]) == 0
-    assert len(read_jsonl(records)) == 4 and ServedModels.calls == 4
+    assert len(read_jsonl(records)) == 4 and paid_api.calls == 4

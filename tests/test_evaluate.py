@@ -32,6 +32,7 @@ from distill.store import read_jsonl
 from distill.tools.calculator import Calculator
 from distill.tools.llm_tool import LLMTool
 from distill.tools.wikipedia import ScopedWikipedia
+from fakes import chat_api
 
 ROOT = Path(__file__).resolve().parents[1]
 MINI = ROOT / "tests" / "fixtures" / "hotpot_mini.jsonl"
@@ -307,19 +308,8 @@ def test_more_questions_resume_and_fresh_sets_aside_only_the_methods_made_otherw
 def served_planner(root: Path):
     """A stand-in for vLLM's /v1/models serving the LoRA module `planner` from `root` (as vLLM reports where its
     weights are); yields the endpoint spec a planner row uses."""
-    import threading
-    from http.server import ThreadingHTTPServer
-
-    from test_openai_backend import ServedModels
-
-    ServedModels.root = str(root)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ServedModels)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield {"backend": "openai", "base_url": f"http://127.0.0.1:{server.server_address[1]}/v1", "model": "planner",
-               "max_retries": 0}
-    finally:
-        server.shutdown()
+    with chat_api(adapter=str(root)) as api:
+        yield {"backend": "openai", "base_url": api.url, "model": "planner", "max_retries": 0}
 
 
 def test_eval_refuses_a_folder_whose_served_adapter_was_retrained(tmp_path, monkeypatch, capsys):

@@ -16,13 +16,14 @@ import sys
 import threading
 import time
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
 from distill.errors import DistillError
 from distill.llm.openai_backend import OpenAIChat
+from fakes import serving
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = {
@@ -104,13 +105,9 @@ class FakeAPI(BaseHTTPRequestHandler):
 @pytest.fixture
 def fake():
     FakeAPI.script, FakeAPI.calls, FakeAPI.release = [None], 0, threading.Event()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeAPI)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    FakeAPI.release.set()
-    server.shutdown()
-    server.server_close()
+    with serving(FakeAPI) as base:
+        yield f"{base}/v1"
+        FakeAPI.release.set()
 
 
 def ask(url: str, *sets: str, timeout_s: float = 60) -> subprocess.CompletedProcess:

@@ -18,6 +18,7 @@ import yaml
 from distill.config import load_config
 from distill.generate import GenerateConfig, generate
 from distill.store import read_jsonl
+from fakes import chat_api
 
 ROOT = Path(__file__).resolve().parents[1]
 MINI = ROOT / "tests" / "fixtures" / "hotpot_mini.jsonl"
@@ -116,18 +117,10 @@ def test_resume_after_sigint_and_sigkill_keeps_each_record_once(tmp_path, vllm_s
 def test_generate_refuses_a_folder_made_with_other_settings_and_fresh_sets_it_aside(tmp_path, capsys):
     """A stand-in for an OpenAI-compatible server (its /v1/models names what it serves, as vLLM's does) answers
     every call; the check under test is the folder's."""
-    import threading
-    from http.server import ThreadingHTTPServer
-
     from distill import cli
-    from test_openai_backend import ServedModels
 
-    ServedModels.calls, ServedModels.fail_first, ServedModels.root = 0, 0, str(tmp_path / "weights")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ServedModels)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        served = {"backend": "openai", "base_url": f"http://127.0.0.1:{server.server_address[1]}/v1",
-                  "model": "planner", "max_retries": 0}
+    with chat_api(adapter=str(tmp_path / "weights")) as api:
+        served = {"backend": "openai", "base_url": api.url, "model": "planner", "max_retries": 0}
         path = write_config(tmp_path, n=2, samples=1, planner=served, solver=served, tools=["Calculator"])
         cfg = load_config(GenerateConfig, path)
         generate(cfg)
@@ -145,9 +138,6 @@ def test_generate_refuses_a_folder_made_with_other_settings_and_fresh_sets_it_as
 
         assert cli.main(["generate", "--config", str(path), "--set", "samples_per_question=2"]) == 0  # only adds
         assert cli.main(["generate", "--config", str(path), "--set", "planner.temperature=0.5", "--fresh"]) == 0
-    finally:
-        server.shutdown()
-        ServedModels.fail_first = 2
     aside = list(out.glob("trajectories.jsonl.before-*"))
     assert len(aside) == 1 and len(read_jsonl(aside[0])) == 4  # the 2 + 2 records of the first settings, kept
     new = read_jsonl(out / "trajectories.jsonl")
@@ -157,20 +147,13 @@ def test_generate_refuses_a_folder_made_with_other_settings_and_fresh_sets_it_as
 def test_generate_reports_its_progress_to_tensorboard_and_refuses_a_missing_tracker(tmp_path, capsys):
     """The same stand-in server; the TensorBoard event file is real and read back with TensorBoard's own reader."""
     import importlib.util
-    import threading
-    from http.server import ThreadingHTTPServer
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from distill import cli
-    from test_openai_backend import ServedModels
 
-    ServedModels.calls, ServedModels.fail_first, ServedModels.root = 0, 0, str(tmp_path / "weights")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ServedModels)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        served = {"backend": "openai", "base_url": f"http://127.0.0.1:{server.server_address[1]}/v1",
-                  "model": "planner", "max_retries": 0}
+    with chat_api(adapter=str(tmp_path / "weights")) as api:
+        served = {"backend": "openai", "base_url": api.url, "model": "planner", "max_retries": 0}
         path = write_config(tmp_path, n=3, samples=1, planner=served, solver=served, tools=["Calculator"])
         if importlib.util.find_spec("wandb") is None:  # the tracker named but not installed: refused before any work
             assert cli.main(["generate", "--config", str(path), "--set", "report_to=[wandb]"]) == 2
@@ -181,12 +164,9 @@ def test_generate_reports_its_progress_to_tensorboard_and_refuses_a_missing_trac
         out = tmp_path / "run"
         records = read_jsonl(out / "trajectories.jsonl")
         # the tracker is not part of what a record is made from: the same run without it resumes, doing nothing
-        calls = ServedModels.calls
+        calls = api.calls
         assert cli.main(["generate", "--config", str(path)]) == 0
-        assert read_jsonl(out / "trajectories.jsonl") == records and ServedModels.calls == calls
-    finally:
-        server.shutdown()
-        ServedModels.fail_first = 2
+        assert read_jsonl(out / "trajectories.jsonl") == records and api.calls == calls
     events = EventAccumulator(str(out / "tensorboard"))
     events.Reload()
     logged = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}

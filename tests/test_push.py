@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +21,7 @@ from safetensors.numpy import save_file
 
 from distill.errors import DistillError
 from distill.push import UPLOAD, model_card, push
+from fakes import serving
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "hf_test_secret_token_123456"
@@ -28,7 +29,7 @@ TOKEN = "hf_test_secret_token_123456"
 
 class FakeHub:
     """Records every request; `status` set to an int makes every call fail with it, echoing the Authorization
-    header in the body as some servers do."""
+    header in the body as some servers do. `handler` answers for it; `url` is where it is served."""
 
     def __init__(self):
         self.requests: list[tuple[str, str, str | None]] = []
@@ -36,6 +37,7 @@ class FakeHub:
         self.status: int | None = None
         self.metadata: dict | None = None
         self.hold: threading.Event | None = None  # set: every POST waits for it (a Hub that never answers)
+        self.url = ""
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -92,21 +94,16 @@ class FakeHub:
                 hub.requests.append(("GET", self.path, self.headers.get("Authorization")))
                 return self._reply(404, {"error": f"the fake hub has no {self.path}"})
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        if self.hold is not None:
-            self.hold.set()
-        self.server.shutdown()
+        self.handler = Handler
 
 
 @pytest.fixture
 def hub():
     fake = FakeHub()
-    yield fake
-    fake.close()
+    with serving(fake.handler) as fake.url:
+        yield fake
+        if fake.hold is not None:
+            fake.hold.set()
 
 
 @pytest.fixture

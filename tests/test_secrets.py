@@ -11,8 +11,7 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import yaml
 
 from distill import secrets
 from distill.errors import clip, one_line
+from fakes import serving
 
 ROOT = Path(__file__).resolve().parents[1]
 MINI = ROOT / "tests" / "fixtures" / "hotpot_mini.jsonl"
@@ -84,12 +84,8 @@ class EchoAuth(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def echo_api():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), EchoAuth)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    with serving(EchoAuth) as base:
+        yield f"{base}/v1"
 
 
 @pytest.mark.parametrize("status", [401, 400])  # 401 stops the run; 400 is each question's error record
