@@ -31,6 +31,7 @@ from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
+from distill import layout
 from distill.config import AgentConfig, ModelSpec, PlannerPrompt, Strict, add_config_args, add_fresh_arg, load_config
 from distill.data import DatasetSource
 from distill.errors import DistillError
@@ -39,9 +40,9 @@ from distill.rewoo.worker import InjectedToolFailure
 from distill.run import MAX_BOOTSTRAP_SAMPLES
 from distill.tracking import ReportTo, open_tracker, require
 
-# An evaluation's output: one JSONL of records per method under RECORDS_DIR, a record keyed by `record_key`;
-# the report reads them back through these two names.
-RECORDS_DIR = "records"
+# An evaluation's output: one JSONL of records per method under RECORDS_DIR (distill.layout), a record keyed by
+# `record_key`; the report reads them back through these two names.
+RECORDS_DIR = layout.RECORDS_DIR
 ERRORS = "errors.jsonl"  # failed attempts of every method, keyed (method, id); a rerun retries them
 BASELINE_NAMES = ("react", "direct")
 _METHOD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")  # it becomes a file name
@@ -414,7 +415,7 @@ def run_fingerprints(cfg: EvalConfig, methods: list[Method]) -> dict[str, dict]:
 
 
 def records_path(out: Path, method: Method) -> Path:
-    return out / RECORDS_DIR / f"{method.name}.jsonl"
+    return layout.records(out, method.name)
 
 
 def preflight(cfg: EvalConfig, methods: list[Method], out: Path, runs: dict[str, dict], fresh: bool) -> None:
@@ -423,7 +424,7 @@ def preflight(cfg: EvalConfig, methods: list[Method], out: Path, runs: dict[str,
     from distill.run import check_fingerprint, read_manifest
     from distill.store import JsonlStore
 
-    old = read_manifest(out / "manifest.json")
+    old = read_manifest(layout.manifest(out))
     for method in methods:
         if (path := records_path(out, method)).exists():
             with JsonlStore(path, key=record_key, schema=EvalRecord) as store:  # it says so when it cuts a torn line
@@ -599,6 +600,6 @@ def main(args: argparse.Namespace) -> int:
     manifest = evaluate(cfg, args.config, fresh=args.fresh)
     for name, run in manifest["runs"].items():
         print(f"{name:<16} {run['records']} records")
-    print(f"records: {Path(cfg.output_dir) / RECORDS_DIR}")
+    print(f"records: {layout.records_dir(Path(cfg.output_dir))}")
     print(f"next: distill report {cfg.output_dir}")
     return 0

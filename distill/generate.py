@@ -20,12 +20,13 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from distill import layout
 from distill.config import AgentConfig, ModelSpec, add_config_args, add_fresh_arg, load_config
 from distill.data import DatasetSource
 from distill.errors import DistillError
 from distill.tracking import ReportTo, open_tracker, require
 
-TRAJECTORIES = "trajectories.jsonl"
+TRAJECTORIES = layout.TRAJECTORIES
 ERRORS = "errors.jsonl"  # one line per failed attempt at a record; a rerun retries them
 
 
@@ -114,7 +115,7 @@ def check_resumable(out: Path, fp: str, settings: dict, fresh: bool) -> None:
 
     if not (path := out / TRAJECTORIES).exists():
         return
-    old = read_manifest(out / "manifest.json")
+    old = read_manifest(layout.manifest(out))
     made = old and {"fingerprint": old.fingerprint, "settings": old.run_settings}
     with JsonlStore(path, key=record_key) as store:  # it says so when it cuts a torn last line
         records = store.records()
@@ -143,7 +144,7 @@ def generate(cfg: GenerateConfig, config_path: str | None = None, fresh: bool = 
         check_resumable(out, manifest["fingerprint"], settings, fresh)
 
     require(cfg.report_to)
-    with run_lifecycle(out, manifest, check=check), CallCache.open(cfg.cache, out / "calls.sqlite") as cache, \
+    with run_lifecycle(out, manifest, check=check), CallCache.open(cfg.cache, layout.call_cache(out)) as cache, \
             open_tracker(cfg.report_to, out, "generate") as tracker:
         fp = manifest["fingerprint"]
         agent = build_agent(cfg, cache, method="rewoo-teacher", seed=cfg.seed, solve=cfg.solve)
@@ -172,7 +173,7 @@ def generate(cfg: GenerateConfig, config_path: str | None = None, fresh: bool = 
             },
         } | retries_of(agent)
         manifest.update(totals=summary)
-        write_json(out / "summary.json", summary)
+        write_json(out / layout.SUMMARY, summary)
     return summary
 
 

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from distill import layout
 from distill.config import SERVER_PLACEHOLDER, AgentConfig, add_config_args, add_fresh_arg, load_config, read_json_model
 from distill.data import DatasetSource
 from distill.errors import DistillError
@@ -118,7 +119,7 @@ class ImproveConfig(AgentConfig):
 def final_adapter(cfg: ImproveConfig) -> Path:
     """Where the improved adapter will be: the last round's, or the GRPO run's."""
     out = Path(cfg.output_dir)
-    return out / "grpo" / "adapter" if cfg.method == "grpo" else out / f"round_{cfg.rounds}" / "adapter"
+    return (out / layout.GRPO if cfg.method == "grpo" else layout.round_dir(out, cfg.rounds)) / layout.ADAPTER
 
 
 def record_key(rec: dict) -> tuple[str, int]:
@@ -289,7 +290,7 @@ def train_section(cfg: ImproveConfig, adapter_in: str, out: Path, base_model: st
     """The round's TrainConfig keys: the adapter's base (`base_model` where the adapter is not trained yet),
     `train`, the round's folders and the adapter it continues."""
     return {"model_name_or_path": base_model or base_model_of(adapter_in)} | cfg.train | {
-        "dataset_dir": str(out / "sft-data"), "output_dir": str(out / "adapter"), "init_adapter": adapter_in}
+        "dataset_dir": str(out / layout.SFT_DATA), "output_dir": str(out / layout.ADAPTER), "init_adapter": adapter_in}
 
 
 def check_train_section(cfg: ImproveConfig) -> None:
@@ -297,7 +298,7 @@ def check_train_section(cfg: ImproveConfig) -> None:
     from distill.config import validate
     from distill.train import TrainConfig
 
-    validate(TrainConfig, train_section(cfg, cfg.adapter, Path(cfg.output_dir) / "round_1"), "train (improve)")
+    validate(TrainConfig, train_section(cfg, cfg.adapter, layout.round_dir(Path(cfg.output_dir), 1)), "train (improve)")
 
 
 def check_run(cfg: ImproveConfig, check, prefix: str = "", started=(), base_model: str | None = None,
@@ -319,12 +320,12 @@ def check_run(cfg: ImproveConfig, check, prefix: str = "", started=(), base_mode
         print(f"{where} would run: TRL's GRPOTrainer in this process from {cfg.adapter} "
               f"({cfg.grpo.get('max_steps', 'TRL default')} steps, {cfg.samples} completions per question)")
     else:
-        first = Path(cfg.output_dir) / "round_1"
+        first = layout.round_dir(Path(cfg.output_dir), 1)
         served = "each round's vLLM server" if cfg.server is not None else "the planner endpoint"
         try:
             section = train_section(cfg, cfg.adapter, first, base_model)
             train = parse_train_config(section, processes=1)
-            cmd = shlex.join(launch_command(first / "adapter" / "stage_config.yaml", train, gpus or 0))
+            cmd = shlex.join(launch_command(first / layout.ADAPTER / "stage_config.yaml", train, gpus or 0))
             print(f"{where} would run: {cfg.rounds} round(s), each sampling {cfg.samples} plans per question from "
                   f"{served} (LoRA module {POLICY!r}), then training: {cmd}")
         except DistillError as exc:
@@ -348,11 +349,12 @@ def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh
     from distill.sft_data import SftDataConfig, build_sft_data
     from distill.store import CallCache, JsonlStore, read_jsonl, write_json, write_jsonl
 
-    out = Path(cfg.output_dir) / f"round_{i}"
+    out = layout.round_dir(Path(cfg.output_dir), i)
     settings = round_settings(cfg, adapter_in)
     fp = fingerprint(settings)
     done = read_json_model(out / DONE, RoundMarker, "round marker", "delete it to redo the round")
-    if done and done.fingerprint == fp and done.summary and (out / "adapter" / "adapter_model.safetensors").is_file():
+    trained = (out / layout.ADAPTER / "adapter_model.safetensors").is_file()
+    if done and done.fingerprint == fp and done.summary and trained:
         print(f"[improve] round {i}: done, skipped (same settings and starting adapter)", flush=True)
         return done.summary
     out.mkdir(parents=True, exist_ok=True)
@@ -362,27 +364,27 @@ def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh
         made = read_json_model(out / "settings.json", RoundMarker, "round settings file", "delete it")
         check_fingerprint(out / SAMPLES, old, fp, settings, made and made.model_dump(), fresh, "samples")
     write_json(out / "settings.json", {"fingerprint": fp, "settings": settings})
-    with serving(cfg, adapter_in, out) as server, CallCache.open("auto", out.parent / "calls.sqlite") as cache:
+    with serving(cfg, adapter_in, out) as server, CallCache.open("auto", layout.call_cache(out.parent)) as cache:
         round_cfg = with_server(cfg, server.base_url if server else None)
         sample_round(round_cfg, i, round_cfg.planner, examples, out, fp, cache)
     records = [r for r in read_jsonl(out / SAMPLES) if r.get("fingerprint") == fp]
     kept = best_plans(records, cfg.min_reward)
     summary = round_summary(records, kept, len(examples))
     if not kept:
-        write_json(out / "summary.json", summary)
+        write_json(out / layout.SUMMARY, summary)
         raise DistillError(f"improve round {i}: no question's best plan reached min_reward {cfg.min_reward:g} "
                            f"(mean best reward {summary['mean_best_reward']}); lower min_reward or raise samples")
     write_jsonl(out / KEPT, kept)
-    build_sft_data(SftDataConfig(kept=str(out / KEPT), out=str(out / "sft-data"), tools=cfg.tools,
+    build_sft_data(SftDataConfig(kept=str(out / KEPT), out=str(out / layout.SFT_DATA), tools=cfg.tools,
                                  student_prompt=cfg.planner_prompt, val_fraction=cfg.val_fraction, seed=cfg.seed,
                                  tokenizer=None))
     from distill.train import launch
 
     info = launch(train_section(cfg, adapter_in, out))
-    inherit_record(cfg, adapter_in, out / "adapter", f"expert_iteration round {i}")
-    summary |= {"adapter_in": adapter_in, "adapter": str(out / "adapter"),
+    inherit_record(cfg, adapter_in, out / layout.ADAPTER, f"expert_iteration round {i}")
+    summary |= {"adapter_in": adapter_in, "adapter": str(out / layout.ADAPTER),
                 "train": {k: info.get(k) for k in ("global_step", "final_train_loss", "wall_s")}}
-    write_json(out / "summary.json", summary)
+    write_json(out / layout.SUMMARY, summary)
     write_json(out / DONE, {"fingerprint": fp, "summary": summary})
     print(f"[improve] round {i}: mean reward {summary['mean_reward']}, best per question "
           f"{summary['mean_best_reward']}, kept {len(kept)} of {len(examples)}", flush=True)
@@ -404,7 +406,7 @@ def improve(cfg: ImproveConfig, config_path: str | None = None, fresh: bool = Fa
         with folder_lock(out):
             summary = run_grpo(cfg, examples)
             result = {"method": cfg.method, "rounds": [summary], "adapter": summary["adapter"], "config": config_path}
-            write_json(out / "summary.json", result)
+            write_json(out / layout.SUMMARY, result)
         return result
     check_train_section(cfg)
     out.mkdir(parents=True, exist_ok=True)
@@ -414,7 +416,7 @@ def improve(cfg: ImproveConfig, config_path: str | None = None, fresh: bool = Fa
             rounds.append(run_round(cfg, i, adapter, examples, fresh))
             adapter = rounds[-1]["adapter"]
         result = {"method": cfg.method, "rounds": rounds, "adapter": adapter, "config": config_path}
-        write_json(out / "summary.json", result)
+        write_json(out / layout.SUMMARY, result)
     return result
 
 
@@ -493,30 +495,31 @@ def run_grpo(cfg: ImproveConfig, examples: list) -> dict:
     import_trl()
     from trl import GRPOTrainer
 
-    out = Path(cfg.output_dir) / "grpo"
+    out = Path(cfg.output_dir) / layout.GRPO
     args = grpo_args(cfg, out)
     path = resolve_model_path(base_model_of(cfg.adapter))
     descriptions = tool_descriptions(cfg.tools)
     dataset = Dataset.from_list([{"prompt": planner_messages(ex.question, descriptions, cfg.planner_prompt),
                                   "id": ex.id} for ex in examples])
-    with CallCache.open("auto", Path(cfg.output_dir) / "calls.sqlite") as cache:
+    with CallCache.open("auto", layout.call_cache(Path(cfg.output_dir))) as cache:
         reward = PlannerReward(cfg, examples, cache)
         trainer = GRPOTrainer(model=trainable_adapter(path, cfg.adapter), reward_funcs=[reward], args=args,
                               train_dataset=dataset, processing_class=AutoTokenizer.from_pretrained(path))
         resume = get_last_checkpoint(str(out)) if out.is_dir() else None
         trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model(str(out / "adapter"))
+    trainer.save_model(str(out / layout.ADAPTER))
     if trainer.is_world_process_zero():
-        inherit_record(cfg, cfg.adapter, out / "adapter", "grpo")
+        inherit_record(cfg, cfg.adapter, out / layout.ADAPTER, "grpo")
     keys = ("step", "reward", "reward_std", "kl", "loss", "rewards/planner_reward/mean",
             *(f"reward/{p}" for p in ("valid", "ran", "recall", "answer_in_evidence", "extra_steps")))
     history = [{k: e[k] for k in keys if k in e} for e in trainer.state.log_history if "reward" in e]
     write_json(out / "reward_history.json", history)
     last = history[-1] if history else {}
     summary = {"round": 1, "steps": trainer.state.global_step, "samples": sum(reward.calls),
-               "mean_reward": last.get("reward"), "kl": last.get("kl"), "adapter": str(out / "adapter"),
+               "mean_reward": last.get("reward"), "kl": last.get("kl"),
+               "adapter": str(out / layout.ADAPTER),
                "adapter_in": cfg.adapter, "reward_parts": {k[7:]: v for k, v in last.items() if k.startswith("reward/")}}
-    write_json(out / "summary.json", summary)
+    write_json(out / layout.SUMMARY, summary)
     print(f"[improve] grpo: {summary['steps']} steps, last reward {summary['mean_reward']}", flush=True)
     return summary
 

@@ -10,6 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
+from distill import layout
 from distill.errors import DistillError
 from distill.llm.embedded import resolve_model_path
 
@@ -46,7 +47,7 @@ def training_record(adapter_dir: str | Path) -> dict:
     path = Path(adapter_dir) / ADAPTER_INFO
     info = read_json(path) if path.is_file() else {}
     if info.get("student_prompt") is None and info.get("dataset_dir"):
-        summary = Path(str(info["dataset_dir"])) / "summary.json"
+        summary = Path(str(info["dataset_dir"])) / layout.SUMMARY
         if summary.is_file():
             found = read_json(summary)
             splits = found.get("splits") if isinstance(found.get("splits"), dict) else {}

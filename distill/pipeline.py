@@ -54,14 +54,15 @@ from typing import Any, Callable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from distill import layout
 from distill.config import (ENDPOINT_IDENTITY, SERVER_PLACEHOLDER, AgentConfig, ModelSpec, Strict, _merge,
                             add_config_args, load_config, read_json_model, read_yaml, validate)
 from distill.errors import DistillError
+from distill.layout import STAGES
 from distill.run import describe_changes, fingerprint, folder_lock, set_aside, settings_of, source_digests
 from distill.store import content_digest, write_json
 from distill.tracking import PACKAGES
 
-STAGES = ("generate", "filter", "sft-data", "train", "improve", "eval", "report")
 IMPROVED = "{}_improved"  # the LoRA module (and eval row model) of a student's improved adapter
 SERVER = SERVER_PLACEHOLDER  # the pipeline fills in the address of the stage's own server
 STAGE_CONFIG = "config"
@@ -74,7 +75,7 @@ SECTIONS = ("generate", "teacher_server", "filter", "sft_data", "train", "improv
 TEACHER_ROLES = {"generate": ("planner", "solver", "llm_tool", "judge"), "eval": ("solver", "llm_tool", "judge")}
 # Files in a student's sft-data folder that are not its training data: the marker, and the cache files `datasets`
 # writes beside the data when training maps over it (a rerun must not take them for new data).
-SFT_DATA_NOT_INPUT = ("DONE.json", "cache-*.arrow", "tmp*")
+SFT_DATA_NOT_INPUT = (layout.DONE, "cache-*.arrow", "tmp*")
 # The library function behind each stage, and the server class; `Pipeline(entries=...)` swaps some of them so
 # a test can check what every stage is handed without running a model.
 ENTRIES = {
@@ -355,7 +356,7 @@ class Pipeline:
     def once(self, unit: Unit, step: Callable[[], dict], depends: list[str] = ()) -> dict:
         """`step()` unless the unit's marker holds its fingerprint and nothing it is made from was redone in this
         run; the marker keeps what `step` returned, its time and what it was made from."""
-        path = unit.folder / "DONE.json"
+        path = layout.marker(unit.folder)
         marker = None if unit.stage in self.forced else read_marker(path)
         why = unit.why(marker, [d for d in depends if d in self.redone])
         if self.dry:
@@ -385,11 +386,11 @@ class Pipeline:
                      depends: Callable[[str], list[str]]) -> None:
         """`step(name)` for every student whose own `<stage>/<name>/DONE.json` does not hold its fingerprint;
         the stage's marker lists them all (and is skipped as a whole when none has work)."""
-        whole = Unit(stage, self.run / stage, {}, {name: u.fingerprint for name, u in units.items()})
-        marker = read_marker(whole.folder / "DONE.json")
+        whole = Unit(stage, layout.stage_dir(self.run, stage), {}, {name: u.fingerprint for name, u in units.items()})
+        marker = read_marker(layout.marker(whole.folder))
         after = [d for name in units for d in depends(name) if d in self.redone]
         if (stage not in self.forced and marker is not None and marker.fingerprint == whole.fingerprint
-                and not after and all(read_marker(u.folder / "DONE.json") is not None for u in units.values())):
+                and not after and all(read_marker(layout.marker(u.folder)) is not None for u in units.values())):
             print(f"  {stage}: done, would be skipped (same settings and inputs)" if self.dry else
                   f"[pipeline] {stage}: done, skipped (same settings and inputs)", flush=True)
             return
@@ -399,16 +400,16 @@ class Pipeline:
         keep = {name: {k: v for k, v in info.items() if k not in ("settings", "inputs")}
                 for name, info in students.items()}
         seconds = round(sum(info["seconds"] for info in students.values()), 1)
-        write_json(whole.folder / "DONE.json", whole.head() | {"students": keep, "seconds": seconds})
+        write_json(layout.marker(whole.folder), whole.head() | {"students": keep, "seconds": seconds})
 
     def stages(self) -> tuple[str, ...]:
         """The stages this pipeline runs: `improve` only where it has a section."""
-        return tuple(s for s in STAGES if s != "improve" or self.cfg.improve is not None)
+        return tuple(s for s in STAGES if s != layout.IMPROVE or self.cfg.improve is not None)
 
     def show_rerun(self, start: str | None = None) -> None:
         """`--check` on a run folder: what the same command would redo and why, stage by stage, from the markers
         and fingerprints a run itself goes by (run_all walked with nothing run and nothing written)."""
-        if not (self.run / "generate").is_dir():
+        if not layout.stage_dir(self.run, layout.GENERATE).is_dir():
             print(f"--- {self.run}: no run here yet: every stage would run")
             return
         print(f"--- {self.run}: what a rerun would do" + (f" (--from {start})" if start else ""))
@@ -422,7 +423,7 @@ class Pipeline:
 
     def rerun_from(self, stage: str) -> None:
         """Move the stage's folder and every later one aside, so they rerun from scratch, losing nothing."""
-        for d in (self.run / s for s in STAGES[STAGES.index(stage):]):
+        for d in (layout.stage_dir(self.run, s) for s in STAGES[STAGES.index(stage):]):
             if d.exists():
                 set_aside(d)
 
@@ -438,7 +439,8 @@ class Pipeline:
     def generate_config(self, url: str | None):
         from distill.generate import GenerateConfig
 
-        paths = {"output_dir": str(self.run / "generate"), "cache": str(self.run / "calls.sqlite")}
+        paths = {"output_dir": str(layout.stage_dir(self.run, layout.GENERATE)),
+                 "cache": str(layout.call_cache(self.run))}
         return validate(GenerateConfig, self.tracking() | fill_server(self.cfg.generate, url) | paths, "generate")
 
     def filter_config(self):
@@ -449,7 +451,7 @@ class Pipeline:
     def sft_data_config(self, name: str):
         from distill.sft_data import SftDataConfig
 
-        paths = {"kept": str(self.run / "filter" / "kept.jsonl"), "out": str(self.run / "sft-data" / name)}
+        paths = {"kept": str(layout.kept(self.run)), "out": str(layout.sft_data(self.run, name))}
         where = "sft_data" if self.cfg.students is None else f"students.{name}"
         own = {k: v for k, v in self.students()[name].items() if k != "train"}
         return validate(SftDataConfig, self.cfg.sft_data | own | paths, f"{where} (pipeline)")
@@ -463,8 +465,8 @@ class Pipeline:
         own = self.students()[name].get("train") or {}
         if not isinstance(own, Mapping):
             raise DistillError(f"students.{name}.train: expected train config keys")
-        data = self.train_base() | own | {"dataset_dir": str(self.run / "sft-data" / name),
-                                          "output_dir": str(self.run / "train" / name)}
+        data = self.train_base() | own | {"dataset_dir": str(layout.sft_data(self.run, name)),
+                                          "output_dir": str(layout.adapter(self.run, name))}
         try:
             validate(TrainConfig, data, "train (pipeline)")
         except DistillError as exc:  # TRL's parser names no section: say which student's keys were read
@@ -475,7 +477,7 @@ class Pipeline:
         """`teacher_server`, or `student_server` loading every student's adapter as the LoRA module of its name."""
         from distill.serve import ServeConfig
 
-        adapters = {n: str(self.run / "train" / n) for n in self.students()} | self.improved_adapters()
+        adapters = {n: str(layout.adapter(self.run, n)) for n in self.students()} | self.improved_adapters()
         students = {"adapter": None, "adapters": adapters}
         data = {"port": 0} | getattr(self.cfg, name) | (students if name == "student_server" else {})
         return validate(ServeConfig, data, name)
@@ -509,7 +511,7 @@ class Pipeline:
         defaults |= {k: gen[k] for k in ("wikipedia_backend", "wikipedia_corpus", "wikipedia_scope") if k in gen}
         defaults["server"] = {k: v for k, v in self.cfg.student_server.items() if k not in ("adapter", "adapters")}
         section = {k: v for k, v in self.cfg.improve.items() if k != "student"}
-        paths = {"adapter": str(self.run / "train" / name), "output_dir": str(self.run / "improve" / name)}
+        paths = {"adapter": str(layout.adapter(self.run, name)), "output_dir": str(layout.improved(self.run, name))}
         cfg = validate(ImproveConfig, defaults | section | paths, "improve")
         return cfg if url is None else validate(ImproveConfig, fill_server(cfg.model_dump(mode="json"), url), "improve")
 
@@ -517,7 +519,8 @@ class Pipeline:
         from distill.evaluate import EvalConfig
 
         # per-method caches in the output folder: latency stays honest
-        section = self.tracking() | fill_server(self.cfg.eval, url) | {"output_dir": str(self.run / "eval")}
+        section = self.tracking() | fill_server(self.cfg.eval, url) | {
+            "output_dir": str(layout.stage_dir(self.run, layout.EVAL))}
         return validate(EvalConfig, section, "eval")
 
     def tracking(self) -> dict:
@@ -640,7 +643,7 @@ class Pipeline:
         if gpus is None:
             return
         try:
-            cmd = launch_command(self.run / "train" / name / "stage_config.yaml", cfg, gpus)
+            cmd = launch_command(layout.adapter(self.run, name) / "stage_config.yaml", cfg, gpus)
             print(f"train {name} would run: {shlex.join(cmd)}")
         except DistillError as exc:
             world.problem(f"{where}: {exc}")
@@ -730,57 +733,64 @@ class Pipeline:
         cfg = self.generate_config(SERVER)
         settings = settings_of(cfg.model_dump(mode="json")) | {"teacher_server": self.server_settings("teacher_server")}
         sources = [ds.source for ds in [*cfg.datasets, *cfg.eval_sets]] + [cfg.wikipedia_corpus]
-        return Unit("generate", self.run / "generate", settings, source_digests(sources), followers=self.stages()[1:])
+        return Unit(layout.GENERATE, layout.stage_dir(self.run, layout.GENERATE), settings, source_digests(sources),
+                    followers=self.stages()[1:])
 
     def filter_unit(self) -> Unit:
-        kept = "generate/trajectories.jsonl"
-        return Unit("filter", self.run / "filter", settings_of(self.filter_config().model_dump(mode="json")),
-                    {kept: content_digest(self.run / kept)}, followers=self.stages()[2:])
+        trajectories = layout.trajectories(self.run)
+        return Unit(layout.FILTER, layout.stage_dir(self.run, layout.FILTER),
+                    settings_of(self.filter_config().model_dump(mode="json")),
+                    {layout.in_run(self.run, trajectories): content_digest(trajectories)}, followers=self.stages()[2:])
 
     def sft_data_unit(self, name: str) -> Unit:
         settings = settings_of(self.sft_data_config(name).model_dump(mode="json", exclude={"kept", "out"}))
-        kept = "filter/kept.jsonl"
-        return Unit("sft-data", self.run / "sft-data" / name, settings, {kept: content_digest(self.run / kept)},
-                    name, (f"train {name}", "eval", "report"))
+        kept = layout.kept(self.run)
+        return Unit(layout.SFT_DATA, layout.sft_data(self.run, name), settings,
+                    {layout.in_run(self.run, kept): content_digest(kept)}, name, (f"train {name}", "eval", "report"))
 
     def train_unit(self, name: str) -> Unit:
         from distill.train import DEFAULTS
 
         settings = settings_of(DEFAULTS | {k: v for k, v in self.train_section(name).items() if k != "dataset_dir"})
-        data = f"sft-data/{name}"
+        data = layout.sft_data(self.run, name)
         after = ("improve", "eval", "report") if self.improved_student() == name else ("eval", "report")
-        return Unit("train", self.run / "train" / name, settings,
-                    {data: content_digest(self.run / data, skip=SFT_DATA_NOT_INPUT)}, name, after)
+        return Unit(layout.TRAIN, layout.adapter(self.run, name), settings,
+                    {layout.in_run(self.run, data): content_digest(data, skip=SFT_DATA_NOT_INPUT)}, name, after)
 
     def improve_unit(self) -> Unit:
         from distill.llm.base import weights_fingerprint
 
         name = self.improved_student()
         settings = settings_of(self.improve_config().model_dump(mode="json", exclude={"adapter", "output_dir"}))
-        return Unit("improve", self.run / "improve", settings,
-                    {f"train/{name}": weights_fingerprint(str(self.run / "train" / name))}, followers=("eval", "report"))
+        adapter = layout.adapter(self.run, name)
+        return Unit(layout.IMPROVE, layout.stage_dir(self.run, layout.IMPROVE), settings,
+                    {layout.in_run(self.run, adapter): weights_fingerprint(str(adapter))}, followers=("eval", "report"))
 
     def eval_unit(self) -> Unit:
         from distill.llm.base import weights_fingerprint
 
         cfg = self.eval_config(SERVER)
         settings = settings_of(cfg.model_dump(mode="json")) | {"student_server": self.server_settings("student_server")}
-        adapters = {f"train/{n}": weights_fingerprint(str(self.run / "train" / n)) for n in self.students()}
-        adapters |= {f"improve/{m}": weights_fingerprint(p) for m, p in self.improved_adapters().items()}
+        trained = {n: layout.adapter(self.run, n) for n in self.students()}
+        adapters = {layout.in_run(self.run, p): weights_fingerprint(str(p)) for p in trained.values()}
+        # an improved adapter is named by its LoRA module under improve/, not by its folder
+        adapters |= {f"{layout.IMPROVE}/{m}": weights_fingerprint(p) for m, p in self.improved_adapters().items()}
         sources = [ds.source for ds in cfg.datasets] + [cfg.wikipedia_corpus]
-        return Unit("eval", self.run / "eval", settings, adapters | source_digests(sources), followers=("report",))
+        return Unit(layout.EVAL, layout.stage_dir(self.run, layout.EVAL), settings, adapters | source_digests(sources),
+                    followers=("report",))
 
     def report_unit(self) -> Unit:
-        records = "eval/records"
-        return Unit("report", self.run / "report", dict(self.cfg.report),
-                    {records: content_digest(self.run / records)})
+        records = layout.records_dir(layout.stage_dir(self.run, layout.EVAL))
+        return Unit(layout.REPORT, layout.stage_dir(self.run, layout.REPORT), dict(self.cfg.report),
+                    {layout.in_run(self.run, records): content_digest(records)})
 
     # ------------------------------------------------------------------ stages
     def server(self, name: str):
         if getattr(self.cfg, name) is None:
             return nullcontext(None)
-        print(f"[pipeline] starting vLLM for the {name} (log: {self.run / f'{name}.vllm.log'})", flush=True)
-        return self.entry("server")(self.server_config(name), log_path=self.run / f"{name}.vllm.log")
+        log = layout.server_log(self.run, name)
+        print(f"[pipeline] starting vLLM for the {name} (log: {log})", flush=True)
+        return self.entry("server")(self.server_config(name), log_path=log)
 
     def generate(self) -> dict:
         """Records made with other settings are set aside: what the pipeline keeps is what it was told."""
@@ -791,9 +801,7 @@ class Pipeline:
     def filter(self) -> dict:
         from distill.filter import format_report
 
-        report = self.entry("filter")(
-            self.run / "generate" / "trajectories.jsonl", self.run / "filter" / "kept.jsonl", self.filter_config()
-        )
+        report = self.entry("filter")(layout.trajectories(self.run), layout.kept(self.run), self.filter_config())
         print(format_report(report))
         if report["kept"] == 0:
             raise DistillError("the filter kept no trajectory: more samples_per_question or more questions")
@@ -829,10 +837,10 @@ class Pipeline:
         """The report from the evaluation's records, at the run folder's root, with the stage timings."""
         from distill.report import prompt_budget_summary, summary_lines
 
-        results = self.entry("report")(self.run / "eval", self.run, **self.cfg.report)
+        results = self.entry("report")(layout.stage_dir(self.run, layout.EVAL), self.run, **self.cfg.report)
         print("\n".join(summary_lines(results) + prompt_budget_summary(results)))
-        timings = {s: read_marker(self.run / s / "DONE.json").seconds for s in self.stages()[:-1]}
-        write_json(self.run / "pipeline.json", {"stage_seconds": timings, "config_file": self.config_path})
+        timings = {s: read_marker(layout.marker(layout.stage_dir(self.run, s))).seconds for s in self.stages()[:-1]}
+        write_json(layout.pipeline_info(self.run), {"stage_seconds": timings, "config_file": self.config_path})
         return {"stage_seconds": timings}
 
     def run_all(self, start: str | None = None) -> None:
@@ -850,9 +858,9 @@ class Pipeline:
             names = list(self.students())
             self.once(self.generate_unit(), self.generate)
             self.once(self.filter_unit(), self.filter, ["generate"])
-            self.each_student("sft-data", self.sft_data, {n: self.sft_data_unit(n) for n in names},
+            self.each_student(layout.SFT_DATA, self.sft_data, {n: self.sft_data_unit(n) for n in names},
                               lambda n: ["filter"])
-            self.each_student("train", self.train, {n: self.train_unit(n) for n in names},
+            self.each_student(layout.TRAIN, self.train, {n: self.train_unit(n) for n in names},
                               lambda n: [f"sft-data {n}"])
             trained = [f"train {n}" for n in names]
             if self.cfg.improve is not None:
@@ -861,8 +869,8 @@ class Pipeline:
             self.once(self.report_unit(), self.report, ["eval"])
         if self.dry:
             return
-        print(f"\nreport:  {self.run / 'report.md'}")
-        print(f"results: {self.run / 'results.json'}")
+        print(f"\nreport:  {self.run / layout.REPORT_MD}")
+        print(f"results: {self.run / layout.RESULTS}")
 
 
 def teacher_mismatch(gen: Any, ev: Any) -> str | None:

@@ -3,9 +3,9 @@
 A number without its origin cannot be shared: "the student" means nothing without its base model, its LoRA rank,
 how many examples it saw and how far its loss fell. Everything here is read from files the stages already write
 (eval's manifest.json; in a pipeline's run folder, generate/manifest.json, sft-data/<student>/summary.json,
-train/<student>/distill_adapter.json and each stage's DONE.json), and from the adapter folders the evaluated
-rows were served from (eval's fingerprints name them; training records in each its prompt, tools, teacher and
-data), so a run made stage by stage, or rebuilt elsewhere, says the same.
+train/<student>/distill_adapter.json and each stage's DONE.json, where distill.layout puts them), and from the
+adapter folders the evaluated rows were served from (eval's fingerprints name them; training records in each its
+prompt, tools, teacher and data), so a run made stage by stage, or rebuilt elsewhere, says the same.
 A file that is absent or unreadable leaves its items None (shown "unknown"), never a traceback: the tables
 below the provenance are still worth reading without it.
 """
@@ -16,11 +16,10 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from distill import layout
 from distill.merge import ADAPTER_INFO
 
-SFT_SUMMARY = "summary.json"  # as distill.sft_data writes it
-LOSS_HISTORY = "loss_history.json"  # as distill.train writes it
-STAGE_MARKERS = ("generate", "filter", "sft-data", "train", "improve", "eval")
+STAGE_MARKERS = tuple(s for s in layout.STAGES if s != layout.REPORT)  # the report's is written after it
 
 
 def read_json(path: Path) -> dict | None:
@@ -61,7 +60,7 @@ def adapter_of(identity: Any) -> str | None:
 def run_folder(eval_dir: Path) -> Path | None:
     """The pipeline's run folder an evaluation sits in (`<run>/eval`), or None for a plain `distill eval`."""
     parent = eval_dir.resolve().parent
-    return parent if (parent / "train").is_dir() or (parent / "sft-data").is_dir() else None
+    return parent if any(layout.stage_dir(parent, s).is_dir() for s in (layout.TRAIN, layout.SFT_DATA)) else None
 
 
 def _version(code_version: str | None) -> tuple[str | None, str | None]:
@@ -104,7 +103,7 @@ def student(folder: Path, summary: Mapping[str, Any] | None = None) -> dict:
         "final_train_loss": adapter.get("final_train_loss"),
         "final_validation_loss": adapter.get("final_eval_loss"),
         "adapter": str(folder) if adapter else None,
-        "loss_history": str(history) if (history := folder / LOSS_HISTORY).is_file() else None,
+        "loss_history": str(history) if (history := folder / layout.LOSS_HISTORY).is_file() else None,
     }
 
 
@@ -112,9 +111,10 @@ def students(run: Path | None) -> dict[str, dict]:
     """{student: what sft-data and train say about it}, for every student folder of the run."""
     if run is None:
         return {}
-    names = sorted({p.parent.name for p in (run / "train").glob(f"*/{ADAPTER_INFO}")}
-                   | {p.parent.name for p in (run / "sft-data").glob(f"*/{SFT_SUMMARY}")})
-    return {name: student(run / "train" / name, read_json(run / "sft-data" / name / SFT_SUMMARY)) for name in names}
+    names = sorted({p.parent.name for p in layout.stage_dir(run, layout.TRAIN).glob(f"*/{ADAPTER_INFO}")}
+                   | {p.parent.name for p in layout.stage_dir(run, layout.SFT_DATA).glob(f"*/{layout.SUMMARY}")})
+    return {name: student(layout.adapter(run, name), read_json(layout.sft_data(run, name) / layout.SUMMARY))
+            for name in names}
 
 
 def served_students(manifest: Mapping[str, Any], per_method: Mapping[str, Any]) -> tuple[dict, dict]:
@@ -134,13 +134,14 @@ def improvement(run: Path | None) -> dict[str, dict]:
     if run is None:
         return {}
     out = {}
-    for folder in sorted(p for p in (run / "improve").glob("*") if p.is_dir()):
+    prefix = layout.ROUND.format("")
+    for folder in sorted(p for p in layout.stage_dir(run, layout.IMPROVE).glob("*") if p.is_dir()):
         rounds = []
-        summaries = sorted(folder.glob("round_*/summary.json"),
-                           key=lambda p: int(p.parent.name[6:]) if p.parent.name[6:].isdigit() else 0)
-        for summary in [*summaries, folder / "grpo" / "summary.json"]:  # expert iteration's rounds, or GRPO's run
+        summaries = sorted(folder.glob(f"{layout.ROUND.format('*')}/{layout.SUMMARY}"),
+                           key=lambda p: int(n) if (n := p.parent.name.removeprefix(prefix)).isdigit() else 0)
+        for summary in [*summaries, folder / layout.GRPO / layout.SUMMARY]:  # expert iteration's rounds, or GRPO's run
             if (found := read_json(summary)) is not None:
-                rounds.append(found | {"round": summary.parent.name.removeprefix("round_")})
+                rounds.append(found | {"round": summary.parent.name.removeprefix(prefix)})
         if rounds:
             out[folder.name] = {"folder": str(folder), "rounds": rounds}
     return out
@@ -166,7 +167,7 @@ def collect(eval_dir: str | Path, manifest: Mapping[str, Any], results: Mapping[
     eval_dir = Path(eval_dir)
     run = run_folder(eval_dir)
     config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
-    generate = (read_json(run / "generate" / "manifest.json") if run else None) or {}
+    generate = (read_json(layout.manifest(layout.stage_dir(run, layout.GENERATE))) if run else None) or {}
     gen_config = generate.get("config") if isinstance(generate.get("config"), dict) else {}
     version, commit = _version(manifest.get("code_version"))
     trained = students(run)
@@ -186,7 +187,7 @@ def collect(eval_dir: str | Path, manifest: Mapping[str, Any], results: Mapping[
     reference = results["reference"]
     fingerprints = {}
     for stage in STAGE_MARKERS:
-        marker = (read_json(run / stage / "DONE.json") if run else None) or {}
+        marker = (read_json(layout.marker(layout.stage_dir(run, stage))) if run else None) or {}
         if found := {k: v for k, v in marker.items() if "fingerprint" in k}:
             fingerprints[stage] = found
     return {

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from distill import layout
 from distill.errors import DistillError
 from distill.merge import ADAPTER_INFO, read_json, trained_base
 from distill.secrets import mask, remember
@@ -28,7 +29,7 @@ CARD = "README.md"
 # What a user needs to serve the adapter (and to see how it was made); everything else stays on the machine.
 UPLOAD = ["adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json",
           "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja", CARD, ADAPTER_INFO,
-          "loss_history.json"]
+          layout.LOSS_HISTORY]
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 

@@ -27,10 +27,11 @@ from urllib.parse import quote
 import numpy as np
 from pydantic import field_validator
 
+from distill import layout
 from distill.baselines import FINISH
 from distill.config import Strict, validate
 from distill.errors import DistillError
-from distill.evaluate import RECORDS_DIR, EvalRecord, PromptBudget, record_key
+from distill.evaluate import EvalRecord, PromptBudget, record_key
 from distill.metrics import answer_in_text, bootstrap_ci, evidence_recall, metric_of, paired_bootstrap, score
 from distill.provenance import collect as collect_provenance
 from distill.store import dedupe, read_jsonl, replace_files, write_json
@@ -87,11 +88,11 @@ ROBUSTNESS_FIELDS = ("n", "em", "f1", "judge", "n_evidence", "evidence_recall", 
 def load_records(output_dir: str | Path) -> dict[str, list[dict]]:
     """Records grouped by their `method` field, in file order, the first per key kept (as the run's own store
     keeps it), so a question answered twice is counted once; the file name is not trusted."""
-    folder = Path(output_dir) / RECORDS_DIR
+    folder = layout.records_dir(Path(output_dir))
     files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
     if not files:
         # a pipeline's run folder holds its evaluation one level down: point there rather than at `distill eval`
-        below = sorted({p.parent.parent for p in Path(output_dir).glob(f"*/{RECORDS_DIR}/*.jsonl")})
+        below = sorted({p.parent.parent for p in Path(output_dir).glob(f"*/{layout.RECORDS_DIR}/*.jsonl")})
         if below:
             where = " or ".join(f"`distill report {b}`" for b in below[:3])
             raise DistillError(f"no per-example records under {folder}; they are one folder down: {where}")
@@ -477,7 +478,7 @@ def _load(output_dir: str | Path) -> tuple[dict, dict[str, list[dict]]]:
     restricted to the manifest's questions."""
     from distill.run import read_manifest
 
-    found = read_manifest(Path(output_dir) / "manifest.json")
+    found = read_manifest(layout.manifest(Path(output_dir)))
     manifest = found.model_dump(exclude_unset=True) if found else {}
     by_method = load_records(output_dir)
     order = [m["name"] for m in manifest.get("methods", []) if m["name"] in by_method]
@@ -489,7 +490,7 @@ def _load(output_dir: str | Path) -> tuple[dict, dict[str, list[dict]]]:
         raise DistillError("no records match the questions listed in manifest.json")
     budget = manifest.get("prompt_budget")
     if budget is not None:  # eval's own setting, read back: the same class checks it
-        where = f"{Path(output_dir) / 'manifest.json'} prompt_budget"
+        where = f"{layout.manifest(Path(output_dir))} prompt_budget"
         budget = validate(PromptBudget, budget, where).model_dump()
     pairs = {m["name"]: m["compare_to"] for m in manifest.get("methods", []) if m.get("compare_to")}
     results = compute(selected, methods=list(selected), reference=manifest.get("reference"),
@@ -1017,8 +1018,8 @@ def write_report(eval_dir: str | Path, out_dir: str | Path | None = None, intro:
     markdown = render_markdown(results, intro)
     with replace_files(out) as tmp:  # all files or none: a failure keeps the last report as it was
         make_plots(results, by_method, tmp)
-        write_json(tmp / "results.json", results)
-        (tmp / "report.md").write_text(markdown, encoding="utf-8")
+        write_json(tmp / layout.RESULTS, results)
+        (tmp / layout.REPORT_MD).write_text(markdown, encoding="utf-8")
         write_viewer(tmp / VIEWER, results, by_method, question_scores, markdown,  # the same text, as HTML
                      INTROS[intro] if intro else None)
     return results
@@ -1054,6 +1055,6 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out or args.eval_dir)
     print("\n".join(summary_lines(results) + prompt_budget_summary(results)))
     print(f"viewer: {out / VIEWER}")
-    print(f"report: {out / 'report.md'}")
-    print(f"results: {out / 'results.json'}")
+    print(f"report: {out / layout.REPORT_MD}")
+    print(f"results: {out / layout.RESULTS}")
     return 0

@@ -40,6 +40,7 @@ from typing import Any, Awaitable, Callable, Hashable, Iterable, Iterator, Liter
 from pydantic import BaseModel, ConfigDict, Field
 
 from distill import code_version  # noqa: F401 (manifests say which code made a run)
+from distill import layout
 from distill.errors import DistillError, ServerUnreachable, is_environment_failure, one_line
 from distill.secrets import mask, masked_argv, masked_mapping
 from distill.store import JsonlStore, content_digest, overwrite_in_place, stable_hash, write_json
@@ -257,12 +258,12 @@ def run_lifecycle(out: Path, manifest: dict, check: Callable[[], None] | None = 
         manifest.update(status=status, **more)
         Manifest.model_validate(manifest)  # what is written is what the readers accept
         try:
-            write_json(out / "manifest.json", manifest)
+            write_json(layout.manifest(out), manifest)
         except DistillError:
             if status == "running":
                 raise
             # A full disk: the run's end is still told, over the old manifest's own bytes.
-            overwrite_in_place(out / "manifest.json", manifest)
+            overwrite_in_place(layout.manifest(out), manifest)
 
     def mark_end(exc: BaseException, status: str, **more: Any) -> None:
         """Mark how the run ended without letting a failed manifest write hide why it ended."""

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from distill import layout
 from distill.config import PlannerPrompt, Strict, add_config_args, parse_overrides, read_yaml, validate
 from distill.data import normalize_question
 from distill.errors import DistillError
@@ -295,7 +296,7 @@ def build_sft_data(cfg: SftDataConfig) -> dict:
         # One shard each: `datasets` writes an empty split as zero shards, which it then cannot load back.
         dataset_dict.save_to_disk(str(tmp), num_shards={split: 1 for split in dataset_dict})
         write_jsonl(tmp / "preview.jsonl", (train + val)[:PREVIEW_ROWS])
-        write_json(tmp / "summary.json", summary)
+        write_json(tmp / layout.SUMMARY, summary)
     return summary
 
 

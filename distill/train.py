@@ -32,6 +32,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from distill import layout
 from distill.config import add_config_args
 from distill.config import load_config
 from distill.errors import DistillError
@@ -614,7 +615,7 @@ def write_outputs(trainer, cfg: TrainConfig, started: float) -> dict:
         "eval": [{k: e[k] for k in ("step", "epoch", "eval_loss") if k in e} for e in logs if "eval_loss" in e],
         "summary": next((e for e in reversed(logs) if "train_runtime" in e), {}),
     }
-    write_json(out / "loss_history.json", history)
+    write_json(out / layout.LOSS_HISTORY, history)
     info = {
         "format_version": 1, "base_model": model.model_name_or_path,
         "base_model_path": resolve_model_path(model.model_name_or_path),
@@ -644,7 +645,7 @@ def trained_on(dataset_dir: str, train_examples: int, validation_examples: int) 
     from distill import code_version
     from distill.provenance import read_json as read_optional
 
-    summary = read_optional(Path(dataset_dir) / "summary.json") or {}
+    summary = read_optional(Path(dataset_dir) / layout.SUMMARY) or {}
     splits = summary.get("splits") if isinstance(summary.get("splits"), dict) else {}
     tools = summary.get("tool_descriptions") or summary.get("tools")
     if not summary:
@@ -707,7 +708,7 @@ def check_run(cfg: TrainConfig, check, config_path: str | Path, where: str = "tr
     wants = next((f"{where}.{k}: true" for k in ("bf16", "fp16", "load_in_4bit", "load_in_8bit")
                   if getattr(cfg.sft, k, None) or getattr(cfg.model, k, None)), None)
     check.gpus(where, wants, gpus, "training")
-    summary = Path(cfg.distill.dataset_dir) / "summary.json"
+    summary = Path(cfg.distill.dataset_dir) / layout.SUMMARY
     if not (Path(cfg.distill.dataset_dir) / "dataset_dict.json").is_file():
         check.problem(f"{where}.dataset_dir: {cfg.distill.dataset_dir} is not a dataset folder (run `distill sft-data`)")
     elif not summary.is_file():
