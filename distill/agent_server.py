@@ -5,7 +5,7 @@
 Clients already speak OpenAI's chat API, so the agent is one more `model` to them: `POST /v1/chat/completions`
 with `model` = the agent's name answers the last user message, with the plan, each step's evidence and the usage
 in an extra `rewoo` field (and, with `stream: true`, as server-sent chunks while they happen). The agent is
-built by `distill.rewoo.agent.build_agent`, the factory `distill eval` uses, so what is served is what was
+built by `distill.agents.build_agent`, the factory `distill eval` uses, so what is served is what was
 measured. Every request, answered or failed, is written to the traces folder (`distill.traces`) before its
 reply goes out, and `POST /v1/feedback` marks a served answer right or gives the right one: the traffic becomes
 the next round's training questions.
@@ -235,7 +235,7 @@ class AgentService:
     """One agent, its traces and its counters; the FastAPI app (`build_app`) is a thin layer over it."""
 
     def __init__(self, cfg: AgentServerConfig, agent=None, token: str | None = None):
-        from distill.rewoo.agent import build_agent
+        from distill.agents import build_agent
         from distill.traces import TraceLog
 
         self.cfg = cfg

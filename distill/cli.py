@@ -18,7 +18,7 @@ from distill.secrets import mask, mask_log_record
 
 # (argv words, module, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
-    (("ask",), "distill.rewoo.agent", "answer one question with the ReWOO agent"),
+    (("ask",), "distill.agents", "answer one question with the ReWOO agent"),
     (("plan", "check"), "distill.rewoo.plan", "parse and validate a plan"),
     (("generate",), "distill.generate", "record teacher trajectories (resumable)"),
     (("filter",), "distill.filter", "keep correct, well-formed trajectories"),

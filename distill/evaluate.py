@@ -359,7 +359,7 @@ def examples_for(cfg: EvalConfig, method: Method, examples: list) -> list:
 def build_method(cfg: EvalConfig, method: Method, cache=None):
     """A fresh agent for one method. Built per method because each method runs under its own event loop,
     and HTTP clients belong to the loop they were first used in (in-process weights are shared anyway)."""
-    from distill.rewoo.agent import build_agent
+    from distill.agents import build_agent
 
     return build_agent(
         cfg, cache, kind=method.kind, planner=method.spec, planner_prompt=method.prompt, method=method.name,

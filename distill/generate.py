@@ -125,8 +125,8 @@ def check_resumable(out: Path, fp: str, settings: dict, fresh: bool) -> None:
 def generate(cfg: GenerateConfig, config_path: str | None = None, fresh: bool = False) -> dict:
     """Run (or resume) generation; returns the summary that is also written to summary.json. `fresh` sets
     records made with other settings aside instead of refusing them."""
+    from distill.agents import build_agent, retries_of
     from distill.llm import check_prices
-    from distill.rewoo.agent import build_agent, retries_of
     from distill.rewoo.record import TrajectoryRecord
     from distill.run import (CostCap, add_judgement, build_judge, fingerprint, manifest_header, run_lifecycle,
                              run_records)

@@ -185,8 +185,8 @@ def round_settings(cfg: ImproveConfig, adapter_in: str) -> dict:
 
 def sample_round(cfg: ImproveConfig, i: int, spec, examples: list, out: Path, fp: str, cache) -> Any:
     """Sample and score every (question, k) missing from the round's samples file."""
+    from distill.agents import make_tools_for
     from distill.llm import build_chat
-    from distill.rewoo.agent import make_tools_for
     from distill.rewoo.plan import parse_plan
     from distill.rewoo.prompts import planner_messages
     from distill.rewoo.record import call_record, sample_seed
@@ -430,8 +430,8 @@ class PlannerReward:
     __name__ = "planner_reward"
 
     def __init__(self, cfg: ImproveConfig, examples: list, cache=None):
+        from distill.agents import make_tools_for
         from distill.llm import build_chat
-        from distill.rewoo.agent import make_tools_for
         from distill.rewoo.worker import WorkerConfig
 
         self.by_id = {ex.id: ex for ex in examples}

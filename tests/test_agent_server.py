@@ -451,7 +451,7 @@ def test_sigterm_drains_the_request_in_flight_and_keeps_its_trace(tmp_path, upst
 
 
 def test_factory_is_the_one_eval_uses(tmp_path, upstream, monkeypatch):
-    import distill.rewoo.agent as agent_module
+    import distill.agents as agent_module
 
     calls = []
     real = agent_module.build_agent

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from distill.agents import make_tools_for
 from distill.baselines import (
     FINISH,
     Action,
@@ -21,7 +22,6 @@ from distill.config import AgentConfig
 from distill.data import load_examples
 from distill.errors import DistillError
 from distill.metrics import score
-from distill.rewoo.agent import make_tools_for
 from distill.rewoo.prompts import extract_answer
 from distill.tools.registry import TOOL_DESCRIPTIONS, tool_descriptions
 

@@ -171,8 +171,9 @@ def test_an_openai_planner_is_wired_to_its_server_and_says_when_it_is_unreachabl
 def test_every_method_comes_from_the_one_agent_factory_with_the_same_tools():
     """ReWOO rows and both baselines are built by `build_agent`: tool names canonical, the same per-question
     tools, eval's injected failures wrapped around them; a bad kind is refused."""
+    from distill.agents import build_agent
     from distill.baselines import DirectAgent, ReActAgent
-    from distill.rewoo.agent import ReWOOAgent, build_agent
+    from distill.rewoo.agent import ReWOOAgent
     from distill.tools.registry import TOOL_DESCRIPTIONS
 
     spec = {"backend": "openai", "base_url": "http://127.0.0.1:1/v1", "model": "m", "max_retries": 0}

@@ -102,6 +102,15 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def imports_into(graph: dict[str, set[str]], package: str, banned: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(module, import) for each module of `package` (itself or under it) that imports one of `banned` (a module,
+    or anything under it), sorted."""
+    def within(name: str, roots) -> bool:
+        return any(name == r or name.startswith(r + ".") for r in roots)
+
+    return sorted((m, t) for m, targets in graph.items() if within(m, [package]) for t in targets if within(t, banned))
+
+
 # --------------------------------------------------------------------------------- the checker itself
 
 
@@ -135,6 +144,14 @@ def test_import_graph_sees_function_level_relative_and_submodule_imports(tmp_pat
     assert find_cycle(graph) == ["pkg.sub.b", "pkg.c", "pkg.sub.b"]  # b's import inside a function still counts
 
 
+def test_imports_into_names_a_core_module_that_imports_upward():
+    graph = {"pkg.core": {"pkg.low"}, "pkg.core.a": {"pkg.core", "pkg.high.b"}, "pkg.coreish": {"pkg.high"},
+             "pkg.high": {"pkg.core"}, "pkg.high.b": set(), "pkg.low": set()}
+    assert imports_into(graph, "pkg.core", ("pkg.high",)) == [("pkg.core.a", "pkg.high.b")]  # not pkg.coreish
+    assert imports_into(graph, "pkg.core", ("pkg.low",)) == [("pkg.core", "pkg.low")]
+    assert imports_into(graph, "pkg.high", ("pkg.low",)) == []
+
+
 # ------------------------------------------------------------------------------------------ the package
 
 
@@ -142,8 +159,19 @@ def test_distill_has_no_import_cycle():
     graph = import_graph(ROOT / "distill")
     # the reader sees the package's real edges (an empty graph would pass for the wrong reason)
     assert {"distill.evaluate"} <= graph["distill.report"]
-    assert {"distill.baselines", "distill.rewoo.record"} <= graph["distill.rewoo.agent"]
+    assert {"distill.baselines", "distill.rewoo.agent"} <= graph["distill.agents"]
+    assert "distill.rewoo.record" in graph["distill.rewoo.agent"]
     assert {"distill.tools.calculator", "distill.tools.wikipedia"} <= graph["distill.tools.registry"]
-    assert "distill.rewoo.agent" in graph["distill.evaluate"]  # imported inside build_method
+    assert "distill.agents" in graph["distill.evaluate"]  # imported inside build_method
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_rewoo_core_imports_nothing_above_it():
+    """`distill.rewoo` is the ReWOO core (plans, the Worker, prompts, the record, `ReWOOAgent`): the baselines
+    import it, and the factory from a config to an agent (`distill.agents`) imports both, never the reverse."""
+    graph = import_graph(ROOT / "distill")
+    assert {"distill.rewoo.agent", "distill.rewoo.plan", "distill.rewoo.worker"} <= set(graph)  # the core is read
+    assert "distill.rewoo.record" in graph["distill.baselines"]  # the baselines stand on the core
+    upward = imports_into(graph, "distill.rewoo", ("distill.agents", "distill.baselines", "distill.config"))
+    assert upward == [], "the ReWOO core imports above it: " + ", ".join(f"{m} -> {t}" for m, t in upward)

@@ -398,10 +398,10 @@ def test_a_tool_of_your_own_that_fails_to_import_or_build_is_one_line(plugin_mod
 
 
 def test_the_agent_builds_a_tool_of_your_own_and_caches_its_results(plugin_module, tmp_path):
+    from distill.agents import make_tools_for
     from distill.config import AgentConfig
     from distill.data import Example
     from distill.llm.cached import CachedTool
-    from distill.rewoo.agent import make_tools_for
     from distill.store import CallCache
 
     cfg = AgentConfig(tools=["Calculator", f"{plugin_module}:Reverse"], wikipedia_corpus=None)

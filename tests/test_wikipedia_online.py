@@ -315,8 +315,8 @@ def test_the_budget_ends_a_call_with_its_fault_instead_of_waiting_past_it(fake: 
 
 
 def test_the_agent_config_settings_reach_the_client() -> None:
+    from distill.agents import build_wikipedia
     from distill.config import AgentConfig
-    from distill.rewoo.agent import build_wikipedia
     from distill.tools.registry import tool_descriptions
 
     cfg = AgentConfig(
