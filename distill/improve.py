@@ -345,7 +345,7 @@ def check_run(cfg: ImproveConfig, check, prefix: str = "", started=(), base_mode
 
 
 def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh: bool) -> dict:
-    from distill.run import check_fingerprint, fingerprint
+    from distill.run import check_fingerprint, fingerprint, set_aside
     from distill.sft_data import SftDataConfig, build_sft_data
     from distill.store import CallCache, JsonlStore, read_jsonl, write_json, write_jsonl
 
@@ -358,11 +358,16 @@ def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh
         print(f"[improve] round {i}: done, skipped (same settings and starting adapter)", flush=True)
         return done.summary
     out.mkdir(parents=True, exist_ok=True)
+    made = read_json_model(out / "settings.json", RoundMarker, "round settings file", "delete it")
     if (out / SAMPLES).exists():
         with JsonlStore(out / SAMPLES, key=record_key) as store:
             old = store.records()
-        made = read_json_model(out / "settings.json", RoundMarker, "round settings file", "delete it")
         check_fingerprint(out / SAMPLES, old, fp, settings, made and made.model_dump(), fresh, "samples")
+    if (out / layout.ADAPTER).exists() and (made is None or made.fingerprint != fp):
+        # its checkpoints continue other samples or another starting adapter: training must start anew
+        moved = set_aside(out / layout.ADAPTER)
+        print(f"[improve] round {i}: its adapter was trained with other settings; set aside as {moved.name}",
+              flush=True)
     write_json(out / "settings.json", {"fingerprint": fp, "settings": settings})
     with serving(cfg, adapter_in, out) as server, CallCache.open("auto", layout.call_cache(out.parent)) as cache:
         round_cfg = with_server(cfg, server.base_url if server else None)

@@ -39,7 +39,8 @@ def improve_config(tmp_path: Path, server, adapter: Path, **extra) -> Path:
         "min_reward": 0.0,
         "concurrency": 4,  # questions in flight: the kill lands wherever they are, after record 4 is on disk
         "train": {"max_steps": 1, "per_device_train_batch_size": 2, "global_batch_size": 2, "dtype": "float32",
-                  "learning_rate": 1e-3, "eval_strategy": "no", "save_strategy": "no", "report_to": "none",
+                  "learning_rate": 1e-3, "eval_strategy": "no", "save_strategy": "steps", "save_steps": 1,
+                  "report_to": "none",
                   "logging_steps": 1},
     } | extra
     path = tmp_path / "improve.yaml"
@@ -103,6 +104,18 @@ def test_a_round_killed_while_sampling_resumes_then_trains_the_same_adapter(tmp_
     out, _ = third.communicate(timeout=600)
     assert third.returncode == 0 and "round 1: done, skipped" in out, out
     assert read_jsonl(samples) == records
+
+    # other settings, rerun with --fresh: the round's old adapter and checkpoint are set aside, not resumed from
+    assert (round_dir / "adapter" / "checkpoint-1").is_dir()
+    changed = improve_config(tmp_path, vllm_server, lora_adapter, min_reward=0.1)  # samples from the call cache
+    fourth = subprocess.run([sys.executable, "-m", "distill.cli", "improve", "--config", str(changed), "--fresh"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    out = fourth.stdout + fourth.stderr
+    assert fourth.returncode == 0 and "its adapter was trained with other settings" in out, out
+    assert "resuming from" not in out
+    [aside] = round_dir.glob("adapter.before-*")
+    assert load_file(str(aside / "adapter_model.safetensors")).keys() == trained.keys()
+    assert json.loads((round_dir / "summary.json").read_text())["train"]["global_step"] == 1
 
 
 def test_bad_settings_are_one_line(tmp_path, capsys):
