@@ -39,8 +39,8 @@ PLANNER_FORMAT = (
 # renders. They are sent as earlier chat turns, not inside the system message: chat models copy a turn they
 # answered, and the last turns weigh most, so the bridge shape (HotpotQA's commonest) comes last. Plan lines
 # are short so a four-step plan fits the planners' 128 tokens. In the demo's generate stage (96 train questions x 2
-# samples, SmolLM2-135M at temperature 0.5) 154 of 192 plans were valid, against 91 with the same exemplars inside
-# the system message (BENCHMARKS.md, the demo section).
+# samples, SmolLM2-135M at temperature 0.5) 154 of 192 plans were valid, against 91 with the exemplars inside
+# the system message (BENCHMARKS.md, "The few-shot teacher's prompt").
 FEWSHOT_EXEMPLARS: list[tuple[str, str]] = [
     (
         "Which river is longer, the Danube or the Rhine?",
