@@ -31,8 +31,8 @@ from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from distill import layout
-from distill.config import AgentConfig, ModelSpec, PlannerPrompt, Strict, add_config_args, add_fresh_arg, load_config
+from distill import layout, stage
+from distill.config import AgentConfig, ModelSpec, PlannerPrompt, Strict
 from distill.data import DatasetSource
 from distill.errors import DistillError
 from distill.rewoo.record import CallShape, Count, Seconds, Shape, TokensShape, TrajectoryRecord
@@ -578,28 +578,22 @@ def check_run(cfg: EvalConfig, check, counter, prefix: str = "", started=()):
 
 # ------------------------------------------------------------------------------------------ command line
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from distill.check import add_check_args
+def _check(cfg: EvalConfig, check):
+    from distill.check import TokenCounter
 
-    add_config_args(parser)
-    add_fresh_arg(parser)
-    add_check_args(parser)
+    return check_run(cfg, check, TokenCounter())
 
 
-def main(args: argparse.Namespace) -> int:
-    from distill.check import Check, TokenCounter, print_estimates, wants_check
-
-    if not args.config:
-        raise DistillError("--config is required (e.g. configs/eval_smollm2_cpu.yaml)")
-    cfg = load_config(EvalConfig, args.config, args.set)
-    if wants_check(args):
-        check = Check(args.offline)
-        print_estimates([check_run(cfg, check, TokenCounter())])
-        check.disk(cfg.output_dir)
-        return check.finish()
-    manifest = evaluate(cfg, args.config, fresh=args.fresh)
+def _report(cfg: EvalConfig, manifest: dict) -> None:
     for name, run in manifest["runs"].items():
         print(f"{name:<16} {run['records']} records")
     print(f"records: {layout.records_dir(Path(cfg.output_dir))}")
     print(f"next: distill report {cfg.output_dir}")
-    return 0
+
+
+STAGE = stage.Stage("eval", EvalConfig, "configs/eval_smollm2_cpu.yaml", run=evaluate, check=_check, report=_report)
+configure_parser = stage.configure_parser
+
+
+def main(args: argparse.Namespace) -> int:
+    return stage.main(STAGE, args)

@@ -20,8 +20,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from distill import layout
-from distill.config import AgentConfig, ModelSpec, add_config_args, add_fresh_arg, load_config
+from distill import layout, stage
+from distill.config import AgentConfig, ModelSpec
 from distill.data import DatasetSource
 from distill.errors import DistillError
 from distill.tracking import ReportTo, open_tracker, require
@@ -230,27 +230,21 @@ def check_run(cfg: GenerateConfig, check, counter, prefix: str = "", started=())
 
 # ------------------------------------------------------------------------------------------ command line
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from distill.check import add_check_args
+def _check(cfg: GenerateConfig, check):
+    from distill.check import TokenCounter
 
-    add_config_args(parser)
-    add_fresh_arg(parser)
-    add_check_args(parser)
+    return check_run(cfg, check, TokenCounter())
+
+
+def _report(cfg: GenerateConfig, summary: dict) -> None:
+    print(json.dumps(summary, indent=2))
+    print(f"trajectories: {cfg.output_dir}/{TRAJECTORIES}")
+
+
+STAGE = stage.Stage("generate", GenerateConfig, "configs/generate_teacher.yaml", run=generate, check=_check,
+              report=_report)
+configure_parser = stage.configure_parser
 
 
 def main(args: argparse.Namespace) -> int:
-    from distill.check import Check, TokenCounter, print_estimates, wants_check
-
-    if not args.config:
-        raise DistillError("--config is required (e.g. configs/generate_teacher.yaml)")
-    cfg = load_config(GenerateConfig, args.config, args.set)
-    if wants_check(args):
-        check = Check(args.offline)
-        print_estimates([check_run(cfg, check, TokenCounter())])
-        check.disk(cfg.output_dir)
-        return check.finish()
-    summary = generate(cfg, args.config, fresh=args.fresh)
-    print(json.dumps(summary, indent=2))
-    print(f"trajectories: {cfg.output_dir}/{TRAJECTORIES}")
-    return 0
-
+    return stage.main(STAGE, args)

@@ -27,8 +27,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from distill import layout
-from distill.config import SERVER_PLACEHOLDER, AgentConfig, add_config_args, add_fresh_arg, load_config, read_json_model
+from distill import layout, stage
+from distill.config import SERVER_PLACEHOLDER, AgentConfig, read_json_model
 from distill.data import DatasetSource
 from distill.errors import DistillError
 from distill.merge import ADAPTER_INFO
@@ -531,37 +531,22 @@ def run_grpo(cfg: ImproveConfig, examples: list) -> dict:
 
 # ------------------------------------------------------------------------------------------ command line
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from distill.check import add_check_args
+def _check(cfg: ImproveConfig, check) -> None:
+    from distill.check import gpu_count
 
-    add_config_args(parser)
-    add_fresh_arg(parser)
-    add_check_args(parser)
+    check_run(cfg, check, gpus=gpu_count())  # prints what it would launch; no token estimate of its own
 
 
-def main(args: argparse.Namespace) -> int:
-    from distill.check import wants_check
-
-    if not args.config:
-        raise DistillError("--config is required (e.g. configs/improve_smollm2_cpu.yaml)")
-    cfg = load_config(ImproveConfig, args.config, args.set)
-    if wants_check(args):
-        from distill.check import Check, gpu_count
-
-        check = Check(args.offline)
-        check_run(cfg, check, gpus=gpu_count())
-        check.disk(cfg.output_dir)
-        return check.finish()
-    result = improve(cfg, args.config, fresh=args.fresh)
+def _report(cfg: ImproveConfig, result: dict) -> None:
     print(json.dumps([{k: r.get(k) for k in ("mean_reward", "mean_best_reward", "kept", "valid_plan_rate")}
                       for r in result["rounds"]]))
     print(f"adapter: {result['adapter']}")
-    return 0
 
 
-if __name__ == "__main__":  # `accelerate launch -m distill.improve --config ...` (GRPO on every GPU)
-    import sys
+STAGE = stage.Stage("improve", ImproveConfig, "configs/improve_smollm2_cpu.yaml", run=improve, check=_check,
+              report=_report)
+configure_parser = stage.configure_parser
 
-    from distill.cli import main as cli_main
 
-    sys.exit(cli_main(["improve", *sys.argv[1:]]))
+def main(args: argparse.Namespace) -> int:
+    return stage.main(STAGE, args)
