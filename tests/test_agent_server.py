@@ -510,6 +510,9 @@ def test_real_vllm_auth_and_sigterm_mid_request_in_a_subprocess(tmp_path, vllm_s
     config.write_text(json.dumps({
         "name": "student-agent", "planner_prompt": "full", "tools": ["Calculator"], "port": port,
         "auth_token_env": "REAL_AGENT_TOKEN", "request_timeout_s": 1800, "traces_dir": str(tmp_path / "traces"),
+        # far above any answer time: with the default 60 s, a loaded CPU's answer outlasted the drain and uvicorn
+        # cancelled the request (a 500), a timeout raced against the real model
+        "drain_timeout_s": 1800,
         "planner": {"backend": "openai", "base_url": url, "model": "planner", "max_tokens": 96, "timeout_s": 600},
         "solver": {"backend": "openai", "base_url": url, "model": BASE_NAME, "max_tokens": 24, "timeout_s": 600}}))
     env = os.environ | {"PYTHONPATH": str(ROOT), "REAL_AGENT_TOKEN": token}
@@ -536,6 +539,7 @@ def test_real_vllm_auth_and_sigterm_mid_request_in_a_subprocess(tmp_path, vllm_s
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out
+    assert "reply" in result, out  # the server's own log says why the request failed
     reply = result["reply"]
     [trace] = [r for p in trace_files(tmp_path / "traces") for r in read_jsonl(p, TrajectoryRecord)]
     assert trace["id"] == reply.id and trace["served"]["status"] == 200
