@@ -47,7 +47,7 @@ import shlex
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -270,6 +270,11 @@ def read_marker(path: Path) -> StageMarker | None:
     return read_json_model(path, StageMarker, "stage marker", "delete it to redo that stage")
 
 
+def label(stage: str, student: str | None) -> str:
+    """A unit's name in the lines a run prints and in what it is made from: `filter`, `train planner`."""
+    return stage if student is None else f"{stage} {student}"
+
+
 @dataclass
 class Unit:
     """One piece of work with its own marker: a stage, or one student's sft-data or training."""
@@ -280,10 +285,11 @@ class Unit:
     inputs: dict[str, Any]
     student: str | None = None
     followers: tuple[str, ...] = ()  # what must be redone after it: named in the line a rerun prints
+    # (Pipeline.followers, from the stages' `after`)
 
     @property
     def label(self) -> str:
-        return self.stage if self.student is None else f"{self.stage} {self.student}"
+        return label(self.stage, self.student)
 
     @property
     def fingerprint(self) -> str:
@@ -382,19 +388,25 @@ class Pipeline:
         print(f"[pipeline] {unit.label}: finished in {info['seconds']:.0f}s", flush=True)
         return info
 
-    def each_student(self, stage: str, step: Callable[[str], dict], units: dict[str, Unit],
-                     depends: Callable[[str], list[str]]) -> None:
-        """`step(name)` for every student whose own `<stage>/<name>/DONE.json` does not hold its fingerprint;
-        the stage's marker lists them all (and is skipped as a whole when none has work)."""
-        whole = Unit(stage, layout.stage_dir(self.run, stage), {}, {name: u.fingerprint for name, u in units.items()})
-        marker = read_marker(layout.marker(whole.folder))
-        after = [d for name in units for d in depends(name) if d in self.redone]
-        if (stage not in self.forced and marker is not None and marker.fingerprint == whole.fingerprint
-                and not after and all(read_marker(layout.marker(u.folder)) is not None for u in units.values())):
-            print(f"  {stage}: done, would be skipped (same settings and inputs)" if self.dry else
-                  f"[pipeline] {stage}: done, skipped (same settings and inputs)", flush=True)
+    def run_stage(self, stage: Stage) -> None:
+        """A stage made once is one unit. A per-student one is a unit per student, each with its own
+        `<stage>/<name>/DONE.json`, so that a student added or retrained redoes that student alone; the stage's
+        marker lists them all (and is skipped as a whole when none has work)."""
+        if not stage.per_student:
+            self.once(self.unit(stage), partial(stage.run, self), self.made_from(stage))
             return
-        students = {name: self.once(unit, partial(step, name), depends(name)) for name, unit in units.items()}
+        units = {name: self.unit(stage, name) for name in self.students()}
+        whole = Unit(stage.name, layout.stage_dir(self.run, stage.name), {},
+                     {name: u.fingerprint for name, u in units.items()})
+        marker = read_marker(layout.marker(whole.folder))
+        after = [d for name in units for d in self.made_from(stage, name) if d in self.redone]
+        if (stage.name not in self.forced and marker is not None and marker.fingerprint == whole.fingerprint
+                and not after and all(read_marker(layout.marker(u.folder)) is not None for u in units.values())):
+            print(f"  {stage.name}: done, would be skipped (same settings and inputs)" if self.dry else
+                  f"[pipeline] {stage.name}: done, skipped (same settings and inputs)", flush=True)
+            return
+        students = {name: self.once(unit, partial(stage.run, self, name), self.made_from(stage, name))
+                    for name, unit in units.items()}
         if self.dry:
             return
         keep = {name: {k: v for k, v in info.items() if k not in ("settings", "inputs")}
@@ -402,9 +414,33 @@ class Pipeline:
         seconds = round(sum(info["seconds"] for info in students.values()), 1)
         write_json(layout.marker(whole.folder), whole.head() | {"students": keep, "seconds": seconds})
 
-    def stages(self) -> tuple[str, ...]:
+    def stages(self) -> tuple[Stage, ...]:
         """The stages this pipeline runs: `improve` only where it has a section."""
-        return tuple(s for s in STAGES if s != layout.IMPROVE or self.cfg.improve is not None)
+        return tuple(s for s in PIPELINE if s.name != layout.IMPROVE or self.cfg.improve is not None)
+
+    def unit(self, stage: Stage, student: str | None = None) -> Unit:
+        unit = stage.unit(self) if student is None else stage.unit(self, student)
+        return replace(unit, followers=self.followers(stage, student))
+
+    def made_from(self, stage: Stage, student: str | None = None) -> list[str]:
+        """The units this one is made from: one of them redone in this run redoes it. A student's unit is made
+        from that student's units, a stage made once from those of the students it reads (`Stage.students`)."""
+        out = []
+        for up in (s for s in self.stages() if s.name in stage.after):
+            students = ([student] if stage.per_student else stage.students(self)) if up.per_student else [None]
+            out += [label(up.name, n) for n in students]
+        return out
+
+    def followers(self, stage: Stage, student: str | None = None) -> tuple[str, ...]:
+        """What a unit's rerun redoes after it, as its line names them: the same student's units by label
+        (`train planner`), the others by stage (`sft-data, train, eval`)."""
+        redone, out = {label(stage.name, student)}, []
+        for later in self.stages()[self.stages().index(stage) + 1:]:
+            for n in (self.students() if later.per_student else [None]):
+                if redone & set(self.made_from(later, n)):
+                    redone.add(label(later.name, n))
+                    out.append(label(later.name, n) if n == student else later.name)
+        return tuple(dict.fromkeys(out))
 
     def show_rerun(self, start: str | None = None) -> None:
         """`--check` on a run folder: what the same command would redo and why, stage by stage, from the markers
@@ -733,29 +769,27 @@ class Pipeline:
         cfg = self.generate_config(SERVER)
         settings = settings_of(cfg.model_dump(mode="json")) | {"teacher_server": self.server_settings("teacher_server")}
         sources = [ds.source for ds in [*cfg.datasets, *cfg.eval_sets]] + [cfg.wikipedia_corpus]
-        return Unit(layout.GENERATE, layout.stage_dir(self.run, layout.GENERATE), settings, source_digests(sources),
-                    followers=self.stages()[1:])
+        return Unit(layout.GENERATE, layout.stage_dir(self.run, layout.GENERATE), settings, source_digests(sources))
 
     def filter_unit(self) -> Unit:
         trajectories = layout.trajectories(self.run)
         return Unit(layout.FILTER, layout.stage_dir(self.run, layout.FILTER),
                     settings_of(self.filter_config().model_dump(mode="json")),
-                    {layout.in_run(self.run, trajectories): content_digest(trajectories)}, followers=self.stages()[2:])
+                    {layout.in_run(self.run, trajectories): content_digest(trajectories)})
 
     def sft_data_unit(self, name: str) -> Unit:
         settings = settings_of(self.sft_data_config(name).model_dump(mode="json", exclude={"kept", "out"}))
         kept = layout.kept(self.run)
         return Unit(layout.SFT_DATA, layout.sft_data(self.run, name), settings,
-                    {layout.in_run(self.run, kept): content_digest(kept)}, name, (f"train {name}", "eval", "report"))
+                    {layout.in_run(self.run, kept): content_digest(kept)}, name)
 
     def train_unit(self, name: str) -> Unit:
         from distill.train import DEFAULTS
 
         settings = settings_of(DEFAULTS | {k: v for k, v in self.train_section(name).items() if k != "dataset_dir"})
         data = layout.sft_data(self.run, name)
-        after = ("improve", "eval", "report") if self.improved_student() == name else ("eval", "report")
         return Unit(layout.TRAIN, layout.adapter(self.run, name), settings,
-                    {layout.in_run(self.run, data): content_digest(data, skip=SFT_DATA_NOT_INPUT)}, name, after)
+                    {layout.in_run(self.run, data): content_digest(data, skip=SFT_DATA_NOT_INPUT)}, name)
 
     def improve_unit(self) -> Unit:
         from distill.llm.base import weights_fingerprint
@@ -764,7 +798,7 @@ class Pipeline:
         settings = settings_of(self.improve_config().model_dump(mode="json", exclude={"adapter", "output_dir"}))
         adapter = layout.adapter(self.run, name)
         return Unit(layout.IMPROVE, layout.stage_dir(self.run, layout.IMPROVE), settings,
-                    {layout.in_run(self.run, adapter): weights_fingerprint(str(adapter))}, followers=("eval", "report"))
+                    {layout.in_run(self.run, adapter): weights_fingerprint(str(adapter))})
 
     def eval_unit(self) -> Unit:
         from distill.llm.base import weights_fingerprint
@@ -776,8 +810,7 @@ class Pipeline:
         # an improved adapter is named by its LoRA module under improve/, not by its folder
         adapters |= {f"{layout.IMPROVE}/{m}": weights_fingerprint(p) for m, p in self.improved_adapters().items()}
         sources = [ds.source for ds in cfg.datasets] + [cfg.wikipedia_corpus]
-        return Unit(layout.EVAL, layout.stage_dir(self.run, layout.EVAL), settings, adapters | source_digests(sources),
-                    followers=("report",))
+        return Unit(layout.EVAL, layout.stage_dir(self.run, layout.EVAL), settings, adapters | source_digests(sources))
 
     def report_unit(self) -> Unit:
         records = layout.records_dir(layout.stage_dir(self.run, layout.EVAL))
@@ -839,7 +872,8 @@ class Pipeline:
 
         results = self.entry("report")(layout.stage_dir(self.run, layout.EVAL), self.run, **self.cfg.report)
         print("\n".join(summary_lines(results) + prompt_budget_summary(results)))
-        timings = {s: read_marker(layout.marker(layout.stage_dir(self.run, s))).seconds for s in self.stages()[:-1]}
+        timings = {s.name: read_marker(layout.marker(layout.stage_dir(self.run, s.name))).seconds
+                   for s in self.stages()[:-1]}
         write_json(layout.pipeline_info(self.run), {"stage_seconds": timings, "config_file": self.config_path})
         return {"stage_seconds": timings}
 
@@ -855,22 +889,40 @@ class Pipeline:
         with lock:
             if start and not self.dry:
                 self.rerun_from(start)
-            names = list(self.students())
-            self.once(self.generate_unit(), self.generate)
-            self.once(self.filter_unit(), self.filter, ["generate"])
-            self.each_student(layout.SFT_DATA, self.sft_data, {n: self.sft_data_unit(n) for n in names},
-                              lambda n: ["filter"])
-            self.each_student(layout.TRAIN, self.train, {n: self.train_unit(n) for n in names},
-                              lambda n: [f"sft-data {n}"])
-            trained = [f"train {n}" for n in names]
-            if self.cfg.improve is not None:
-                self.once(self.improve_unit(), self.improve, [f"train {self.improved_student()}"])
-            self.once(self.eval_unit(), self.eval, trained + ["improve"])
-            self.once(self.report_unit(), self.report, ["eval"])
+            for stage in self.stages():
+                self.run_stage(stage)
         if self.dry:
             return
         print(f"\nreport:  {self.run / layout.REPORT_MD}")
         print(f"results: {self.run / layout.RESULTS}")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A stage as the pipeline runs it: what its markers are made from (`unit`: the settings and input digests
+    of one unit), the work (`run`: what its marker keeps), and the stages it reads (`after`), which are what
+    decides, on a rerun, what follows a redone unit."""
+
+    name: str  # its folder (distill.layout)
+    unit: Callable[..., Unit]  # (pipeline[, student]) -> Unit
+    run: Callable[..., dict]  # (pipeline[, student]) -> what its DONE.json keeps
+    after: tuple[str, ...] = ()  # the stages it is made from
+    per_student: bool = False  # one unit and folder per student
+    # a stage made once from per-student ones: the students it reads (improve: the one it improves)
+    students: Callable[[Pipeline], Any] = Pipeline.students
+
+
+PIPELINE = (
+    Stage(layout.GENERATE, Pipeline.generate_unit, Pipeline.generate),
+    Stage(layout.FILTER, Pipeline.filter_unit, Pipeline.filter, after=(layout.GENERATE,)),
+    Stage(layout.SFT_DATA, Pipeline.sft_data_unit, Pipeline.sft_data, after=(layout.FILTER,), per_student=True),
+    Stage(layout.TRAIN, Pipeline.train_unit, Pipeline.train, after=(layout.SFT_DATA,), per_student=True),
+    Stage(layout.IMPROVE, Pipeline.improve_unit, Pipeline.improve, after=(layout.TRAIN,),
+          students=lambda p: [p.improved_student()]),
+    Stage(layout.EVAL, Pipeline.eval_unit, Pipeline.eval, after=(layout.TRAIN, layout.IMPROVE)),
+    Stage(layout.REPORT, Pipeline.report_unit, Pipeline.report, after=(layout.EVAL,)),
+)
+assert tuple(s.name for s in PIPELINE) == STAGES
 
 
 def teacher_mismatch(gen: Any, ev: Any) -> str | None:

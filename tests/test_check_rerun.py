@@ -93,6 +93,17 @@ def test_a_students_training_key_retrains_it_and_what_is_made_from_it(finished_r
     assert "eval: rerunning (train student, improve redone)" in out
 
 
+def test_the_improved_students_data_names_improve_among_what_follows(finished_run, capsys):
+    """What follows a redone unit is read from what each stage is made from: new data for the improved student
+    retrains it, so its improvement is redone too."""
+    pipeline(finished_run, "sft_data.val_fraction=0.2").show_rerun()
+    out = lines(capsys)
+    assert ("sft-data student: settings changed (val_fraction 0.1 -> 0.2): rerunning; train student, improve, "
+            "eval, report follow") in out
+    assert "train student: rerunning (sft-data student redone)" in out
+    assert "improve: rerunning (train student redone)" in out
+
+
 def test_from_a_stage_reruns_it_and_the_later_ones(finished_run, capsys):
     pipeline(finished_run).show_rerun("eval")
     out = lines(capsys)
