@@ -577,16 +577,7 @@ class Pipeline:
         estimate are printed (see `check_world`)."""
         from distill.serve import served_name
 
-        def attempt(step: Callable, *args):
-            try:
-                return step(*args)
-            except DistillError as exc:
-                if world is None:
-                    raise
-                world.problem(str(exc))
-                return None
-
-        url = "http://127.0.0.1:1/v1"
+        attempt, url = partial(collect, world), "http://127.0.0.1:1/v1"
         gen = attempt(self.generate_config, url)
         attempt(self.filter_config)
         sft = {name: attempt(self.sft_data_config, name) for name in self.students()}
@@ -629,48 +620,33 @@ class Pipeline:
         from distill.evaluate import check_run as check_eval
         from distill.generate import check_run as check_generate
 
-        counter, estimates, gpus = TokenCounter(), [], None
+        counter, attempt = TokenCounter(), partial(collect, world)
         world.shared_prices |= self.teacher_priced()
-        try:
-            gpus = len(self.gpu_memory())
-        except DistillError as exc:
-            world.problem(str(exc))
+        gpus = attempt(lambda: len(self.gpu_memory()))
         if self.cfg.teacher is not None:
             print(f"--- teacher: {self.cfg.teacher.model} ({self.teacher_takers()})")
         if self.cfg.teacher_server is not None:
             self.check_server(world, "teacher_server", gpus)
-        try:
-            estimates.append(check_generate(self.generate_config(url if self.cfg.teacher_server else None), world,
-                                            counter, "generate.", {url}))
-        except DistillError as exc:
-            world.problem(str(exc))
-        try:
-            show_config("filter: resolved config", self.filter_config().model_dump(mode="json"))
-        except DistillError:
-            pass  # said by check()
+        estimates = [attempt(lambda: check_generate(self.generate_config(url if self.cfg.teacher_server else None),
+                                                    world, counter, "generate.", {url}))]
+        attempt(lambda: show_config("filter: resolved config", self.filter_config().model_dump(mode="json")))
         for name in self.students():
-            try:
-                show_config(f"sft-data {name}: resolved config", self.sft_data_config(name).model_dump(mode="json"))
-                self.check_train(world, name, gpus)
-            except DistillError as exc:
-                world.problem(str(exc))
+            attempt(self.check_student, world, name, gpus)
         if self.cfg.improve is not None:
-            self.check_improve(world, url, gpus)
+            attempt(self.check_improve, world, url, gpus)
         self.check_server(world, "student_server", gpus)
-        try:
-            estimates.append(check_eval(self.eval_config(url), world, counter, "eval.", {url}))
-        except DistillError as exc:
-            world.problem(str(exc))
+        estimates.append(attempt(lambda: check_eval(self.eval_config(url), world, counter, "eval.", {url})))
         self.show_rerun(start)
-        print_estimates(estimates)
+        print_estimates([e for e in estimates if e is not None])
         world.disk(self.run)
 
-    def check_train(self, world, name: str, gpus: int | None) -> None:
-        """A student's train section and the launch command train.launch would run, its report_to integrations
-        and its GPUs."""
+    def check_student(self, world, name: str, gpus: int | None) -> None:
+        """A student's sft-data config, its train section and the launch command train.launch would run, its
+        report_to integrations and its GPUs."""
         from distill.check import show_config
         from distill.train import launch_command, parse_train_config
 
+        show_config(f"sft-data {name}: resolved config", self.sft_data_config(name).model_dump(mode="json"))
         data = self.train_section(name)
         show_config(f"train {name}: resolved section", data)
         cfg = parse_train_config(data, processes=1)
@@ -692,30 +668,25 @@ class Pipeline:
         round's own server, is not called."""
         from distill.improve import check_run
 
-        try:
-            base = self.train_section(self.improved_student()).get("model_name_or_path")
-            check_run(self.improve_config(url), world, "improve.", {url}, base, gpus)
-        except DistillError as exc:
-            world.problem(str(exc))
+        base = self.train_section(self.improved_student()).get("model_name_or_path")
+        check_run(self.improve_config(url), world, "improve.", {url}, base, gpus)
+
+    def teacher_slots(self) -> list[tuple[str, str, dict]]:
+        """(stage, role or teacher row, endpoint) for each generate and eval endpoint that takes the teacher."""
+        out: list[tuple[str, str, dict]] = []
+        for stage in TEACHER_ROLES:
+            if isinstance(section := getattr(self.cfg, stage), Mapping):
+                teacher_endpoints(stage, section, lambda name, e, stage=stage: out.append((stage, name, e)) or e)
+        return out
 
     def teacher_priced(self) -> dict[str, str]:
         """{endpoint, as check lines name it: `teacher`} for each generate and eval endpoint that is the teacher
         (its model at its address, so it has the teacher's price too): pricing `teacher` prices them all."""
-        if self.cfg.teacher is None:
+        if (t := self.cfg.teacher) is None:
             return {}
-        teacher, out = self.cfg.teacher, {}
-        for stage in TEACHER_ROLES:
-            def note(name: str, endpoint: dict) -> dict:
-                if endpoint.get("model") == teacher.model and endpoint.get("base_url") == teacher.base_url \
-                        and endpoint.get("backend", teacher.backend) == teacher.backend:
-                    key = f"planners.{name}.spec" if is_teacher_row(name) else name
-                    out[f"{stage}.{key}"] = "teacher"
-                return endpoint
-
-            section = getattr(self.cfg, stage)
-            if isinstance(section, Mapping):
-                teacher_endpoints(stage, section, note)
-        return out
+        return {f"{stage}.{f'planners.{name}.spec' if is_teacher_row(name) else name}": "teacher"
+                for stage, name, e in self.teacher_slots()
+                if (e.get("model"), e.get("base_url"), e.get("backend", t.backend)) == (t.model, t.base_url, t.backend)}
 
     def check_server(self, world, name: str, gpus: int | None) -> None:
         """The vLLM command line VLLMServer would run (its port is picked at start; the students' adapters are
@@ -744,18 +715,8 @@ class Pipeline:
 
     def teacher_takers(self) -> str:
         """Where the teacher went: per stage, the endpoints that take it and name its model."""
-        out = []
-        for stage in TEACHER_ROLES:
-            took: list[str] = []
-
-            def note(name: str, endpoint: dict) -> dict:
-                if endpoint.get("model") == self.cfg.teacher.model:
-                    took.append(name)
-                return endpoint
-
-            teacher_endpoints(stage, getattr(self.cfg, stage), note)
-            out.append(f"{stage} {', '.join(took) or 'none'}")
-        return "; ".join(out)
+        took = [(stage, name) for stage, name, e in self.teacher_slots() if e.get("model") == self.cfg.teacher.model]
+        return "; ".join(f"{stage} {', '.join(n for s, n in took if s == stage) or 'none'}" for stage in TEACHER_ROLES)
 
     # ------------------------------------------------------------------ what each unit is made from
     def server_settings(self, name: str) -> dict | None:
@@ -923,6 +884,18 @@ PIPELINE = (
     Stage(layout.REPORT, Pipeline.report_unit, Pipeline.report, after=(layout.EVAL,)),
 )
 assert tuple(s.name for s in PIPELINE) == STAGES
+
+
+def collect(world, step: Callable, *args) -> Any:
+    """`step(*args)`; under `--check` (a distill.check.Check as `world`) its error is one more problem line, and
+    None, so that every problem is said at once."""
+    try:
+        return step(*args)
+    except DistillError as exc:
+        if world is None:
+            raise
+        world.problem(str(exc))
+        return None
 
 
 def teacher_mismatch(gen: Any, ev: Any) -> str | None:
