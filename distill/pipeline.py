@@ -359,41 +359,42 @@ class Pipeline:
             self._train = section
         return self._train
 
-    def once(self, unit: Unit, step: Callable[[], dict], depends: list[str] = ()) -> dict:
-        """`step()` unless the unit's marker holds its fingerprint and nothing it is made from was redone in this
-        run; the marker keeps what `step` returned, its time and what it was made from."""
+    def once(self, stage: Stage, unit: Unit) -> dict:
+        """The stage's work for the unit unless its marker holds its fingerprint and nothing it is made from was
+        redone in this run; the marker keeps what the work returned, its time and what it was made from."""
+        student = () if unit.student is None else (unit.student,)
         path = layout.marker(unit.folder)
         marker = None if unit.stage in self.forced else read_marker(path)
-        why = unit.why(marker, [d for d in depends if d in self.redone])
-        if self.dry:
-            if unit.stage in self.forced:
-                why = f"rerunning (--from {self.forced[0]})"
-            print(f"  {unit.label}: {why or 'done, would be skipped (same settings and inputs)'}", flush=True)
-            if why is not None:
-                self.redone.add(unit.label)
-            return marker.model_dump() if marker is not None else {}
+        why = (f"rerunning (--from {self.forced[0]})" if unit.stage in self.forced
+               else unit.why(marker, [d for d in self.made_from(stage, *student) if d in self.redone]))
+        self.say(unit.label, why)
         if why is None:
-            print(f"[pipeline] {unit.label}: done, skipped (same settings and inputs)", flush=True)
             return marker.model_dump()
-        print(f"[pipeline] {unit.label}: {why}", flush=True)
+        self.redone.add(unit.label)
+        if self.dry:
+            return marker.model_dump() if marker is not None else {}
         if marker is not None:
             path.unlink()  # a rerun that crashes must not leave the old marker standing for it
             if unit.student is not None:  # a student's folder: training must not resume an old checkpoint
                 set_aside(unit.folder)
         unit.folder.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        info = unit.head() | step() | {"seconds": round(time.perf_counter() - t0, 1)}
+        info = unit.head() | stage.run(self, *student) | {"seconds": round(time.perf_counter() - t0, 1)}
         write_json(path, info)
-        self.redone.add(unit.label)
         print(f"[pipeline] {unit.label}: finished in {info['seconds']:.0f}s", flush=True)
         return info
+
+    def say(self, label: str, why: str | None) -> None:
+        """A unit's line: what a run does and why, or, indented under `--check`, what it would do."""
+        prefix, skip = ("  ", "done, would be skipped") if self.dry else ("[pipeline] ", "done, skipped")
+        print(f"{prefix}{label}: {why or f'{skip} (same settings and inputs)'}", flush=True)
 
     def run_stage(self, stage: Stage) -> None:
         """A stage made once is one unit. A per-student one is a unit per student, each with its own
         `<stage>/<name>/DONE.json`, so that a student added or retrained redoes that student alone; the stage's
         marker lists them all (and is skipped as a whole when none has work)."""
         if not stage.per_student:
-            self.once(self.unit(stage), partial(stage.run, self), self.made_from(stage))
+            self.once(stage, self.unit(stage))
             return
         units = {name: self.unit(stage, name) for name in self.students()}
         whole = Unit(stage.name, layout.stage_dir(self.run, stage.name), {},
@@ -402,11 +403,9 @@ class Pipeline:
         after = [d for name in units for d in self.made_from(stage, name) if d in self.redone]
         if (stage.name not in self.forced and marker is not None and marker.fingerprint == whole.fingerprint
                 and not after and all(read_marker(layout.marker(u.folder)) is not None for u in units.values())):
-            print(f"  {stage.name}: done, would be skipped (same settings and inputs)" if self.dry else
-                  f"[pipeline] {stage.name}: done, skipped (same settings and inputs)", flush=True)
+            self.say(stage.name, None)
             return
-        students = {name: self.once(unit, partial(stage.run, self, name), self.made_from(stage, name))
-                    for name, unit in units.items()}
+        students = {name: self.once(stage, unit) for name, unit in units.items()}
         if self.dry:
             return
         keep = {name: {k: v for k, v in info.items() if k not in ("settings", "inputs")}
@@ -418,9 +417,8 @@ class Pipeline:
         """The stages this pipeline runs: `improve` only where it has a section."""
         return tuple(s for s in PIPELINE if s.name != layout.IMPROVE or self.cfg.improve is not None)
 
-    def unit(self, stage: Stage, student: str | None = None) -> Unit:
-        unit = stage.unit(self) if student is None else stage.unit(self, student)
-        return replace(unit, followers=self.followers(stage, student))
+    def unit(self, stage: Stage, *student: str) -> Unit:
+        return replace(stage.unit(self, *student), followers=self.followers(stage, *student))
 
     def made_from(self, stage: Stage, student: str | None = None) -> list[str]:
         """The units this one is made from: one of them redone in this run redoes it. A student's unit is made
