@@ -284,8 +284,7 @@ class Unit:
     settings: Any
     inputs: dict[str, Any]
     student: str | None = None
-    followers: tuple[str, ...] = ()  # what must be redone after it: named in the line a rerun prints
-    # (Pipeline.followers, from the stages' `after`)
+    followers: tuple[str, ...] = ()  # what must be redone after it (Pipeline.followers): named in its rerun line
 
     @property
     def label(self) -> str:
@@ -603,11 +602,11 @@ class Pipeline:
         from distill.check import Check
 
         prices = Check(offline=True, shared_prices=self.teacher_priced())  # the same lines as `--check`'s
-        prices.unpriced(gen.endpoints(), gen.prices, "generate.")
-        prices.unpriced(ev.endpoints(), ev.prices, "eval.")
         if imp is not None:
-            imp = self.improve_config(url)
-            prices.unpriced(imp.endpoints(), imp.prices, "improve.")
+            imp = self.improve_config(url)  # its rounds' endpoints, as the check sees them
+        for prefix, cfg in (("generate.", gen), ("eval.", ev), ("improve.", imp)):
+            if cfg is not None:
+                prices.unpriced(cfg.endpoints(), cfg.prices, prefix)
         if prices.problems:
             raise DistillError("; ".join(prices.problems))
 
