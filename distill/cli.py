@@ -24,7 +24,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("filter",), "distill.filter", "keep correct, well-formed trajectories"),
     (("score",), "distill.metrics", "score predictions with EM/F1 (official HotpotQA/TriviaQA or plain rules)"),
     (("sft-data",), "distill.sft_data", "turn kept trajectories into an SFT dataset"),
-    (("train",), "distill.train", "LoRA SFT of the student planner (prefer `accelerate launch -m distill.train`)"),
+    (("train",), "distill.launch", "LoRA SFT of the student planner (prefer `accelerate launch -m distill.train`)"),
     (("improve",), "distill.improve", "improve the trained student on its own plans, scored by the Worker"),
     (("merge",), "distill.merge", "merge a LoRA adapter into full weights"),
     (("push",), "distill.push", "share a trained adapter on the Hugging Face Hub, with its model card"),

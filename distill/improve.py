@@ -308,7 +308,8 @@ def check_run(cfg: ImproveConfig, check, prefix: str = "", started=(), base_mode
     import shlex
 
     from distill.check import show_config
-    from distill.train import launch_command, parse_train_config
+    from distill.launch import launch_command
+    from distill.train import parse_train_config
 
     where = prefix.rstrip(".") or "improve"
     show_config(f"{where}: resolved config", cfg.model_dump(mode="json"))
@@ -383,7 +384,7 @@ def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh
     build_sft_data(SftDataConfig(kept=str(out / KEPT), out=str(out / layout.SFT_DATA), tools=cfg.tools,
                                  student_prompt=cfg.planner_prompt, val_fraction=cfg.val_fraction, seed=cfg.seed,
                                  tokenizer=None))
-    from distill.train import launch
+    from distill.launch import launch
 
     info = launch(train_section(cfg, adapter_in, out))
     inherit_record(cfg, adapter_in, out / layout.ADAPTER, f"expert_iteration round {i}")
@@ -466,17 +467,15 @@ class PlannerReward:
 
 
 def grpo_args(cfg: ImproveConfig, out: Path):
-    """TRL's GRPOConfig from `grpo`, with the run's folder; a bad key is one line naming it."""
-    from trl import GRPOConfig
+    """TRL's GRPOConfig from `grpo` over what the improve config already says (samples per question, the
+    planner's sampling), with the run's folder; parsed as train parses SFT's, so a bad key is one line naming it."""
+    from distill.train import parse_grpo_config
 
     keys = {"num_generations": cfg.samples, "temperature": cfg.planner.temperature or 1.0,
             "max_completion_length": cfg.planner.max_tokens, "seed": cfg.seed, "report_to": "none",
             "save_strategy": "steps", "save_steps": 10, "save_total_limit": 1, "logging_steps": 1,
             "use_cpu": not _cuda(), "bf16": _cuda()} | cfg.grpo | {"output_dir": str(out)}
-    try:
-        return GRPOConfig(**keys)
-    except (TypeError, ValueError) as exc:
-        raise DistillError(f"grpo: {str(exc).splitlines()[0]}") from None
+    return parse_grpo_config(keys)
 
 
 def _cuda() -> bool:
@@ -486,41 +485,32 @@ def _cuda() -> bool:
 
 
 def run_grpo(cfg: ImproveConfig, examples: list) -> dict:
-    """One GRPO run continuing the SFT adapter (`grpo/`); resumes from its last checkpoint."""
+    """One GRPO run continuing the SFT adapter (`grpo/`), trained by distill.train as SFT is (resumed from its
+    last checkpoint); what is the planner's stays here: the reward, the prompts, the records."""
     from datasets import Dataset
-    from transformers import AutoTokenizer
-    from transformers.trainer_utils import get_last_checkpoint
 
-    from distill.llm.embedded import resolve_model_path
     from distill.rewoo.prompts import planner_messages
     from distill.store import CallCache, write_json
     from distill.tools.registry import tool_descriptions
-    from distill.train import import_trl, trainable_adapter
-
-    import_trl()
-    from trl import GRPOTrainer
+    from distill.train import GRPORun, train
 
     out = Path(cfg.output_dir) / layout.GRPO
     args = grpo_args(cfg, out)
-    path = resolve_model_path(base_model_of(cfg.adapter))
+    base = base_model_of(cfg.adapter)
     descriptions = tool_descriptions(cfg.tools)
     dataset = Dataset.from_list([{"prompt": planner_messages(ex.question, descriptions, cfg.planner_prompt),
                                   "id": ex.id} for ex in examples])
     with CallCache.open("auto", layout.call_cache(Path(cfg.output_dir))) as cache:
         reward = PlannerReward(cfg, examples, cache)
-        trainer = GRPOTrainer(model=trainable_adapter(path, cfg.adapter), reward_funcs=[reward], args=args,
-                              train_dataset=dataset, processing_class=AutoTokenizer.from_pretrained(path))
-        resume = get_last_checkpoint(str(out)) if out.is_dir() else None
-        trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model(str(out / layout.ADAPTER))
-    if trainer.is_world_process_zero():
+        info = train(GRPORun(args, base, cfg.adapter, [reward], dataset))
+    if info["main_process"]:
         inherit_record(cfg, cfg.adapter, out / layout.ADAPTER, "grpo")
     keys = ("step", "reward", "reward_std", "kl", "loss", "rewards/planner_reward/mean",
             *(f"reward/{p}" for p in ("valid", "ran", "recall", "answer_in_evidence", "extra_steps")))
-    history = [{k: e[k] for k in keys if k in e} for e in trainer.state.log_history if "reward" in e]
+    history = [{k: e[k] for k in keys if k in e} for e in info["log_history"] if "reward" in e]
     write_json(out / "reward_history.json", history)
     last = history[-1] if history else {}
-    summary = {"round": 1, "steps": trainer.state.global_step, "samples": sum(reward.calls),
+    summary = {"round": 1, "steps": info["global_step"], "samples": sum(reward.calls),
                "mean_reward": last.get("reward"), "kl": last.get("kl"),
                "adapter": str(out / layout.ADAPTER),
                "adapter_in": cfg.adapter, "reward_parts": {k[7:]: v for k, v in last.items() if k.startswith("reward/")}}

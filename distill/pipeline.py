@@ -30,7 +30,7 @@ generation, the students', base model plus LoRA adapters, for evaluation) and fi
 otherwise repeat it takes it (PipelineConfig says which, `with_teacher` what wins), and `--check` and the run's
 start warn in one line when an eval teacher row asks another model than generate's planner. `config: FILE` in a
 pipeline config is read from that file's folder; `train: {config: auto}` picks the training config by the visible
-GPUs' memory (distill.train.config_for_gpus).
+GPUs' memory (distill.launch.config_for_gpus).
 
 `--check` runs no stage and writes nothing: every section validated, each stage's resolved config and the
 commands it would launch, what the run needs (keys, endpoints, integrations, GPUs, disk: one line per problem,
@@ -66,7 +66,7 @@ from distill.tracking import PACKAGES
 IMPROVED = "{}_improved"  # the LoRA module (and eval row model) of a student's improved adapter
 SERVER = SERVER_PLACEHOLDER  # the pipeline fills in the address of the stage's own server
 STAGE_CONFIG = "config"
-AUTO = "auto"  # `train.config: auto`: the training config for the visible GPUs (distill.train.GPU_CONFIGS)
+AUTO = "auto"  # `train.config: auto`: the training config for the visible GPUs (distill.launch.GPU_CONFIGS)
 # The sections that are a stage's config (or a server's): each may name its stage config file (`config: FILE`).
 SECTIONS = ("generate", "teacher_server", "filter", "sft_data", "train", "improve", "student_server", "eval")
 # The endpoints that take the pipeline's `teacher:` by default, per stage, beside eval's teacher rows (`is_teacher_row`).
@@ -83,7 +83,7 @@ ENTRIES = {
     "generate": "distill.generate:generate",
     "filter": "distill.filter:run_filter",
     "sft-data": "distill.sft_data:build_sft_data",
-    "train": "distill.train:launch",
+    "train": "distill.launch:launch",
     "improve": "distill.improve:improve",
     "eval": "distill.evaluate:evaluate",
     "report": "distill.report:write_report",
@@ -155,7 +155,7 @@ class PipelineConfig(Strict):
     it by default; see `with_teacher` for what wins where. It becomes part of those sections, so their
     fingerprints hold it as they hold any endpoint: a new teacher redoes generation and everything after.
 
-    `train: {config: auto}` picks the training config by the visible GPUs' memory (distill.train.config_for_gpus),
+    `train: {config: auto}` picks the training config by the visible GPUs' memory (distill.launch.config_for_gpus),
     when the pipeline starts, saying which and why."""
 
     run_dir: str = "runs/demo"
@@ -348,7 +348,7 @@ class Pipeline:
         if self._train is None:
             section = self.cfg.train
             if section.get(STAGE_CONFIG) == AUTO:
-                from distill.train import config_for_gpus
+                from distill.launch import config_for_gpus
 
                 path, why = config_for_gpus(self.gpu_memory())
                 shown = os.path.relpath(path)
@@ -638,10 +638,11 @@ class Pipeline:
         world.disk(self.run)
 
     def check_student(self, world, name: str, gpus: int | None) -> None:
-        """A student's sft-data config, its train section and the launch command train.launch would run, its
+        """A student's sft-data config, its train section and the launch command launch.launch would run, its
         report_to integrations and its GPUs."""
         from distill.check import show_config
-        from distill.train import launch_command, parse_train_config
+        from distill.launch import launch_command
+        from distill.train import parse_train_config
 
         show_config(f"sft-data {name}: resolved config", self.sft_data_config(name).model_dump(mode="json"))
         data = self.train_section(name)

@@ -7,6 +7,10 @@
 Config keys are the fields of TRL's `SFTConfig` and `ModelConfig` (any TRL option works without a code change)
 plus `DistillArguments`. The config names the *effective* batch, so the optimisation is the same on 1 GPU or 8.
 Rerunning after an interruption resumes from the last checkpoint in `output_dir`.
+
+improve's GRPO goes through the same parser (TRL's `GRPOConfig`) and the same `train()`, so both methods resume,
+train and save one way; its reward and prompts are improve's. Which config fits the GPUs and how the processes
+are started is `distill.launch`'s, which imports this module and never the reverse.
 """
 
 from __future__ import annotations
@@ -20,11 +24,7 @@ import json
 import logging
 import math
 import os
-import shlex
-import signal
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,17 +41,6 @@ from distill.secrets import is_secret_name, mask, mask_log_record, masked_mappin
 from distill.tracking import require as require_trackers
 
 log = logging.getLogger("distill.train")
-
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-ACCELERATE_CONFIGS = CONFIGS / "accelerate"
-# `train.config: auto` in `distill pipeline`: the 7B student's training config for the memory of the smallest
-# visible GPU (GiB as the device reports it: a "24 GB" card reports 22-24, a "40 GB" 39-40, an "80 GB" 79-80), the
-# largest first. The table "Which training config for which GPU" in docs/gpu-recipe.md is this one, in words.
-GPU_CONFIGS: tuple[tuple[int, str, str], ...] = (
-    (70, "qwen2.5-7b_lora_80gb.yaml", "80 GB class: no checkpointing, Liger, padding-free"),
-    (36, "qwen2.5-7b_lora_gpu.yaml", "40-48 GB class: bf16 LoRA with checkpointing"),
-    (20, "qwen2.5-7b_qlora_gpu.yaml", "24 GB class: 4-bit QLoRA"),
-)
 
 
 @dataclass
@@ -107,8 +96,23 @@ class TrainConfig:
         return gradient_accumulation_steps(self.distill.global_batch_size, per_device, processes)
 
 
-def _fail(message: str):
-    raise DistillError(f"train config: {message}")
+@dataclass
+class GRPORun:
+    """A GRPO run: TRL's `GRPOConfig` (`parse_grpo_config`) and what GRPOTrainer takes beside it. The policy
+    continues an adapter (`init_adapter` on its base), as improve's expert iteration does; the reward functions
+    and the prompts are the caller's (improve's planner reward over its training questions), so this module
+    needs nothing of theirs. Its adapter is written to `<output_dir>/adapter`, beside the checkpoints."""
+
+    args: Any
+    model_name_or_path: str
+    init_adapter: str
+    reward_funcs: list
+    train_dataset: Any
+    resume: bool = True
+
+
+def _fail(message: str, where: str = "train config"):
+    raise DistillError(f"{where}: {message}")
 
 
 def import_trl() -> None:
@@ -145,24 +149,8 @@ def parse_train_config(data: dict, argv: list[str] | None = None, processes: int
         given["warmup_steps"] = float(ratio)
     accelerator = torch.cuda.is_available() or torch.backends.mps.is_available() or torch.xpu.is_available()
     dynamic = {"use_cpu": not accelerator, "disable_tqdm": not sys.stderr.isatty()}
-    parser = _parser()
-    unknown = parser.set_defaults_with_config(**(DEFAULTS | dynamic | given))
-    if unknown:
-        from trl import ModelConfig
-
-        from distill.config import suggestion
-
-        names = [u[2:] for u in unknown[::2]]
-        known = [f.name for cls in (DistillArguments, SFTConfig, ModelConfig) for f in dataclasses.fields(cls)]
-        hints = "".join(suggestion(n, known).replace("; did you mean", f"; {n}: did you mean") for n in names)
-        _fail(f"unknown key(s) {', '.join(names)}{hints} (keys are SFTConfig, ModelConfig and DistillArguments "
-              "fields: see docs/TRAINING.md)")
-    check_bounds(given)
-    try:
-        distill, sft, model = parser.parse_args_into_dataclasses(args=list(argv or []))
-    except (ValueError, TypeError) as exc:
-        _fail(str(exc).splitlines()[0])
-    check_bounds({k: v for part in (distill, sft, model) for k, v in vars(part).items() if k in BOUNDS})
+    distill, sft, model = _parse(_sft_classes(), DEFAULTS | dynamic | given, given, argv,
+                                 "SFTConfig, ModelConfig and DistillArguments fields: see docs/TRAINING.md")
     if not distill.dataset_dir:
         _fail("dataset_dir is required")
     if not model.use_peft:
@@ -178,11 +166,50 @@ def parse_train_config(data: dict, argv: list[str] | None = None, processes: int
     return cfg
 
 
-def _parser():
-    from trl import ModelConfig, SFTConfig, TrlParser
+def parse_grpo_config(keys: dict):
+    """TRL's `GRPOConfig` through the same parser and the same one-line refusals as SFT's config (an unknown key
+    with its nearest names, a number out of range), each naming the `grpo` section."""
+    import_trl()
+    from trl import GRPOConfig
 
-    parser = TrlParser((DistillArguments, SFTConfig, ModelConfig), prog="distill.train")
-    parser.error = _fail  # argparse would print the whole usage of ~200 TRL options, then exit
+    (args,) = _parse((GRPOConfig,), keys, keys, None, "GRPOConfig fields: see docs/improve.md", where="grpo")
+    return args
+
+
+def _sft_classes() -> tuple:
+    from trl import ModelConfig, SFTConfig
+
+    return DistillArguments, SFTConfig, ModelConfig
+
+
+def _parse(classes: tuple, keys: dict, given: dict, argv: list[str] | None, keys_are: str,
+           where: str = "train config") -> tuple:
+    """`classes` filled by TRL's `TrlParser` from `keys` and TRL-style flags: a key no class has, a number TRL
+    would take and fail on later, and anything its parser refuses are one line each. `given`: the keys the user
+    set, whose bounds are checked before TRL's own checks could fail on them less clearly."""
+    parser = _parser(classes, where)
+    if unknown := parser.set_defaults_with_config(**keys):
+        from distill.config import suggestion
+
+        names = [u[2:] for u in unknown[::2]]
+        known = [f.name for cls in classes for f in dataclasses.fields(cls)]
+        hints = "".join(suggestion(n, known).replace("; did you mean", f"; {n}: did you mean") for n in names)
+        _fail(f"unknown key(s) {', '.join(names)}{hints} (keys are {keys_are})", where)
+    check_bounds(given, classes, where)
+    try:
+        parts = parser.parse_args_into_dataclasses(args=list(argv or []))
+    except (ValueError, TypeError) as exc:
+        _fail(str(exc).splitlines()[0], where)
+    check_bounds({k: v for part in parts for k, v in vars(part).items() if k in BOUNDS}, classes, where)
+    return tuple(parts)
+
+
+def _parser(classes: tuple | None = None, where: str = "train config"):
+    from trl import TrlParser
+
+    parser = TrlParser(classes or _sft_classes(), prog="distill.train")
+    # argparse would print the whole usage of ~200 TRL options, then exit
+    parser.error = functools.partial(_fail, where=where)
     return parser
 
 
@@ -206,22 +233,19 @@ BOUNDS: dict[str, tuple[float, bool]] = {
 }
 
 
-def check_bounds(values: dict) -> None:
+def check_bounds(values: dict, classes: tuple | None = None, where: str = "train config") -> None:
     """One line naming the setting, for the numbers TRL would take and fail on later (or never)."""
-    from trl import ModelConfig, SFTConfig
-
-    nullable = {f.name for cls in (DistillArguments, SFTConfig, ModelConfig) for f in dataclasses.fields(cls)
-                if f.default is None}
+    nullable = {f.name for cls in classes or _sft_classes() for f in dataclasses.fields(cls) if f.default is None}
     for name, value in values.items():
         if name not in BOUNDS or isinstance(value, str) or (value is None and name in nullable):
             continue  # strings are TRL's parser's to refuse, with its own message
         low, inclusive = BOUNDS[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            _fail(f"{name}: expected a finite number, got {value!r}")
+            _fail(f"{name}: expected a finite number, got {value!r}", where)
         if value < low or (value == low and not inclusive):
-            _fail(f"{name}: {value!r} must be {'>=' if inclusive else '>'} {low:g}")
+            _fail(f"{name}: {value!r} must be {'>=' if inclusive else '>'} {low:g}", where)
         if name == "lora_dropout" and value >= 1:
-            _fail(f"{name}: {value!r} must be < 1")
+            _fail(f"{name}: {value!r} must be < 1", where)
 
 
 def _plain(value: Any) -> Any:
@@ -281,86 +305,6 @@ def gradient_accumulation_steps(global_batch_size: int, per_device: int, process
             f"x {processes} process(es) = {per_step}; change one of them"
         )
     return global_batch_size // per_step
-
-
-def config_for_gpus(memory: list[int]) -> tuple[Path, str]:
-    """The training config `train.config: auto` picks for GPUs of these total memories (bytes), and why, in words.
-    Training runs on every visible GPU at the same per-device batch, so the smallest decides. Without a GPU there is
-    no 7B config to pick: the CPU config trains another model (SmolLM2-135M), which the rest of a 7B pipeline
-    (its tokenizer, its student server) does not serve, so that is one line asking for a named config."""
-    if not memory:
-        raise DistillError("train.config: auto picks a 7B training config by the GPUs' memory, but no GPU is visible "
-                           "(torch.cuda.device_count() = 0); name a config instead (on a CPU: "
-                           "configs/smollm2-135m_lora_cpu.yaml, with a 135M student throughout)")
-    gib = min(memory) / 2**30
-    which = f"{'the' if len(memory) == 1 else f'the smallest of {len(memory)}'} visible GPU{'s' * (len(memory) > 1)}"
-    for floor, name, kind in GPU_CONFIGS:
-        if gib >= floor:
-            return CONFIGS / name, f"{which} has {gib:.1f} GiB: {kind}, for {floor} GiB and up"
-    floor, name, _ = GPU_CONFIGS[-1]
-    raise DistillError(f"train.config: auto: {which} has {gib:.1f} GiB, below the {floor} GiB the smallest 7B "
-                       f"config (configs/{name}) is sized for; name a config that fits it")
-
-
-def launch_command(config_path: str | Path, cfg: TrainConfig, gpus: int) -> list[str]:
-    """How `distill pipeline` starts training: one process per GPU under `accelerate launch` (settable with
-    num_processes), or one plain process on CPU."""
-    processes = cfg.distill.num_processes or max(gpus, 1)
-    train = ["-m", "distill.train", "--config", str(config_path)]
-    if gpus == 0:
-        if processes != 1:
-            raise DistillError(f"num_processes {processes}: no GPU is visible, training runs as one CPU process")
-        return [sys.executable, *train]
-    if processes > gpus:
-        raise DistillError(f"num_processes {processes} but only {gpus} GPU(s) are visible")
-    cfg.accumulation(processes)  # indivisible batches fail here, before the launch
-    default = "single_gpu.yaml" if processes == 1 else "multi_gpu.yaml"
-    accelerate = cfg.distill.accelerate_config or str(ACCELERATE_CONFIGS / default)
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", accelerate,
-            "--num_processes", str(processes), *train]
-
-
-def launch(data: dict, gpus: int | None = None) -> dict:
-    """The pipeline's train stage: its section as a config file, trained in child process(es). The child prints
-    its own one-line error, so a failure here only names the stage."""
-    cfg = parse_train_config(data, processes=1)
-    out = Path(cfg.sft.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    config = out / "stage_config.yaml"
-    written, _ = without_secrets(data)  # parse_train_config put a hub_token in the environment the child inherits
-    config.write_text("# written by `distill pipeline` from its train section\n" + yaml.safe_dump(written, sort_keys=False))
-    if gpus is None:
-        from torch.cuda import device_count
-
-        gpus = device_count()
-    cmd = launch_command(config, cfg, gpus)
-    print(f"[pipeline] {shlex.join(cmd)}", flush=True)
-    if run_child(cmd) != 0:
-        raise DistillError(f"training failed ({shlex.join(cmd[1:4])}...); its error is printed above")
-    return json.loads((out / ADAPTER_INFO).read_text())
-
-
-def run_child(cmd: list[str]) -> int:
-    """Run `cmd`, passing on a SIGTERM sent to this process (`kill`, a scheduler's stop), then stopping as that
-    signal would have. Ctrl-C reaches the whole process group by itself; a SIGTERM reaches only its target, and
-    without this the trainer would run on, orphaned, holding the GPUs and the output folder."""
-    proc = subprocess.Popen(cmd)
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
-        return proc.wait()
-    received: list[int] = []
-
-    def forward(signum, _frame):
-        received.append(signum)
-        proc.send_signal(signum)
-
-    previous = signal.signal(signal.SIGTERM, forward)
-    try:
-        code = proc.wait()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    if received:
-        signal.raise_signal(received[0])
-    return code
 
 
 def without_secrets(data: dict) -> tuple[dict, dict]:
@@ -509,9 +453,12 @@ def _duration(seconds: float) -> str:
         f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: bool = False):
-    """The SFTTrainer exactly as training uses it (tests take their batches from it)."""
+def build_trainer(cfg: TrainConfig | GRPORun, callbacks: list | None = None, resuming: bool = False):
+    """The SFTTrainer (or GRPOTrainer) exactly as training uses it (tests take their batches from it)."""
     from transformers import AutoTokenizer
+
+    if isinstance(cfg, GRPORun):
+        return grpo_trainer(cfg, callbacks)
 
     import_trl()
     from trl import SFTTrainer, get_peft_config
@@ -561,6 +508,20 @@ def build_trainer(cfg: TrainConfig, callbacks: list | None = None, resuming: boo
         raise DistillError(f"cannot load model {cfg.model.model_name_or_path!r}: {str(exc).splitlines()[0]}") from None
 
 
+def grpo_trainer(run: GRPORun, callbacks: list | None = None):
+    from transformers import AutoTokenizer
+
+    import_trl()
+    from trl import GRPOTrainer
+
+    from distill.llm.embedded import resolve_model_path
+
+    path = resolve_model_path(run.model_name_or_path)
+    return GRPOTrainer(model=trainable_adapter(path, run.init_adapter), reward_funcs=run.reward_funcs, args=run.args,
+                       train_dataset=run.train_dataset, processing_class=AutoTokenizer.from_pretrained(path),
+                       callbacks=callbacks)
+
+
 def trainable_adapter(path: str, adapter: str | Path, model_init_kwargs: dict | None = None):
     """The base model at `path` (loaded as TRL loads it) with `adapter`'s LoRA weights, trainable: expert
     iteration and GRPO continue the SFT student, they do not start a new adapter."""
@@ -584,10 +545,15 @@ def continued_adapter(cfg: TrainConfig, path: str):
     return model
 
 
-def write_outputs(trainer, cfg: TrainConfig, started: float) -> dict:
+def write_outputs(trainer, cfg: TrainConfig | GRPORun, started: float) -> dict:
     """save_model on every rank (ZeRO-3 gathers there) writes the adapter, tokenizer and chat_template.jinja;
     the small files only on the main process. loss_history.json: train and eval loss per optimiser step, from
-    the log history that resumes keep."""
+    the log history that resumes keep. A GRPO run's records are its caller's (the reward is), so it gets the
+    log history to write them from."""
+    if isinstance(cfg, GRPORun):
+        trainer.save_model(str(Path(cfg.args.output_dir) / layout.ADAPTER))
+        return {"global_step": trainer.state.global_step, "log_history": trainer.state.log_history,
+                "main_process": trainer.is_world_process_zero()}
     from distill.llm.embedded import resolve_model_path
     from distill.store import write_json
 
@@ -661,12 +627,15 @@ def trained_on(dataset_dir: str, train_examples: int, validation_examples: int) 
     }
 
 
-def train(cfg: TrainConfig, callbacks: list | None = None) -> dict:
+def train(cfg: TrainConfig | GRPORun, callbacks: list | None = None) -> dict:
+    """SFT or GRPO, one way: build the trainer, resume from the last checkpoint in output_dir, train, write."""
     from transformers.trainer_utils import get_last_checkpoint
 
     started = time.time()
-    out = cfg.sft.output_dir
-    resume = get_last_checkpoint(out) if cfg.distill.resume and Path(out).is_dir() else None
+    grpo = isinstance(cfg, GRPORun)
+    out = cfg.args.output_dir if grpo else cfg.sft.output_dir
+    wanted = cfg.resume if grpo else cfg.distill.resume
+    resume = get_last_checkpoint(out) if wanted and Path(out).is_dir() else None
     if resume:
         log.info("resuming from %s", resume)
     trainer = build_trainer(cfg, callbacks, resuming=resume is not None)
@@ -686,54 +655,11 @@ def train(cfg: TrainConfig, callbacks: list | None = None) -> dict:
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from distill.check import add_check_args
-
     add_config_args(parser)
-    add_check_args(parser)
-
-
-def check_run(cfg: TrainConfig, check, config_path: str | Path, where: str = "train") -> None:
-    """`train --check`: the parsed config, the command a pipeline would launch, and what training would fail on
-    after loading the model: its data, its trackers (`report_to`), GPUs for a config sized for them, the disk."""
-    from distill.check import gpu_count, show_config
-    from distill.verdict import small_training_set
-
-    show_config(f"{where}: resolved config", without_secrets(cfg.resolved)[0])
-    gpus = gpu_count()
-    try:
-        print(f"{where} would run: {shlex.join(launch_command(config_path, cfg, gpus))}")
-    except DistillError as exc:
-        check.problem(f"{where}: {exc}")
-    check.report_to(cfg.sft.report_to, where)
-    wants = next((f"{where}.{k}: true" for k in ("bf16", "fp16", "load_in_4bit", "load_in_8bit")
-                  if getattr(cfg.sft, k, None) or getattr(cfg.model, k, None)), None)
-    check.gpus(where, wants, gpus, "training")
-    summary = Path(cfg.distill.dataset_dir) / layout.SUMMARY
-    if not (Path(cfg.distill.dataset_dir) / "dataset_dict.json").is_file():
-        check.problem(f"{where}.dataset_dir: {cfg.distill.dataset_dir} is not a dataset folder (run `distill sft-data`)")
-    elif not summary.is_file():
-        check.problem(f"{where}.dataset_dir: {summary} is missing: the adapter could not record the prompt and tools "
-                      "it is trained on (make the data with `distill sft-data`)")
-    else:
-        from distill.provenance import read_json as read_optional
-
-        splits = (read_optional(summary) or {}).get("splits") or {}
-        examples = (splits.get("train") or {}).get("examples")
-        if isinstance(examples, int) and (warning := small_training_set(examples)):
-            print(f"{where}: WARNING: {warning}")
-    if cfg.sft.use_liger_kernel and importlib.util.find_spec("liger_kernel") is None:
-        check.problem(f"{where}.use_liger_kernel: liger_kernel is not installed (pip install liger-kernel)")
-    check.disk(cfg.sft.output_dir)
 
 
 def main(args: argparse.Namespace, rest: list[str] | None = None) -> int:
-    from distill.check import Check, wants_check
-
     cfg = load_train_config(args.config, args.set, rest)
-    if wants_check(args):
-        check = Check(args.offline)
-        check_run(cfg, check, args.config)
-        return check.finish()
     info = train(cfg)
     if info:
         print(json.dumps({k: info[k] for k in ("global_step", "final_train_loss", "final_eval_loss", "wall_s")}))
@@ -753,6 +679,8 @@ def launcher_main(argv: list[str] | None = None) -> int:
     for handler in logging.getLogger().handlers:
         handler.addFilter(mask_log_record)
     try:
+        if "--check" in rest:  # it knows the launch command, which is distill.launch's, so the CLI owns it
+            raise DistillError("run --check as `distill train --check --config ...`: a check launches nothing")
         return main(args, rest)
     except DistillError as exc:
         print(f"error: {mask(str(exc))}", file=sys.stderr)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from distill.config import load_config
-from distill.train import GPU_CONFIGS
+from distill.launch import GPU_CONFIGS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

@@ -216,6 +216,25 @@ def test_shipped_grpo_configs_parse_into_trls_config_and_their_batch_holds_whole
                                                            args.gradient_accumulation_steps, processes)
 
 
+@pytest.mark.parametrize("grpo, message", [
+    ({"max_stepz": 1}, "grpo: unknown key(s) max_stepz; max_stepz: did you mean max_steps? (keys are GRPOConfig"),
+    ({"learning_rate": -1}, "grpo: learning_rate: -1 must be > 0"),
+    ({"per_device_train_batch_size": 0}, "grpo: per_device_train_batch_size: 0 must be >= 1"),
+    ({"lr_scheduler_type": "nope"}, "grpo: nope is not a valid SchedulerType"),
+])
+def test_grpo_keys_are_read_by_trls_parser_with_sfts_one_line_refusals(grpo, message, tmp_path):
+    """`grpo:` goes through distill.train's parser as SFT's config does: a misspelt key names its nearest field,
+    a number TRL would take and fail on later is refused, each in one line naming the section."""
+    from distill.config import load_config
+    from distill.errors import DistillError
+    from distill.improve import ImproveConfig, grpo_args
+
+    cfg = load_config(ImproveConfig, ROOT / "configs" / "improve_smollm2_grpo_cpu.yaml")
+    with pytest.raises(DistillError) as error:
+        grpo_args(cfg.model_copy(update={"grpo": cfg.grpo | grpo}), tmp_path)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
 @pytest.mark.parametrize("method", ["expert_iteration", "grpo"])
 def test_a_missing_adapter_is_one_line_that_improve_can_act_on_and_makes_nothing(tmp_path, capsys, method):
     """`adapter: null` is no way out for improve (it continues an adapter): the line says what is; nothing is made

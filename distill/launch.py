@@ -1,0 +1,174 @@
+"""Starting training, beside `distill.train` rather than in it: which config fits the visible GPUs, the command
+that runs training (one process per GPU under `accelerate launch`, or one plain process on CPU), the pipeline's
+train stage in child processes, and `distill train`'s own entry, whose `--check` says what a launch would run and
+fail on before anything loads.
+
+    distill train --config configs/smollm2-135m_lora_cpu.yaml [--check]    # trains in this process (train.main)
+
+train.py keeps the shape of TRL's `trl/scripts/sft.py`; this module imports it, never the reverse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import yaml
+
+from distill import layout
+from distill.errors import DistillError
+from distill.merge import ADAPTER_INFO
+from distill.train import TrainConfig, load_train_config, parse_train_config, without_secrets
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+ACCELERATE_CONFIGS = CONFIGS / "accelerate"
+# `train.config: auto` in `distill pipeline`: the 7B student's training config for the memory of the smallest
+# visible GPU (GiB as the device reports it: a "24 GB" card reports 22-24, a "40 GB" 39-40, an "80 GB" 79-80), the
+# largest first. The table "Which training config for which GPU" in docs/gpu-recipe.md is this one, in words.
+GPU_CONFIGS: tuple[tuple[int, str, str], ...] = (
+    (70, "qwen2.5-7b_lora_80gb.yaml", "80 GB class: no checkpointing, Liger, padding-free"),
+    (36, "qwen2.5-7b_lora_gpu.yaml", "40-48 GB class: bf16 LoRA with checkpointing"),
+    (20, "qwen2.5-7b_qlora_gpu.yaml", "24 GB class: 4-bit QLoRA"),
+)
+
+
+def config_for_gpus(memory: list[int]) -> tuple[Path, str]:
+    """The training config `train.config: auto` picks for GPUs of these total memories (bytes), and why, in words.
+    Training runs on every visible GPU at the same per-device batch, so the smallest decides. Without a GPU there is
+    no 7B config to pick: the CPU config trains another model (SmolLM2-135M), which the rest of a 7B pipeline
+    (its tokenizer, its student server) does not serve, so that is one line asking for a named config."""
+    if not memory:
+        raise DistillError("train.config: auto picks a 7B training config by the GPUs' memory, but no GPU is visible "
+                           "(torch.cuda.device_count() = 0); name a config instead (on a CPU: "
+                           "configs/smollm2-135m_lora_cpu.yaml, with a 135M student throughout)")
+    gib = min(memory) / 2**30
+    which = f"{'the' if len(memory) == 1 else f'the smallest of {len(memory)}'} visible GPU{'s' * (len(memory) > 1)}"
+    for floor, name, kind in GPU_CONFIGS:
+        if gib >= floor:
+            return CONFIGS / name, f"{which} has {gib:.1f} GiB: {kind}, for {floor} GiB and up"
+    floor, name, _ = GPU_CONFIGS[-1]
+    raise DistillError(f"train.config: auto: {which} has {gib:.1f} GiB, below the {floor} GiB the smallest 7B "
+                       f"config (configs/{name}) is sized for; name a config that fits it")
+
+
+def launch_command(config_path: str | Path, cfg: TrainConfig, gpus: int) -> list[str]:
+    """How `distill pipeline` starts training: one process per GPU under `accelerate launch` (settable with
+    num_processes), or one plain process on CPU."""
+    processes = cfg.distill.num_processes or max(gpus, 1)
+    train = ["-m", "distill.train", "--config", str(config_path)]
+    if gpus == 0:
+        if processes != 1:
+            raise DistillError(f"num_processes {processes}: no GPU is visible, training runs as one CPU process")
+        return [sys.executable, *train]
+    if processes > gpus:
+        raise DistillError(f"num_processes {processes} but only {gpus} GPU(s) are visible")
+    cfg.accumulation(processes)  # indivisible batches fail here, before the launch
+    default = "single_gpu.yaml" if processes == 1 else "multi_gpu.yaml"
+    accelerate = cfg.distill.accelerate_config or str(ACCELERATE_CONFIGS / default)
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", accelerate,
+            "--num_processes", str(processes), *train]
+
+
+def launch(data: dict, gpus: int | None = None) -> dict:
+    """The pipeline's train stage: its section as a config file, trained in child process(es). The child prints
+    its own one-line error, so a failure here only names the stage."""
+    cfg = parse_train_config(data, processes=1)
+    out = Path(cfg.sft.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = out / "stage_config.yaml"
+    written, _ = without_secrets(data)  # parse_train_config put a hub_token in the environment the child inherits
+    config.write_text("# written by `distill pipeline` from its train section\n" + yaml.safe_dump(written, sort_keys=False))
+    if gpus is None:
+        from torch.cuda import device_count
+
+        gpus = device_count()
+    cmd = launch_command(config, cfg, gpus)
+    print(f"[pipeline] {shlex.join(cmd)}", flush=True)
+    if run_child(cmd) != 0:
+        raise DistillError(f"training failed ({shlex.join(cmd[1:4])}...); its error is printed above")
+    return json.loads((out / ADAPTER_INFO).read_text())
+
+
+def run_child(cmd: list[str]) -> int:
+    """Run `cmd`, passing on a SIGTERM sent to this process (`kill`, a scheduler's stop), then stopping as that
+    signal would have. Ctrl-C reaches the whole process group by itself; a SIGTERM reaches only its target, and
+    without this the trainer would run on, orphaned, holding the GPUs and the output folder."""
+    proc = subprocess.Popen(cmd)
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        return proc.wait()
+    received: list[int] = []
+
+    def forward(signum, _frame):
+        received.append(signum)
+        proc.send_signal(signum)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        code = proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if received:
+        signal.raise_signal(received[0])
+    return code
+
+
+def check_run(cfg: TrainConfig, check, config_path: str | Path, where: str = "train") -> None:
+    """`train --check`: the parsed config, the command a pipeline would launch, and what training would fail on
+    after loading the model: its data, its trackers (`report_to`), GPUs for a config sized for them, the disk."""
+    from distill.check import gpu_count, show_config
+    from distill.verdict import small_training_set
+
+    show_config(f"{where}: resolved config", without_secrets(cfg.resolved)[0])
+    gpus = gpu_count()
+    try:
+        print(f"{where} would run: {shlex.join(launch_command(config_path, cfg, gpus))}")
+    except DistillError as exc:
+        check.problem(f"{where}: {exc}")
+    check.report_to(cfg.sft.report_to, where)
+    wants = next((f"{where}.{k}: true" for k in ("bf16", "fp16", "load_in_4bit", "load_in_8bit")
+                  if getattr(cfg.sft, k, None) or getattr(cfg.model, k, None)), None)
+    check.gpus(where, wants, gpus, "training")
+    summary = Path(cfg.distill.dataset_dir) / layout.SUMMARY
+    if not (Path(cfg.distill.dataset_dir) / "dataset_dict.json").is_file():
+        check.problem(f"{where}.dataset_dir: {cfg.distill.dataset_dir} is not a dataset folder (run `distill sft-data`)")
+    elif not summary.is_file():
+        check.problem(f"{where}.dataset_dir: {summary} is missing: the adapter could not record the prompt and tools "
+                      "it is trained on (make the data with `distill sft-data`)")
+    else:
+        from distill.provenance import read_json as read_optional
+
+        splits = (read_optional(summary) or {}).get("splits") or {}
+        examples = (splits.get("train") or {}).get("examples")
+        if isinstance(examples, int) and (warning := small_training_set(examples)):
+            print(f"{where}: WARNING: {warning}")
+    if cfg.sft.use_liger_kernel and importlib.util.find_spec("liger_kernel") is None:
+        check.problem(f"{where}.use_liger_kernel: liger_kernel is not installed (pip install liger-kernel)")
+    check.disk(cfg.sft.output_dir)
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    from distill import train
+    from distill.check import add_check_args
+
+    train.configure_parser(parser)
+    add_check_args(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    """`distill train`: `--check` here, where the launch command is known; training in this process."""
+    from distill import train
+    from distill.check import Check, wants_check
+
+    if not wants_check(args):
+        return train.main(args)
+    cfg = load_train_config(args.config, args.set)
+    check = Check(args.offline)
+    check_run(cfg, check, args.config)
+    return check.finish()
