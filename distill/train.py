@@ -91,6 +91,14 @@ class TrainConfig:
     def model_validate(cls, data: dict) -> TrainConfig:
         return parse_train_config(data)
 
+    @property
+    def output_dir(self) -> str:
+        return self.sft.output_dir
+
+    @property
+    def resume(self) -> bool:
+        return self.distill.resume
+
     def accumulation(self, processes: int) -> int:
         per_device = self.sft.per_device_train_batch_size
         return gradient_accumulation_steps(self.distill.global_batch_size, per_device, processes)
@@ -109,6 +117,10 @@ class GRPORun:
     reward_funcs: list
     train_dataset: Any
     resume: bool = True
+
+    @property
+    def output_dir(self) -> str:
+        return self.args.output_dir
 
 
 def _fail(message: str, where: str = "train config"):
@@ -632,10 +644,8 @@ def train(cfg: TrainConfig | GRPORun, callbacks: list | None = None) -> dict:
     from transformers.trainer_utils import get_last_checkpoint
 
     started = time.time()
-    grpo = isinstance(cfg, GRPORun)
-    out = cfg.args.output_dir if grpo else cfg.sft.output_dir
-    wanted = cfg.resume if grpo else cfg.distill.resume
-    resume = get_last_checkpoint(out) if wanted and Path(out).is_dir() else None
+    out = cfg.output_dir
+    resume = get_last_checkpoint(out) if cfg.resume and Path(out).is_dir() else None
     if resume:
         log.info("resuming from %s", resume)
     trainer = build_trainer(cfg, callbacks, resuming=resume is not None)
