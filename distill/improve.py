@@ -286,19 +286,16 @@ def with_server(cfg: ImproveConfig, url: str | None) -> ImproveConfig:
     return validate(ImproveConfig, data, "improve")
 
 
-def train_section(cfg: ImproveConfig, adapter_in: str, out: Path, base_model: str | None = None) -> dict:
-    """The round's TrainConfig keys: the adapter's base (`base_model` where the adapter is not trained yet),
-    `train`, the round's folders and the adapter it continues."""
-    return {"model_name_or_path": base_model or base_model_of(adapter_in)} | cfg.train | {
-        "dataset_dir": str(out / layout.SFT_DATA), "output_dir": str(out / layout.ADAPTER), "init_adapter": adapter_in}
-
-
-def check_train_section(cfg: ImproveConfig) -> None:
-    """TRL's parser over `train` before the first plan is sampled: a typo should not wait for a round."""
+def round_train_config(cfg: ImproveConfig, adapter_in: str, out: Path, base_model: str | None = None):
+    """The round's TrainConfig, parsed once by TRL's parser and handed to its check or its launch: the adapter's
+    base (`base_model` where the adapter is not trained yet), `train`, the round's folders and the adapter it
+    continues."""
     from distill.config import validate
     from distill.train import TrainConfig
 
-    validate(TrainConfig, train_section(cfg, cfg.adapter, layout.round_dir(Path(cfg.output_dir), 1)), "train (improve)")
+    return validate(TrainConfig, {"model_name_or_path": base_model or base_model_of(adapter_in)} | cfg.train | {
+        "dataset_dir": str(out / layout.SFT_DATA), "output_dir": str(out / layout.ADAPTER), "init_adapter": adapter_in},
+        "train (improve)")
 
 
 def check_run(cfg: ImproveConfig, check, prefix: str = "", started=(), base_model: str | None = None,
@@ -309,7 +306,6 @@ def check_run(cfg: ImproveConfig, check, prefix: str = "", started=(), base_mode
 
     from distill.check import show_config
     from distill.launch import launch_command
-    from distill.train import parse_train_config
 
     where = prefix.rstrip(".") or "improve"
     show_config(f"{where}: resolved config", cfg.model_dump(mode="json"))
@@ -324,8 +320,7 @@ def check_run(cfg: ImproveConfig, check, prefix: str = "", started=(), base_mode
         first = layout.round_dir(Path(cfg.output_dir), 1)
         served = "each round's vLLM server" if cfg.server is not None else "the planner endpoint"
         try:
-            section = train_section(cfg, cfg.adapter, first, base_model)
-            train = parse_train_config(section, processes=1)
+            train = round_train_config(cfg, cfg.adapter, first, base_model)
             cmd = shlex.join(launch_command(first / layout.ADAPTER / "stage_config.yaml", train, gpus or 0))
             print(f"{where} would run: {cfg.rounds} round(s), each sampling {cfg.samples} plans per question from "
                   f"{served} (LoRA module {POLICY!r}), then training: {cmd}")
@@ -386,7 +381,7 @@ def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh
                                  tokenizer=None))
     from distill.launch import launch
 
-    info = launch(train_section(cfg, adapter_in, out))
+    info = launch(round_train_config(cfg, adapter_in, out))
     inherit_record(cfg, adapter_in, out / layout.ADAPTER, f"expert_iteration round {i}")
     summary |= {"adapter_in": adapter_in, "adapter": str(out / layout.ADAPTER),
                 "train": {k: info.get(k) for k in ("global_step", "final_train_loss", "wall_s")}}
@@ -414,7 +409,7 @@ def improve(cfg: ImproveConfig, config_path: str | None = None, fresh: bool = Fa
             result = {"method": cfg.method, "rounds": [summary], "adapter": summary["adapter"], "config": config_path}
             write_json(out / layout.SUMMARY, result)
         return result
-    check_train_section(cfg)
+    round_train_config(cfg, cfg.adapter, layout.round_dir(out, 1))  # a typo should not wait for a round
     out.mkdir(parents=True, exist_ok=True)
     rounds, adapter = [], cfg.adapter
     with folder_lock(out):

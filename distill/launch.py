@@ -25,7 +25,7 @@ import yaml
 from distill import layout
 from distill.errors import DistillError
 from distill.merge import ADAPTER_INFO
-from distill.train import TrainConfig, load_train_config, parse_train_config, without_secrets
+from distill.train import TrainConfig, load_train_config, without_secrets
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ACCELERATE_CONFIGS = CONFIGS / "accelerate"
@@ -76,14 +76,14 @@ def launch_command(config_path: str | Path, cfg: TrainConfig, gpus: int) -> list
             "--num_processes", str(processes), *train]
 
 
-def launch(data: dict, gpus: int | None = None) -> dict:
-    """The pipeline's train stage: its section as a config file, trained in child process(es). The child prints
-    its own one-line error, so a failure here only names the stage."""
-    cfg = parse_train_config(data, processes=1)
-    out = Path(cfg.sft.output_dir)
+def launch(cfg: TrainConfig, gpus: int | None = None) -> dict:
+    """The pipeline's (and improve's) train stage: the parsed config as a config file, trained in child
+    process(es), which parse that file once more (a process boundary). The child prints its own one-line error, so
+    a failure here only names the stage."""
+    out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = out / "stage_config.yaml"
-    written, _ = without_secrets(data)  # parse_train_config put a hub_token in the environment the child inherits
+    written, _ = without_secrets(cfg.data)  # parsing put a hub_token in the environment the child inherits
     config.write_text("# written by `distill pipeline` from its train section\n" + yaml.safe_dump(written, sort_keys=False))
     if gpus is None:
         from torch.cuda import device_count

@@ -331,6 +331,7 @@ class Pipeline:
         self.forced: tuple[str, ...] = ()
         self._gpus: list[int] | None = None
         self._train: dict | None = None
+        self._trains: dict[str, Any] = {}  # student -> its TrainConfig, parsed once
 
     def entry(self, name: str) -> Callable:
         return self.entries.get(name) or pkgutil.resolve_name(ENTRIES[name])
@@ -358,7 +359,7 @@ class Pipeline:
             self._train = section
         return self._train
 
-    def once(self, stage: Stage, unit: Unit) -> dict:
+    def once(self, stage: Step, unit: Unit) -> dict:
         """The stage's work for the unit unless its marker holds its fingerprint and nothing it is made from was
         redone in this run; the marker keeps what the work returned, its time and what it was made from."""
         student = () if unit.student is None else (unit.student,)
@@ -388,7 +389,7 @@ class Pipeline:
         prefix, skip = ("  ", "done, would be skipped") if self.dry else ("[pipeline] ", "done, skipped")
         print(f"{prefix}{label}: {why or f'{skip} (same settings and inputs)'}", flush=True)
 
-    def run_stage(self, stage: Stage) -> None:
+    def run_stage(self, stage: Step) -> None:
         """A stage made once is one unit. A per-student one is a unit per student, each with its own
         `<stage>/<name>/DONE.json`, so that a student added or retrained redoes that student alone; the stage's
         marker lists them all (and is skipped as a whole when none has work)."""
@@ -412,23 +413,23 @@ class Pipeline:
         seconds = round(sum(info["seconds"] for info in students.values()), 1)
         write_json(layout.marker(whole.folder), whole.head() | {"students": keep, "seconds": seconds})
 
-    def stages(self) -> tuple[Stage, ...]:
+    def stages(self) -> tuple[Step, ...]:
         """The stages this pipeline runs: `improve` only where it has a section."""
         return tuple(s for s in PIPELINE if s.name != layout.IMPROVE or self.cfg.improve is not None)
 
-    def unit(self, stage: Stage, *student: str) -> Unit:
+    def unit(self, stage: Step, *student: str) -> Unit:
         return replace(stage.unit(self, *student), followers=self.followers(stage, *student))
 
-    def made_from(self, stage: Stage, student: str | None = None) -> list[str]:
+    def made_from(self, stage: Step, student: str | None = None) -> list[str]:
         """The units this one is made from: one of them redone in this run redoes it. A student's unit is made
-        from that student's units, a stage made once from those of the students it reads (`Stage.students`)."""
+        from that student's units, a stage made once from those of the students it reads (`Step.students`)."""
         out = []
         for up in (s for s in self.stages() if s.name in stage.after):
             students = ([student] if stage.per_student else stage.students(self)) if up.per_student else [None]
             out += [label(up.name, n) for n in students]
         return out
 
-    def followers(self, stage: Stage, student: str | None = None) -> tuple[str, ...]:
+    def followers(self, stage: Step, student: str | None = None) -> tuple[str, ...]:
         """What a unit's rerun redoes after it, as its line names them: the same student's units by label
         (`train planner`), the others by stage (`sft-data, train, eval`)."""
         redone, out = {label(stage.name, student)}, []
@@ -447,7 +448,7 @@ class Pipeline:
             return
         print(f"--- {self.run}: what a rerun would do" + (f" (--from {start})" if start else ""))
         walker = Pipeline(self.cfg, self.config_path, self.entries)
-        walker.dry, walker._gpus, walker._train = True, self._gpus, self._train
+        walker.dry, walker._gpus, walker._train, walker._trains = True, self._gpus, self._train, self._trains
         walker.forced = STAGES[STAGES.index(start):] if start else ()
         try:
             walker.run_all()
@@ -489,10 +490,13 @@ class Pipeline:
         own = {k: v for k, v in self.students()[name].items() if k != "train"}
         return validate(SftDataConfig, self.cfg.sft_data | own | paths, f"{where} (pipeline)")
 
-    def train_section(self, name: str) -> dict:
-        """A student's train section (its own `train:` keys over the shared ones) with its folders, checked by
-        distill.train's own (TRL) parser. A compact-prompt student's steps are ~3x cheaper and it must learn the
-        format the full prompt spells out, so it may take more of them in the same time."""
+    def train_config(self, name: str):
+        """A student's TrainConfig (its own `train:` keys over the shared ones, with its folders), parsed once by
+        distill.train's own (TRL) parser and then handed on as that object: to its fingerprint, its check and its
+        launch. A compact-prompt student's steps are ~3x cheaper and it must learn the format the full prompt
+        spells out, so it may take more of them in the same time."""
+        if name in self._trains:
+            return self._trains[name]
         from distill.train import TrainConfig
 
         own = self.students()[name].get("train") or {}
@@ -501,10 +505,11 @@ class Pipeline:
         data = self.train_base() | own | {"dataset_dir": str(layout.sft_data(self.run, name)),
                                           "output_dir": str(layout.adapter(self.run, name))}
         try:
-            validate(TrainConfig, data, "train (pipeline)")
+            cfg = validate(TrainConfig, data, "train (pipeline)")
         except DistillError as exc:  # TRL's parser names no section: say which student's keys were read
             raise DistillError(f"students.{name}.train over train: {exc}" if own else str(exc)) from None
-        return data
+        self._trains[name] = cfg
+        return cfg
 
     def server_config(self, name: str):
         """`teacher_server`, or `student_server` loading every student's adapter as the LoRA module of its name."""
@@ -579,7 +584,7 @@ class Pipeline:
         attempt(self.filter_config)
         sft = {name: attempt(self.sft_data_config, name) for name in self.students()}
         for name in sft:
-            attempt(self.train_section, name)
+            attempt(self.train_config, name)
         ev = attempt(self.eval_config, url)
         if self.cfg.teacher_server is not None:
             attempt(self.server_config, "teacher_server")
@@ -642,12 +647,10 @@ class Pipeline:
         report_to integrations and its GPUs."""
         from distill.check import show_config
         from distill.launch import launch_command
-        from distill.train import parse_train_config
 
         show_config(f"sft-data {name}: resolved config", self.sft_data_config(name).model_dump(mode="json"))
-        data = self.train_section(name)
-        show_config(f"train {name}: resolved section", data)
-        cfg = parse_train_config(data, processes=1)
+        cfg = self.train_config(name)
+        show_config(f"train {name}: resolved section", cfg.data)
         where = "train" if self.cfg.students is None else f"students.{name}.train over train"
         world.report_to(cfg.sft.report_to or [], where)
         if gpus is None:
@@ -666,7 +669,7 @@ class Pipeline:
         round's own server, is not called."""
         from distill.improve import check_run
 
-        base = self.train_section(self.improved_student()).get("model_name_or_path")
+        base = self.train_config(self.improved_student()).model.model_name_or_path
         check_run(self.improve_config(url), world, "improve.", {url}, base, gpus)
 
     def teacher_slots(self) -> list[tuple[str, str, dict]]:
@@ -745,7 +748,7 @@ class Pipeline:
     def train_unit(self, name: str) -> Unit:
         from distill.train import DEFAULTS
 
-        settings = settings_of(DEFAULTS | {k: v for k, v in self.train_section(name).items() if k != "dataset_dir"})
+        settings = settings_of(DEFAULTS | {k: v for k, v in self.train_config(name).data.items() if k != "dataset_dir"})
         data = layout.sft_data(self.run, name)
         return Unit(layout.TRAIN, layout.adapter(self.run, name), settings,
                     {layout.in_run(self.run, data): content_digest(data, skip=SFT_DATA_NOT_INPUT)}, name)
@@ -808,8 +811,8 @@ class Pipeline:
                 "examples": {split: s["examples"] for split, s in summary["splits"].items()}}
 
     def train(self, name: str) -> dict:
-        # accelerate launch with one process per visible GPU (one plain process on CPU), from the checked section
-        info = self.entry("train")(self.train_section(name))
+        # accelerate launch with one process per visible GPU (one plain process on CPU), from the parsed config
+        info = self.entry("train")(self.train_config(name))
         return {k: info.get(k) for k in ("global_step", "final_train_loss", "final_eval_loss", "wall_s")}
 
     def improve(self) -> dict:
@@ -857,8 +860,8 @@ class Pipeline:
 
 
 @dataclass(frozen=True)
-class Stage:
-    """A stage as the pipeline runs it: what its markers are made from (`unit`: the settings and input digests
+class Step:
+    """One stage as the pipeline runs it (a command's own shape is distill.stage.Stage): what its markers are made from (`unit`: the settings and input digests
     of one unit), the work (`run`: what its marker keeps), and the stages it reads (`after`), which are what
     decides, on a rerun, what follows a redone unit."""
 
@@ -872,14 +875,14 @@ class Stage:
 
 
 PIPELINE = (
-    Stage(layout.GENERATE, Pipeline.generate_unit, Pipeline.generate),
-    Stage(layout.FILTER, Pipeline.filter_unit, Pipeline.filter, after=(layout.GENERATE,)),
-    Stage(layout.SFT_DATA, Pipeline.sft_data_unit, Pipeline.sft_data, after=(layout.FILTER,), per_student=True),
-    Stage(layout.TRAIN, Pipeline.train_unit, Pipeline.train, after=(layout.SFT_DATA,), per_student=True),
-    Stage(layout.IMPROVE, Pipeline.improve_unit, Pipeline.improve, after=(layout.TRAIN,),
+    Step(layout.GENERATE, Pipeline.generate_unit, Pipeline.generate),
+    Step(layout.FILTER, Pipeline.filter_unit, Pipeline.filter, after=(layout.GENERATE,)),
+    Step(layout.SFT_DATA, Pipeline.sft_data_unit, Pipeline.sft_data, after=(layout.FILTER,), per_student=True),
+    Step(layout.TRAIN, Pipeline.train_unit, Pipeline.train, after=(layout.SFT_DATA,), per_student=True),
+    Step(layout.IMPROVE, Pipeline.improve_unit, Pipeline.improve, after=(layout.TRAIN,),
           students=lambda p: [p.improved_student()]),
-    Stage(layout.EVAL, Pipeline.eval_unit, Pipeline.eval, after=(layout.TRAIN, layout.IMPROVE)),
-    Stage(layout.REPORT, Pipeline.report_unit, Pipeline.report, after=(layout.EVAL,)),
+    Step(layout.EVAL, Pipeline.eval_unit, Pipeline.eval, after=(layout.TRAIN, layout.IMPROVE)),
+    Step(layout.REPORT, Pipeline.report_unit, Pipeline.report, after=(layout.EVAL,)),
 )
 assert tuple(s.name for s in PIPELINE) == STAGES
 

@@ -152,18 +152,18 @@ class Recorder:
         write_jsonl(Path(cfg.output_dir) / "trajectories.jsonl", records)
         return {"records": len(records)}
 
-    def train(self, data):
+    def train(self, cfg):
         from datasets import load_from_disk
 
-        self.calls.append(("train", data))
+        self.calls.append(("train", cfg.data))
         # sft-data's real output, read as TRL does: mapping over it leaves `datasets`' cache files in the folder
-        load_from_disk(data["dataset_dir"])["train"].map(lambda row: {"n": len(row["completion"])})
-        out = Path(data["output_dir"])
+        load_from_disk(cfg.distill.dataset_dir)["train"].map(lambda row: {"n": len(row["completion"])})
+        out = Path(cfg.output_dir)
         (out / "adapter_config.json").write_text("{}")
         # "weights" that differ as a real adapter's would: with the training examples and the steps
-        examples = json.loads((Path(data["dataset_dir"]) / "summary.json").read_text())["splits"]["train"]["examples"]
-        (out / "adapter_model.safetensors").write_text(json.dumps({"examples": examples, "steps": data["max_steps"]}))
-        return {"global_step": data["max_steps"], "final_train_loss": 1.5, "final_eval_loss": 1.6, "wall_s": 0.1}
+        examples = json.loads((Path(cfg.distill.dataset_dir) / "summary.json").read_text())["splits"]["train"]["examples"]
+        (out / "adapter_model.safetensors").write_text(json.dumps({"examples": examples, "steps": cfg.sft.max_steps}))
+        return {"global_step": cfg.sft.max_steps, "final_train_loss": 1.5, "final_eval_loss": 1.6, "wall_s": 0.1}
 
     def evaluate(self, cfg, config_path, fresh=False):
         from test_report import rec
@@ -853,7 +853,7 @@ def test_a_stage_config_is_read_from_the_folder_of_the_file_that_names_it(tmp_pa
     (folder / "p.yaml").write_text(yaml.safe_dump(cfg))
 
     def train(*overrides: str) -> dict:
-        return Pipeline(load_config(PipelineConfig, folder / "p.yaml", list(overrides))).train_section("planner")
+        return Pipeline(load_config(PipelineConfig, folder / "p.yaml", list(overrides))).train_config("planner").data
 
     assert train()["learning_rate"] == 3e-4 and train()["max_steps"] == 2  # mine/train.yaml, not ROOT's
     assert train("train.config=configs/smollm2-135m_lora_cpu.yaml")["learning_rate"] == 1e-3  # from the cwd
@@ -891,7 +891,7 @@ def test_train_config_auto_picks_the_readmes_config_for_the_gpus_memory(tmp_path
     cfg["train"] = {"config": "auto", "max_steps": 2}
     pipe = Pipeline(validate(PipelineConfig, cfg), "p.yaml", {"gpus": gpus(*mib)})
     pipe.check()
-    section = pipe.train_section("planner")
+    section = pipe.train_config("planner").data
     assert section == read_yaml(ROOT / "configs" / chosen) | {"max_steps": 2} | {
         "dataset_dir": str(tmp_path / "run" / "sft-data" / "planner"), "output_dir": str(tmp_path / "run" / "train" / "planner")}
     lines = [line for line in capsys.readouterr().out.splitlines() if "train.config auto" in line]

@@ -606,7 +606,7 @@ def test_pipeline_launch_trains_in_a_child_process(sft_dir, tmp_path, monkeypatc
         "dataset_dir": str(sft_dir), "output_dir": str(tmp_path / "train"), "max_steps": 1, "global_batch_size": 2,
         "eval_strategy": "no", "save_strategy": "no", "use_rslora": True,  # a TRL key distill never mentions
     }
-    info = launch(section | {"hub_token": token}, gpus=0)
+    info = launch(parse_train_config(section | {"hub_token": token}, processes=1), gpus=0)
     assert info["global_step"] == 1 and info["world_size"] == 1 and info["effective_batch_size"] == 2
     assert yaml.safe_load((tmp_path / "train" / "stage_config.yaml").read_text()) == section
     assert _files_holding(tmp_path / "train", token) == [] and os.environ["HF_TOKEN"] == token
