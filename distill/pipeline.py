@@ -270,7 +270,7 @@ def read_marker(path: Path) -> StageMarker | None:
     return read_json_model(path, StageMarker, "stage marker", "delete it to redo that stage")
 
 
-def label(stage: str, student: str | None) -> str:
+def label(stage: str, student: str | None = None) -> str:
     """A unit's name in the lines a run prints and in what it is made from: `filter`, `train planner`."""
     return stage if student is None else f"{stage} {student}"
 
@@ -396,7 +396,7 @@ class Pipeline:
         if not stage.per_student:
             self.once(stage, self.unit(stage))
             return
-        units = {name: self.unit(stage, name) for name in self.students()}
+        units = {name: self.unit(stage, name) for (name,) in self.each(stage)}
         whole = Unit(stage.name, layout.stage_dir(self.run, stage.name), {},
                      {name: u.fingerprint for name, u in units.items()})
         marker = read_marker(layout.marker(whole.folder))
@@ -416,6 +416,10 @@ class Pipeline:
     def stages(self) -> tuple[Step, ...]:
         """The stages this pipeline runs: `improve` only where it has a section."""
         return tuple(s for s in PIPELINE if s.name != layout.IMPROVE or self.cfg.improve is not None)
+
+    def each(self, stage: Step) -> list[tuple[str, ...]]:
+        """The arguments of a stage's units: one per student, or none."""
+        return [(name,) for name in self.students()] if stage.per_student else [()]
 
     def unit(self, stage: Step, *student: str) -> Unit:
         return replace(stage.unit(self, *student), followers=self.followers(stage, *student))
@@ -580,17 +584,13 @@ class Pipeline:
         from distill.serve import served_name
 
         attempt, url = partial(collect, world), "http://127.0.0.1:1/v1"
-        gen = attempt(self.generate_config, url)
-        attempt(self.filter_config)
-        sft = {name: attempt(self.sft_data_config, name) for name in self.students()}
-        for name in sft:
-            attempt(self.train_config, name)
-        ev = attempt(self.eval_config, url)
+        made = {label(step.name, *student): attempt(step.config, self, url, *student)
+                for step in self.stages() for student in self.each(step)}
+        gen, ev, imp = made[layout.GENERATE], made[layout.EVAL], made.get(layout.IMPROVE)
+        sft = {name: made[label(layout.SFT_DATA, name)] for name in self.students()}
         if self.cfg.teacher_server is not None:
             attempt(self.server_config, "teacher_server")
-        imp = None
-        improved = attempt(self.improved_student)
-        if improved is not None and (imp := attempt(self.improve_config)) is not None:
+        if imp is not None and (improved := self.improved_student()) is not None:
             if sft[improved] is not None:
                 attempt(check_improved_as_trained, imp, sft[improved], improved)
             sft[IMPROVED.format(improved)] = sft[improved]  # served on the prompt and tools it was trained on
@@ -618,59 +618,74 @@ class Pipeline:
     def check_world(self, world, url: str, start: str | None = None) -> None:
         """`--check`: each stage's resolved config and the commands it would launch, what the run needs of this
         machine and the endpoints (one line per problem in `world`), and the estimate; nothing is written."""
-        from distill.check import TokenCounter, print_estimates, show_config
-        from distill.evaluate import check_run as check_eval
-        from distill.generate import check_run as check_generate
+        from distill.check import TokenCounter, print_estimates
 
         counter, attempt = TokenCounter(), partial(collect, world)
         world.shared_prices |= self.teacher_priced()
         gpus = attempt(lambda: len(self.gpu_memory()))
         if self.cfg.teacher is not None:
             print(f"--- teacher: {self.cfg.teacher.model} ({self.teacher_takers()})")
-        if self.cfg.teacher_server is not None:
-            self.check_server(world, "teacher_server", gpus)
-        estimates = [attempt(lambda: check_generate(self.generate_config(url if self.cfg.teacher_server else None),
-                                                    world, counter, "generate.", {url}))]
-        attempt(lambda: show_config("filter: resolved config", self.filter_config().model_dump(mode="json")))
-        for name in self.students():
-            attempt(self.check_student, world, name, gpus)
-        if self.cfg.improve is not None:
-            attempt(self.check_improve, world, url, gpus)
-        self.check_server(world, "student_server", gpus)
-        estimates.append(attempt(lambda: check_eval(self.eval_config(url), world, counter, "eval.", {url})))
+        estimates = [attempt(step.check, self, CheckContext(world, url, gpus, counter), *student)
+                     for step in self.stages() for student in self.each(step)]
         self.show_rerun(start)
         print_estimates([e for e in estimates if e is not None])
         world.disk(self.run)
 
-    def check_student(self, world, name: str, gpus: int | None) -> None:
-        """A student's sft-data config, its train section and the launch command launch.launch would run, its
-        report_to integrations and its GPUs."""
+    # ---------------------------------------------------------------- each stage's `--check`, in PIPELINE
+    def check_generate(self, c: CheckContext):
+        """The teacher's server, then generate's config, endpoints and estimate."""
+        from distill.generate import check_run
+
+        if self.cfg.teacher_server is not None:
+            self.check_server(c.world, "teacher_server", c.gpus)
+        return check_run(self.generate_config(c.url if self.cfg.teacher_server else None), c.world, c.counter,
+                         "generate.", {c.url})
+
+    def check_filter(self, c: CheckContext) -> None:
+        from distill.check import show_config
+
+        show_config("filter: resolved config", self.filter_config().model_dump(mode="json"))
+
+    def check_sft_data(self, c: CheckContext, name: str) -> None:
+        from distill.check import show_config
+
+        show_config(f"sft-data {name}: resolved config", self.sft_data_config(name).model_dump(mode="json"))
+
+    def check_train(self, c: CheckContext, name: str) -> None:
+        """A student's train section and the launch command launch.launch would run, its report_to integrations
+        and its GPUs."""
         from distill.check import show_config
         from distill.launch import launch_command
 
-        show_config(f"sft-data {name}: resolved config", self.sft_data_config(name).model_dump(mode="json"))
         cfg = self.train_config(name)
         show_config(f"train {name}: resolved section", cfg.data)
         where = "train" if self.cfg.students is None else f"students.{name}.train over train"
-        world.report_to(cfg.sft.report_to or [], where)
-        if gpus is None:
+        c.world.report_to(cfg.sft.report_to or [], where)
+        if c.gpus is None:
             return
         try:
-            cmd = launch_command(layout.adapter(self.run, name) / "stage_config.yaml", cfg, gpus)
+            cmd = launch_command(layout.adapter(self.run, name) / "stage_config.yaml", cfg, c.gpus)
             print(f"train {name} would run: {shlex.join(cmd)}")
         except DistillError as exc:
-            world.problem(f"{where}: {exc}")
+            c.world.problem(f"{where}: {exc}")
         wants = next((f"{where}.{k}: true" for k in ("bf16", "fp16") if getattr(cfg.sft, k)), None)
-        world.gpus(f"train {name}", wants, gpus, "training")
+        c.world.gpus(f"train {name}", wants, c.gpus, "training")
 
-    def check_improve(self, world, url: str, gpus: int | None) -> None:
+    def check_improve(self, c: CheckContext) -> None:
         """The improve section as distill.improve.check_run sees it: its resolved config, what it would launch
         (its rounds train on the student's base model), its endpoints' keys, servers and prices; `@server`, the
         round's own server, is not called."""
         from distill.improve import check_run
 
         base = self.train_config(self.improved_student()).model.model_name_or_path
-        check_run(self.improve_config(url), world, "improve.", {url}, base, gpus)
+        check_run(self.improve_config(c.url), c.world, "improve.", {c.url}, base, c.gpus)
+
+    def check_eval(self, c: CheckContext):
+        """The students' server, then eval's config, endpoints and estimate."""
+        from distill.evaluate import check_run
+
+        self.check_server(c.world, "student_server", c.gpus)
+        return check_run(self.eval_config(c.url), c.world, c.counter, "eval.", {c.url})
 
     def teacher_slots(self) -> list[tuple[str, str, dict]]:
         """(stage, role or teacher row, endpoint) for each generate and eval endpoint that takes the teacher."""
@@ -860,12 +875,27 @@ class Pipeline:
 
 
 @dataclass(frozen=True)
+class CheckContext:
+    """What every stage's `--check` reads: the problems so far (a distill.check.Check), the address standing for
+    the servers the pipeline starts, the visible GPUs (None: unknown) and the token counter of the estimates."""
+
+    world: Any
+    url: str
+    gpus: int | None
+    counter: Any
+
+
+@dataclass(frozen=True)
 class Step:
-    """One stage as the pipeline runs it (a command's own shape is distill.stage.Stage): what its markers are made from (`unit`: the settings and input digests
-    of one unit), the work (`run`: what its marker keeps), and the stages it reads (`after`), which are what
-    decides, on a rerun, what follows a redone unit."""
+    """One stage as the pipeline runs it (a command's own shape is distill.stage.Stage): its config (`config`:
+    resolved and checked before any stage runs), what `--check` prints of it (`check`: its config, commands and
+    prerequisites; an estimate or None), what its markers are made from (`unit`: the settings and input digests of
+    one unit), the work (`run`: what its marker keeps), and the stages it reads (`after`), which are what decides,
+    on a rerun, what follows a redone unit."""
 
     name: str  # its folder (distill.layout)
+    config: Callable[..., Any]  # (pipeline, url[, student]) -> its config
+    check: Callable[..., Any]  # (pipeline, CheckContext[, student]) -> a StageEstimate or None
     unit: Callable[..., Unit]  # (pipeline[, student]) -> Unit
     run: Callable[..., dict]  # (pipeline[, student]) -> what its DONE.json keeps
     after: tuple[str, ...] = ()  # the stages it is made from
@@ -874,15 +904,23 @@ class Step:
     students: Callable[[Pipeline], Any] = Pipeline.students
 
 
+def _nothing(*_: Any) -> None:
+    return None
+
+
 PIPELINE = (
-    Step(layout.GENERATE, Pipeline.generate_unit, Pipeline.generate),
-    Step(layout.FILTER, Pipeline.filter_unit, Pipeline.filter, after=(layout.GENERATE,)),
-    Step(layout.SFT_DATA, Pipeline.sft_data_unit, Pipeline.sft_data, after=(layout.FILTER,), per_student=True),
-    Step(layout.TRAIN, Pipeline.train_unit, Pipeline.train, after=(layout.SFT_DATA,), per_student=True),
-    Step(layout.IMPROVE, Pipeline.improve_unit, Pipeline.improve, after=(layout.TRAIN,),
-          students=lambda p: [p.improved_student()]),
-    Step(layout.EVAL, Pipeline.eval_unit, Pipeline.eval, after=(layout.TRAIN, layout.IMPROVE)),
-    Step(layout.REPORT, Pipeline.report_unit, Pipeline.report, after=(layout.EVAL,)),
+    Step(layout.GENERATE, Pipeline.generate_config, Pipeline.check_generate, Pipeline.generate_unit, Pipeline.generate),
+    Step(layout.FILTER, lambda p, url: p.filter_config(), Pipeline.check_filter, Pipeline.filter_unit, Pipeline.filter,
+         after=(layout.GENERATE,)),
+    Step(layout.SFT_DATA, lambda p, url, name: p.sft_data_config(name), Pipeline.check_sft_data,
+         Pipeline.sft_data_unit, Pipeline.sft_data, after=(layout.FILTER,), per_student=True),
+    Step(layout.TRAIN, lambda p, url, name: p.train_config(name), Pipeline.check_train, Pipeline.train_unit,
+         Pipeline.train, after=(layout.SFT_DATA,), per_student=True),
+    Step(layout.IMPROVE, lambda p, url: p.improve_config(), Pipeline.check_improve, Pipeline.improve_unit,
+         Pipeline.improve, after=(layout.TRAIN,), students=lambda p: [p.improved_student()]),
+    Step(layout.EVAL, Pipeline.eval_config, Pipeline.check_eval, Pipeline.eval_unit, Pipeline.eval,
+         after=(layout.TRAIN, layout.IMPROVE)),
+    Step(layout.REPORT, _nothing, _nothing, Pipeline.report_unit, Pipeline.report, after=(layout.EVAL,)),
 )
 assert tuple(s.name for s in PIPELINE) == STAGES
 
