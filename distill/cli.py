@@ -8,10 +8,12 @@ imported, and heavy imports stay inside `main`, so `distill --help` is instant.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import logging
 import sys
 import traceback
+from typing import Callable
 
 from distill.errors import DistillError, is_environment_failure, one_line
 from distill.secrets import mask, mask_log_record
@@ -92,6 +94,17 @@ GUIDE: dict[tuple[str, ...], tuple[str, str]] = {
 }
 
 
+def command(module: str) -> tuple[Callable, Callable]:
+    """A command module's (configure_parser, main): a stage's from its `STAGE` (distill.stage, the one shape of
+    a config-driven command), any other module's its own."""
+    mod = importlib.import_module(module)
+    if (declared := getattr(mod, "STAGE", None)) is not None:
+        from distill import stage
+
+        return stage.configure_parser, functools.partial(stage.main, declared)
+    return mod.configure_parser, mod.main
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """All commands are listed; the one named in argv (every one when argv is None) gets its full arguments."""
     # the words of argv, options before them skipped: only the command they name has its module imported
@@ -121,7 +134,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         if given is not None and given[: len(words)] != words:
             continue
         try:
-            importlib.import_module(module).configure_parser(sub)
+            command(module)[0](sub)
         except ModuleNotFoundError as exc:
             if exc.name != module:
                 raise
@@ -166,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: command not available in this install ({args._module})", file=sys.stderr)
         return 2
     try:
-        return int(importlib.import_module(args._module).main(args) or 0)
+        return int(command(args._module)[1](args) or 0)
     except Exception as exc:
         # a user's input or world (files, network, a model server) failing is one line and exit 2;
         # anything else is a bug and keeps its traceback. -v shows the traceback in every case.

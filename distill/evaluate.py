@@ -20,7 +20,6 @@ carry `robustness_of` so the report sets them beside the main run instead of in 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import re
 import time
@@ -592,8 +591,3 @@ def _report(cfg: EvalConfig, manifest: dict) -> None:
 
 
 STAGE = stage.Stage("eval", EvalConfig, "configs/eval_smollm2_cpu.yaml", run=evaluate, check=_check, report=_report)
-configure_parser = stage.configure_parser
-
-
-def main(args: argparse.Namespace) -> int:
-    return stage.main(STAGE, args)

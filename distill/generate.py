@@ -12,7 +12,6 @@ aside. The lock, the manifest, error records and what stops a run are distill.ru
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -243,8 +242,3 @@ def _report(cfg: GenerateConfig, summary: dict) -> None:
 
 STAGE = stage.Stage("generate", GenerateConfig, "configs/generate_teacher.yaml", run=generate, check=_check,
               report=_report)
-configure_parser = stage.configure_parser
-
-
-def main(args: argparse.Namespace) -> int:
-    return stage.main(STAGE, args)

@@ -19,7 +19,6 @@ starting adapter are unchanged. The leak guard holds: no question of `eval_sets`
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
@@ -530,8 +529,3 @@ def _report(cfg: ImproveConfig, result: dict) -> None:
 
 STAGE = stage.Stage("improve", ImproveConfig, "configs/improve_smollm2_cpu.yaml", run=improve, check=_check,
               report=_report)
-configure_parser = stage.configure_parser
-
-
-def main(args: argparse.Namespace) -> int:
-    return stage.main(STAGE, args)
