@@ -102,6 +102,20 @@ class ModelSpec(Strict):
 SERVER_PLACEHOLDER = "@server"
 
 
+def fill_server(obj: Any, url: str | None) -> Any:
+    """`@server` anywhere in a config's data (nested dicts and lists) as `url`, the address of the server the
+    stage (or improve's round) starts; with none started, a model that asks for one is one line."""
+    if isinstance(obj, dict):
+        return {k: fill_server(v, url) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [fill_server(v, url) for v in obj]
+    if obj == SERVER_PLACEHOLDER:
+        if url is None:
+            raise DistillError(f"a model says base_url: {SERVER_PLACEHOLDER} but this stage starts no server")
+        return url
+    return obj
+
+
 def check_base_url(url: str) -> None:
     """http(s)://host[:port][/path], or the @server placeholder; anything else raises ValueError in words."""
     from urllib.parse import urlsplit

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from distill import layout, stage
-from distill.config import SERVER_PLACEHOLDER, AgentConfig, read_json_model
+from distill.config import AgentConfig, fill_server, read_json_model
 from distill.data import DatasetSource
 from distill.errors import DistillError
 from distill.merge import ADAPTER_INFO
@@ -269,18 +269,9 @@ def with_server(cfg: ImproveConfig, url: str | None) -> ImproveConfig:
     """`@server` in any model entry is the round's server; the planner is its policy module."""
     from distill.config import validate
 
-    data = cfg.model_dump(mode="json", exclude_unset=False)
     if url is None:
         return cfg
-
-    def fill(obj):
-        if isinstance(obj, dict):
-            return {k: fill(v) for k, v in obj.items()}
-        if isinstance(obj, list):
-            return [fill(v) for v in obj]
-        return url if obj == SERVER_PLACEHOLDER else obj
-
-    data = fill(data)
+    data = fill_server(cfg.model_dump(mode="json", exclude_unset=False), url)
     data["planner"] |= {"backend": "openai", "base_url": url, "model": POLICY}
     return validate(ImproveConfig, data, "improve")
 

@@ -56,7 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from distill import layout
 from distill.config import (ENDPOINT_IDENTITY, SERVER_PLACEHOLDER, AgentConfig, ModelSpec, Strict, _merge,
-                            add_config_args, load_config, read_json_model, read_yaml, validate)
+                            add_config_args, fill_server, load_config, read_json_model, read_yaml, validate)
 from distill.errors import DistillError
 from distill.layout import STAGES
 from distill.run import describe_changes, fingerprint, folder_lock, set_aside, settings_of, source_digests
@@ -237,18 +237,6 @@ class PipelineConfig(Strict):
         if bad := [name for name in value or {} if not MODULE_NAME.fullmatch(name)]:
             raise ValueError(f"{bad[0]!r} is not a student name (letters, digits, _ . -)")
         return value
-
-
-def fill_server(obj: Any, url: str | None) -> Any:
-    if isinstance(obj, dict):
-        return {k: fill_server(v, url) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [fill_server(v, url) for v in obj]
-    if obj == SERVER:
-        if url is None:
-            raise DistillError(f"a model says base_url: {SERVER} but this stage starts no server")
-        return url
-    return obj
 
 
 class StageMarker(BaseModel):
