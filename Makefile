@@ -15,13 +15,19 @@ TORCH_PIP_ARGS ?=
 EXTRAS ?= local,serve-cpu,dev
 SHARED_DATA ?= ../shared/data
 DEMO_CONFIG ?= configs/demo_smollm2_cpu.yaml
+# `make demo-full`: the demo at the scale where its verdict can tell a student from the teacher: two expert-iteration
+# rounds of 4 plans per train question and 48 steps each, and all 105 demo dev questions (timings: BENCHMARKS.md)
+DEMO_FULL := --set run_dir=runs/demo_full --set improve.rounds=2 --set improve.samples=4 \
+	--set improve.train.max_steps=48 --set improve.train.save_steps=24 --set eval.datasets.0.n=105
+# more --set for either demo, e.g. DEMO_SET="--set generate.seed=1 --set run_dir=runs/demo_seed1"
+DEMO_SET ?=
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist; 0: one process). The tests of the shared vLLM server form two groups, each kept in
 # one worker, so a worker starts at most one server; each worker's torch gets cores / workers threads (tests/conftest.py).
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: install demo test test-fast docs bench clean
+.PHONY: install demo demo-full test test-fast docs bench clean
 
 install: $(VENV)/.installed
 
@@ -37,7 +43,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 demo: install
-	$(VENV)/bin/distill pipeline --config $(DEMO_CONFIG)
+	$(VENV)/bin/distill pipeline --config $(DEMO_CONFIG) $(DEMO_SET)
+
+demo-full: install
+	$(VENV)/bin/distill pipeline --config $(DEMO_CONFIG) $(DEMO_FULL) $(DEMO_SET)
 
 test: install
 	DISTILL_SHARED_DATA=$(SHARED_DATA) $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
