@@ -19,7 +19,18 @@ DEMO_CONFIG ?= configs/demo_smollm2_cpu.yaml
 # rounds of 4 plans per train question and 48 steps each, and all 105 demo dev questions (timings: BENCHMARKS.md)
 DEMO_FULL := --set run_dir=runs/demo_full --set improve.rounds=2 --set improve.samples=4 \
 	--set improve.train.max_steps=48 --set improve.train.save_steps=24 --set eval.datasets.0.n=105
-# more --set for either demo, e.g. DEMO_SET="--set generate.seed=1 --set run_dir=runs/demo_seed1"
+# `make demo-real`: make demo-full's settings on real HotpotQA questions in the distractor setting (each question
+# searches its own 10 paragraphs): 128 train questions, 200 dev ones. From the Hub, or from local copies of the
+# official files: make demo-real HOTPOTQA_TRAIN=hotpot_train_v1.1.json HOTPOTQA_DEV=hotpot_dev_distractor_v1.json
+HOTPOTQA_TRAIN ?= hub:hotpotqa/hotpot_qa:distractor
+HOTPOTQA_DEV ?= hub:hotpotqa/hotpot_qa:distractor
+REAL_TRAIN := {name: hotpotqa, source: '$(HOTPOTQA_TRAIN)', split: train, n: 128}
+REAL_DEV := {name: hotpotqa, source: '$(HOTPOTQA_DEV)', split: validation}
+DEMO_REAL := --set run_dir=runs/demo_real \
+	$(foreach s,generate improve,--set "$(s).datasets=[$(REAL_TRAIN)]" --set "$(s).eval_sets=[$(REAL_DEV)]") \
+	--set "eval.datasets=[{name: hotpotqa, source: '$(HOTPOTQA_DEV)', split: validation, n: 200}]" \
+	$(foreach s,generate improve eval,--set $(s).wikipedia_scope=question --set $(s).wikipedia_corpus=null)
+# more --set for any demo, e.g. DEMO_SET="--set generate.seed=1 --set run_dir=runs/demo_seed1"
 DEMO_SET ?=
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist; 0: one process). The tests of the shared vLLM server form two groups, each kept in
@@ -27,7 +38,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: install demo demo-full test test-fast docs bench clean
+.PHONY: install demo demo-full demo-real test test-fast docs bench clean
 
 install: $(VENV)/.installed
 
@@ -47,6 +58,9 @@ demo: install
 
 demo-full: install
 	$(VENV)/bin/distill pipeline --config $(DEMO_CONFIG) $(DEMO_FULL) $(DEMO_SET)
+
+demo-real: install
+	$(VENV)/bin/distill pipeline --config $(DEMO_CONFIG) $(DEMO_FULL) $(DEMO_REAL) $(DEMO_SET)
 
 test: install
 	DISTILL_SHARED_DATA=$(SHARED_DATA) $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
