@@ -17,8 +17,9 @@ SHARED_DATA ?= ../shared/data
 DEMO_CONFIG ?= configs/demo_smollm2_cpu.yaml
 # `make demo-full`: the demo at the scale where its verdict can tell a student from the teacher: two expert-iteration
 # rounds of 4 plans per train question and 48 steps each, and all 105 demo dev questions (timings: BENCHMARKS.md)
-DEMO_FULL := --set run_dir=runs/demo_full --set improve.rounds=2 --set improve.samples=4 \
-	--set improve.train.max_steps=48 --set improve.train.save_steps=24 --set eval.datasets.0.n=105
+DEMO_ROUNDS := --set improve.rounds=2 --set improve.samples=4 --set improve.train.max_steps=48 \
+	--set improve.train.save_steps=24
+DEMO_FULL := --set run_dir=runs/demo_full $(DEMO_ROUNDS) --set eval.datasets.0.n=105
 # `make demo-real`: make demo-full's settings on real HotpotQA questions in the distractor setting (each question
 # searches its own 10 paragraphs): 128 train questions, 200 dev ones. From the Hub, or from local copies of the
 # official files: make demo-real HOTPOTQA_TRAIN=hotpot_train_v1.1.json HOTPOTQA_DEV=hotpot_dev_distractor_v1.json
@@ -26,7 +27,7 @@ HOTPOTQA_TRAIN ?= hub:hotpotqa/hotpot_qa:distractor
 HOTPOTQA_DEV ?= hub:hotpotqa/hotpot_qa:distractor
 REAL_TRAIN := {name: hotpotqa, source: '$(HOTPOTQA_TRAIN)', split: train, n: 128}
 REAL_DEV := {name: hotpotqa, source: '$(HOTPOTQA_DEV)', split: validation}
-DEMO_REAL := --set run_dir=runs/demo_real \
+DEMO_REAL := --set run_dir=runs/demo_real $(DEMO_ROUNDS) \
 	$(foreach s,generate improve,--set "$(s).datasets=[$(REAL_TRAIN)]" --set "$(s).eval_sets=[$(REAL_DEV)]") \
 	--set "eval.datasets=[{name: hotpotqa, source: '$(HOTPOTQA_DEV)', split: validation, n: 200}]" \
 	$(foreach s,generate improve eval,--set $(s).wikipedia_scope=question --set $(s).wikipedia_corpus=null)
@@ -60,7 +61,7 @@ demo-full: install
 	$(VENV)/bin/distill pipeline --config $(DEMO_CONFIG) $(DEMO_FULL) $(DEMO_SET)
 
 demo-real: install
-	$(VENV)/bin/distill pipeline --config $(DEMO_CONFIG) $(DEMO_FULL) $(DEMO_REAL) $(DEMO_SET)
+	$(VENV)/bin/distill pipeline --config $(DEMO_CONFIG) $(DEMO_REAL) $(DEMO_SET)
 
 test: install
 	DISTILL_SHARED_DATA=$(SHARED_DATA) $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)

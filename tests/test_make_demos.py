@@ -40,12 +40,17 @@ def pipeline_of(argv: list[str], run_dir: Path) -> Pipeline:
     return Pipeline(load_config(PipelineConfig, ROOT / config, sets))
 
 
-def checked(argv: list[str], run_dir: Path, capsys, monkeypatch) -> str:
+def check(argv: list[str], run_dir: Path, capsys, monkeypatch):
+    """`distill pipeline ... --check --offline` into a fresh run folder: its exit code and output."""
     monkeypatch.chdir(ROOT)
     rc = main(argv + ["--set", f"run_dir={run_dir}", "--check", "--offline"])
-    out = capsys.readouterr()
-    assert rc == 0 and "check: everything this run needs is there" in out.out, out.out[-2000:] + out.err[-2000:]
     assert not run_dir.exists()  # a check writes nothing
+    return rc, capsys.readouterr()
+
+
+def checked(argv: list[str], run_dir: Path, capsys, monkeypatch) -> str:
+    rc, out = check(argv, run_dir, capsys, monkeypatch)
+    assert rc == 0 and "check: everything this run needs is there" in out.out, out.out[-2000:] + out.err[-2000:]
     return out.out
 
 
@@ -106,8 +111,6 @@ def test_make_demo_real_refuses_too_few_local_questions(tmp_path, capsys, monkey
     n_train = 100
     train = official_file(tmp_path / "train.json", "train", n_train)
     dev = official_file(tmp_path / "dev.json", "dev", 200)
-    monkeypatch.chdir(ROOT)
     argv = make_command("demo-real", f"HOTPOTQA_TRAIN={train}", f"HOTPOTQA_DEV={dev}")
-    rc = main(argv + ["--set", f"run_dir={tmp_path / 'run'}", "--check", "--offline"])
-    out = capsys.readouterr()
+    rc, out = check(argv, tmp_path / "run", capsys, monkeypatch)
     assert rc == 2 and f"has only {n_train} unused distinct questions, 128 requested" in out.out + out.err, out.err
