@@ -569,3 +569,9 @@ def main(args: argparse.Namespace) -> int:
     server.run()
     print(f"agent {cfg.name} stopped: {service.traces.written} request(s) traced in {cfg.traces_dir}", flush=True)
     return 0
+
+
+if __name__ == "__main__":  # `python -m distill.agent_server` runs its `distill` command
+    from distill.cli import run_module
+
+    run_module(__spec__.name)

@@ -157,3 +157,9 @@ def main(args: argparse.Namespace) -> int:
     extra = f", EM {record['scores']['em']} F1 {record['scores']['f1']:.2f}" if record["scores"] else ""
     print(f"({record['tokens']['total']} tokens, ${record['cost_usd']:.4f}, {record['wall_s']:.1f}s{extra})")
     return 0
+
+
+if __name__ == "__main__":  # `python -m distill.agents` runs its `distill` command
+    from distill.cli import run_module
+
+    run_module(__spec__.name)

@@ -194,5 +194,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run_module(module: str) -> None:
+    """`python -m distill.X` (and `accelerate launch -m distill.X`) is the `distill` command whose module X is, with
+    the same parser, help and one-line errors: a command module run by its name never imports quietly and exits 0.
+    Each command module ends with `if __name__ == "__main__": run_module(__spec__.name)`."""
+    words = next((w for w, m, _ in COMMANDS if m == module), None)
+    if words is None:
+        raise SystemExit(f"error: {module} is no distill command (COMMANDS lists them)")
+    sys.exit(main([*words, *sys.argv[1:]]))
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -591,3 +591,9 @@ def _report(cfg: EvalConfig, manifest: dict) -> None:
 
 
 STAGE = stage.Stage("eval", EvalConfig, "configs/eval_smollm2_cpu.yaml", run=evaluate, check=_check, report=_report)
+
+
+if __name__ == "__main__":  # `python -m distill.evaluate` runs its `distill` command
+    from distill.cli import run_module
+
+    run_module(__spec__.name)

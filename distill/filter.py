@@ -19,9 +19,10 @@ from pathlib import Path
 from statistics import fmean
 from typing import Literal, get_args
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from distill.config import Strict, add_config_args, load_config
+from distill.data import _bad_characters
 from distill.errors import DistillError
 from distill.rewoo.record import TrajectoryRecord
 
@@ -32,7 +33,27 @@ REASONS = (
 Criterion = Literal["answer", "evidence", "answer_and_evidence"]
 
 
-class KeptRecord(TrajectoryRecord):
+class FilterInput(TrajectoryRecord):
+    """A trajectory as the filter reads it. Its question becomes a training prompt and its answers judge it, so
+    a hand-made file is held to the rule a dataset row is (`distill.data`): no control characters, which
+    generate and eval never send a model either."""
+
+    @field_validator("question")
+    @classmethod
+    def _askable(cls, value: str) -> str:
+        if bad := _bad_characters(value):
+            raise ValueError(f"the question holds the control character U+{ord(bad[0]):04X}")
+        return value
+
+    @field_validator("answers")
+    @classmethod
+    def _plain_answers(cls, value: list[str]) -> list[str]:
+        if any(_bad_characters(a) for a in value):
+            raise ValueError("a gold answer holds a control character")
+        return value
+
+
+class KeptRecord(FilterInput):
     """A trajectory the filter kept, as `distill sft-data` reads it: a valid plan with at least one step."""
 
     @model_validator(mode="after")
@@ -185,7 +206,7 @@ def run_filter(inp: str | Path, out: str | Path, cfg: FilterConfig) -> dict:
 
     from distill.store import dedupe
 
-    records = read_jsonl(inp, TrajectoryRecord)  # every line checked before any is judged
+    records = read_jsonl(inp, FilterInput)  # every line checked before any is judged
     unsolved = [] if cfg.criterion == "evidence" else [
         n for n, r in enumerate(records, 1)
         if r.get("answers") and r.get("prediction") is None and "em" not in (r.get("scores") or {})]
@@ -223,3 +244,9 @@ def main(args: argparse.Namespace) -> int:
     print(format_report(report))
     print(f"kept: {args.out}")
     return 0
+
+
+if __name__ == "__main__":  # `python -m distill.filter` runs its `distill` command
+    from distill.cli import run_module
+
+    run_module(__spec__.name)

@@ -242,3 +242,9 @@ def _report(cfg: GenerateConfig, summary: dict) -> None:
 
 STAGE = stage.Stage("generate", GenerateConfig, "configs/generate_teacher.yaml", run=generate, check=_check,
               report=_report)
+
+
+if __name__ == "__main__":  # `python -m distill.generate` runs its `distill` command
+    from distill.cli import run_module
+
+    run_module(__spec__.name)

@@ -520,3 +520,9 @@ def _report(cfg: ImproveConfig, result: dict) -> None:
 
 STAGE = stage.Stage("improve", ImproveConfig, "configs/improve_smollm2_cpu.yaml", run=improve, check=_check,
               report=_report)
+
+
+if __name__ == "__main__":  # `python -m distill.improve` runs its `distill` command
+    from distill.cli import run_module
+
+    run_module(__spec__.name)

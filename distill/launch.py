@@ -172,3 +172,9 @@ def main(args: argparse.Namespace) -> int:
     check = Check(args.offline)
     check_run(cfg, check, args.config)
     return check.finish()
+
+
+if __name__ == "__main__":  # `python -m distill.launch` runs its `distill` command
+    from distill.cli import run_module
+
+    run_module(__spec__.name)

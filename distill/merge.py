@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from distill import layout
@@ -26,6 +27,37 @@ def read_json(path: Path) -> dict:
     if not isinstance(data, dict):
         raise DistillError(f"{path}: expected a JSON object")
     return data
+
+
+_JSON_KINDS = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number",
+               bool: "a boolean", type(None): "null"}
+
+
+def lora_patterns(config_path: Path, cfg: dict) -> dict[str, dict[str, int | float]]:
+    """PEFT's per-module overrides in adapter_config.json (`rank_pattern`: {module name pattern: rank},
+    `alpha_pattern`: {pattern: alpha}), checked before PEFT or vLLM reads them: a hand-edited file of another
+    shape would fail deep inside either with a traceback. Null or absent is no override."""
+    rules = {"rank_pattern": ("ranks (whole numbers from 1)", lambda v: type(v) is int and v >= 1),
+             "alpha_pattern": ("alphas (finite numbers)",
+                               lambda v: type(v) in (int, float) and math.isfinite(v))}
+    out: dict[str, dict[str, int | float]] = {}
+    for key, (what, fits) in rules.items():
+        value = cfg.get(key)
+        if value is None:
+            out[key] = {}
+            continue
+        example = '{"q_proj": 16}'
+        if not isinstance(value, dict):
+            raise DistillError(f"{config_path}: {key} must map module names to {what}, e.g. {example}; it is "
+                               f"{_JSON_KINDS.get(type(value), 'a value')}")
+        for name, item in value.items():
+            if not fits(item):
+                shown = repr(item) if isinstance(item, (int, float)) and not isinstance(item, bool) else \
+                    _JSON_KINDS.get(type(item), "a value")
+                raise DistillError(f"{config_path}: {key} maps {name!r:.60} to {shown}; it must map module names "
+                                   f"to {what}, e.g. {example}")
+        out[key] = value
+    return out
 
 
 def trained_base(adapter_dir: str | Path) -> str | None:
@@ -101,6 +133,8 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path, base: str | None
 
     adapter_dir, out = Path(adapter_dir), Path(out_dir)
     base_path = resolve_model_path(adapter_base(adapter_dir, base))
+    config_path = adapter_dir / "adapter_config.json"
+    lora_patterns(config_path, read_json(config_path))  # one line now, not a traceback inside PEFT
     try:
         model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype)  # "float32" etc.: transformers maps it
     except OSError as exc:
@@ -127,3 +161,9 @@ def main(args: argparse.Namespace) -> int:
     out = merge_adapter(args.adapter, args.out, base=args.base, dtype=args.dtype)
     print(f"merged model written to {out}")
     return 0
+
+
+if __name__ == "__main__":  # `python -m distill.merge` runs its `distill` command
+    from distill.cli import run_module
+
+    run_module(__spec__.name)

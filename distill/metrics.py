@@ -324,3 +324,9 @@ def main(args: argparse.Namespace) -> int:
     em, f1 = (fmean(r[k] for r in records) for k in ("em", "f1"))
     print(f"metric={args.metric} n={len(records)} em={em:.4f} f1={f1:.4f}")
     return 0
+
+
+if __name__ == "__main__":  # `python -m distill.metrics` runs its `distill` command
+    from distill.cli import run_module
+
+    run_module(__spec__.name)

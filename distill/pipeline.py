@@ -1023,3 +1023,9 @@ def main(args: argparse.Namespace) -> int:
         return world.finish()
     Pipeline(cfg, args.config).run_all(args.start)
     return 0
+
+
+if __name__ == "__main__":  # `python -m distill.pipeline` runs its `distill` command
+    from distill.cli import run_module
+
+    run_module(__spec__.name)

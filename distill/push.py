@@ -227,3 +227,9 @@ def main(args: argparse.Namespace) -> int:
     print(f"model card: {Path(args.adapter) / CARD}")
     print(("uploaded to " if done["uploaded"] else "would upload to ") + f"{done['repo_id']}: {', '.join(done['files'])}")
     return 0
+
+
+if __name__ == "__main__":  # `python -m distill.push` runs its `distill` command
+    from distill.cli import run_module
+
+    run_module(__spec__.name)

@@ -1058,3 +1058,9 @@ def main(args: argparse.Namespace) -> int:
     print(f"report: {out / layout.REPORT_MD}")
     print(f"results: {out / layout.RESULTS}")
     return 0
+
+
+if __name__ == "__main__":  # `python -m distill.report` runs its `distill` command
+    from distill.cli import run_module
+
+    run_module(__spec__.name)

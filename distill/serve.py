@@ -38,7 +38,7 @@ from pydantic import Field, model_validator
 from distill.config import Strict, add_config_args, load_config
 from distill.errors import DistillError
 from distill.llm.embedded import EMBEDDED_NAME, cache_root, is_embedded, resolve_model_path
-from distill.merge import read_json, trained_base
+from distill.merge import lora_patterns, read_json, trained_base
 from distill.secrets import MASK, mask, masked_argv, masked_env, secret_values
 
 log = logging.getLogger(__name__)
@@ -166,9 +166,9 @@ def read_adapter(path: str | Path,
             f"{config_path}: vLLM cannot serve DoRA adapters; merge it (`distill merge`) and serve merged_model"
         )
     rank = cfg.get("r")
-    if not isinstance(rank, int) or rank < 1:
+    if type(rank) is not int or rank < 1:  # true is no rank, though Python counts it an int
         raise DistillError(f"{config_path}: no valid LoRA rank `r` (got {rank!r})")
-    rank = max([rank, *(v for v in (cfg.get("rank_pattern") or {}).values() if isinstance(v, int))])
+    rank = max([rank, *lora_patterns(config_path, cfg)["rank_pattern"].values()])
     if not any((path / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")):
         raise DistillError(f"{path} has adapter_config.json but no adapter_model.safetensors")
     return AdapterInfo(path, rank, trained_base(path), _adapter_chat_template(path))
@@ -740,3 +740,9 @@ def main(args: argparse.Namespace) -> int:
     finally:
         server.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":  # `python -m distill.serve` runs its `distill` command
+    from distill.cli import run_module
+
+    run_module(__spec__.name)

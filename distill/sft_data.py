@@ -325,3 +325,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"WARNING: {warning}", file=sys.stderr)
     print(f"wrote {cfg.out} (save_to_disk), {cfg.out}/preview.jsonl, {cfg.out}/summary.json")
     return 0
+
+
+if __name__ == "__main__":  # `python -m distill.sft_data` runs its `distill` command
+    from distill.cli import run_module
+
+    run_module(__spec__.name)

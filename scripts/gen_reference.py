@@ -244,7 +244,12 @@ def render() -> dict[Path, str]:
 
 
 def main() -> int:
-    check = "--check" in sys.argv[1:]
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write docs/reference/ (config keys, commands, error messages) "
+                                                 "from the code.")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a page is out of date")
+    check = parser.parse_args().check
     stale = []
     for path, text in render().items():
         if check:

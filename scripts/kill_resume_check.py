@@ -226,7 +226,13 @@ def main() -> int:
     from distill.evaluate import EvalConfig
     from distill.generate import GenerateConfig
 
-    cfg = load_config(GenerateConfig if args.command == "generate" else EvalConfig, args.config, args.set)
+    from distill.errors import DistillError
+
+    try:
+        cfg = load_config(GenerateConfig if args.command == "generate" else EvalConfig, args.config, args.set)
+    except DistillError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"seed {args.seed} (replay the same kill plan with --seed {args.seed})")
     try:
         result = kill_and_resume(args.command, args.config, Path(cfg.output_dir), args.kills, args.seed, args.set)

@@ -404,3 +404,9 @@ def format_plan(plan: Plan) -> str:
     verdict = "valid" if plan.valid else f"invalid ({n_errors} error{'s' if n_errors != 1 else ''})"
     lines.append(f"{verdict}: {n_steps} step{'s' if n_steps != 1 else ''}")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":  # `python -m distill.rewoo.plan` runs its `distill` command
+    from distill.cli import run_module
+
+    run_module(__spec__.name)
