@@ -107,18 +107,20 @@ def run_settings(cfg: GenerateConfig) -> dict:
     return data | {"inputs": source_digests([ds.source for ds in cfg.datasets] + [cfg.wikipedia_corpus])}
 
 
-def check_resumable(out: Path, fp: str, settings: dict, fresh: bool) -> None:
-    """Before the manifest is rewritten: the records already in `out` must be made with these settings."""
+def check_resumable(out: Path, fp: str, settings: dict, fresh: bool) -> set:
+    """Before the manifest is rewritten: the records already in `out` must be made with these settings. Returns
+    the keys of the records a resumed run keeps (none when they were set aside)."""
     from distill.run import check_fingerprint, read_manifest
     from distill.store import JsonlStore
 
     if not (path := out / TRAJECTORIES).exists():
-        return
+        return set()
     old = read_manifest(layout.manifest(out))
     made = old and {"fingerprint": old.fingerprint, "settings": old.run_settings}
     with JsonlStore(path, key=record_key) as store:  # it says so when it cuts a torn last line
         records = store.records()
     check_fingerprint(path, records, fp, settings, made, fresh, "trajectories")
+    return {record_key(r) for r in records} if path.exists() else set()
 
 
 def generate(cfg: GenerateConfig, config_path: str | None = None, fresh: bool = False) -> dict:
@@ -140,7 +142,11 @@ def generate(cfg: GenerateConfig, config_path: str | None = None, fresh: bool = 
     def check() -> None:  # once the folder is ours; the models' servers are asked what they serve
         settings = run_settings(cfg)
         manifest.update(fingerprint=fingerprint(settings), run_settings=settings)
-        check_resumable(out, manifest["fingerprint"], settings, fresh)
+        done = len(check_resumable(out, manifest["fingerprint"], settings, fresh) & {k for k, _ in items})
+        # counted from the start, so a run that fails before its loop (a full disk at the call cache) still says
+        # how far the folder got; the loop's own counts replace these
+        manifest.update(counts={"planned": len(items), "done": done, "errors": 0, "not_run": len(items) - done},
+                        records_on_disk=done)
 
     require(cfg.report_to)
     with run_lifecycle(out, manifest, check=check), CallCache.open(cfg.cache, layout.call_cache(out)) as cache, \

@@ -474,8 +474,9 @@ def run_resumable(
                         if errors is not None:
                             errors.append({"key": list(k) if isinstance(k, tuple) else k, "error": one_line(exc),
                                            "type": type(exc).__name__, "at": now()})
-                    except Exception as write_exc:
-                        stop("failed", f"writing an error record failed: {one_line(write_exc)}")
+                    except Exception as write_exc:  # both told: the question's error may be the cause (a full disk)
+                        stop("failed", f"writing an error record failed: {one_line(write_exc, 300)} (the question's "
+                                       f"error: {one_line(exc, 300)})")
                         return
                     failed.add(k)
                     stats.errors += 1
@@ -491,8 +492,9 @@ def run_resumable(
                     store.append(record)
                     stats.add(record)
                     advance()
-                except Exception as exc:
-                    stop("failed", f"writing a record to {store.path} failed: {one_line(exc)}")
+                except Exception as exc:  # the store's own errors name the file
+                    where = "" if isinstance(exc, DistillError) else f" to {store.path}"
+                    stop("failed", f"writing a record{where} failed: {one_line(exc)}")
                     return
                 if cap is not None:
                     cap.add(record)

@@ -346,7 +346,8 @@ class JsonlStore(contextlib.AbstractContextManager):
         self._keys = self.keys() if key is not None else set()
         self._lock = threading.Lock()
         created = not self.path.exists()
-        self._fh = self.path.open("a", encoding="utf-8")
+        # Unbuffered: a write that fails (a full disk) leaves nothing behind for `close` to fail on a second time.
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if created:
             _fsync_dir(self.path.parent)
 
@@ -385,21 +386,38 @@ class JsonlStore(contextlib.AbstractContextManager):
         """Write one record durably; False (nothing written) when the store already holds its key. A record that
         does not fit the store's schema is refused before anything is written."""
         conform(self.schema, record, f"a record for {self.path}")
-        line = json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
+        line = (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
         with self._lock:
+            k = self.key(record) if self.key is not None else None
+            if self.key is not None and k in self._keys:
+                return False
+            try:
+                self._write(line)
+            except OSError as exc:
+                raise DistillError(f"cannot write {self.path}: {exc.strerror or exc}") from None
             if self.key is not None:
-                k = self.key(record)
-                if k in self._keys:
-                    return False
                 self._keys.add(k)
-            self._fh.write(line)
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
             self._records.append(record)
         return True
 
+    def _write(self, data: bytes) -> None:
+        """All of `data` at the end of the file, fsynced; a failure cuts the file back to where it was, so a
+        full disk leaves no torn line (the record is simply not there, and a rerun makes it)."""
+        start = os.fstat(self._fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+            os.fsync(self._fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, start)
+            raise
+
     def close(self) -> None:
-        self._fh.close()
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
     def __exit__(self, *exc) -> None:
         self.close()

@@ -359,7 +359,7 @@ def test_generate_on_a_full_disk_names_the_record_write_and_the_manifest_says_it
                         concurrency=1, desc="generate", keep=lambda r: manifest.update(counts=r.counts()))
     message = str(info.value)
     assert isinstance(info.value, RunStopped)
-    assert f"writing a record to {out / 'trajectories.jsonl'} failed" in message and "No space left" in message
+    assert f"writing a record failed: cannot write {out / 'trajectories.jsonl'}: No space left" in message
     assert "manifest.json" not in message
     on_disk = json.loads((out / "manifest.json").read_text())
     assert on_disk["status"] == "failed" and "writing a record" in on_disk["reason"]
