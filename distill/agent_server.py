@@ -11,10 +11,12 @@ reply goes out, and `POST /v1/feedback` marks a served answer right or gives the
 the next round's training questions.
 
 Guard rails, because the server faces clients it does not control: a bearer token (from the environment variable
-`auth_token_env` names; required off loopback), bounded body, question and message count, at most
+`auth_token_env` names; required off loopback), bounded body, question and message count, deadlines for a
+request's headers and body (a client that stalls is cut off, and holds no slot while it sends), at most
 `max_in_flight` requests in flight (then 429 with Retry-After), a deadline per request, a model endpoint that is
-down or slow answered with 503 and one line, every error one JSON body in OpenAI's shape, and SIGTERM draining
-the requests in flight (their traces included) before the process exits.
+down or slow answered with 503 and one line, every error one JSON body in OpenAI's shape, a client that leaves
+counted as such (499) rather than as a server error, and SIGTERM draining the requests in flight (their traces
+included) while /health says so, before the process exits.
 """
 
 
@@ -31,10 +33,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 from distill.config import AgentConfig, add_config_args, load_config
-from distill.errors import DistillError, ServerUnreachable, one_line
+from distill.errors import DistillError, ServerUnreachable, clip, one_line
 from distill.secrets import remember
 
 log = logging.getLogger(__name__)
@@ -50,28 +52,39 @@ class AgentServerConfig(AgentConfig):
     """the `model` clients ask for"""
     host: str = "127.0.0.1"
     """address to listen on; off loopback a bearer token is required"""
-    port: int = Field(default=8080, ge=0, le=65535)
+    # StrictInt here and below: a boolean is no number (`port: true` would be port 1)
+    port: StrictInt = Field(default=8080, ge=0, le=65535)
     """0: a free port, printed at start"""
     auth_token_env: str | None = None
     """the *name* of the environment variable holding the bearer token clients must send; required unless the
     server listens on loopback only"""
-    max_body_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    max_body_bytes: StrictInt = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
     """largest request body accepted (413 beyond)"""
-    max_question_chars: int = Field(default=4000, ge=1, le=100_000)
+    max_question_chars: StrictInt = Field(default=4000, ge=1, le=100_000)
     """longest question (the last user message) accepted"""
-    max_messages: int = Field(default=64, ge=1, le=1000)
+    max_messages: StrictInt = Field(default=64, ge=1, le=1000)
     """most messages in one request"""
-    max_in_flight: int = Field(default=8, ge=1, le=4096)
-    """requests served at once; beyond it: 429 with Retry-After"""
-    retry_after_s: int = Field(default=2, ge=1, le=3600)
+    max_in_flight: StrictInt = Field(default=8, ge=1, le=4096)
+    """requests served at once (a request takes a slot once its whole body has arrived); beyond it: 429 with
+    Retry-After"""
+    retry_after_s: StrictInt = Field(default=2, ge=1, le=3600)
     """the Retry-After of a 429"""
+    header_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    """a connection's request headers must arrive within this (from its opening, or from its previous reply);
+    beyond it the connection is closed (with a 408 if part of a request came)"""
+    body_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    """a request's whole body must arrive within this once its headers have: 408 beyond, and the connection is
+    closed"""
     request_timeout_s: float = Field(default=120.0, gt=0, le=3600)
     """deadline of one request's whole plan-work-solve (503 beyond)"""
+    probe_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    """at start: how long to wait for the planner server to say what it serves (asked once, no retries); a
+    server that does not answer in time is not checked and the server starts"""
     drain_timeout_s: float = Field(default=60.0, ge=0, le=3600)
     """on SIGTERM: how long requests in flight may finish"""
     traces_dir: str = "runs/agent/traces"
     """append-only traces folder, one per server process"""
-    traces_max_bytes: int = Field(default=64 * 1024 * 1024, ge=4096, le=1 << 40)
+    traces_max_bytes: StrictInt = Field(default=64 * 1024 * 1024, ge=4096, le=1 << 40)
     """size at which a new trace file is started"""
 
     @model_validator(mode="after")
@@ -168,6 +181,7 @@ class Metrics:
         self.latency_sum = 0.0
         self.latency_n = 0
         self.in_flight = 0
+        self.reading = 0  # requests whose body is arriving: they hold no slot
 
     def observe(self, path: str, status: int, seconds: float | None = None, code: str | None = None) -> None:
         self.requests[(path, str(status))] += 1
@@ -194,6 +208,8 @@ class Metrics:
         out += [f'{p}_errors_total{{code="{c}"}} {n}' for c, n in sorted(self.errors.items())]
         out += [f"# HELP {p}_in_flight Chat requests being answered now.", f"# TYPE {p}_in_flight gauge",
                 f"{p}_in_flight {self.in_flight}"]
+        out += [f"# HELP {p}_reading_body Requests whose body is still arriving (they hold no slot).",
+                f"# TYPE {p}_reading_body gauge", f"{p}_reading_body {self.reading}"]
         out += [f"# HELP {p}_tokens_total Model tokens spent, by role.", f"# TYPE {p}_tokens_total counter"]
         out += [f'{p}_tokens_total{{role="{r}"}} {self.tokens[r]}' for r in ("planner", "solver", "tools")]
         out += [f"# HELP {p}_model_calls_total Model calls made.", f"# TYPE {p}_model_calls_total counter",
@@ -246,6 +262,7 @@ class AgentService:
         self.metrics = Metrics()
         self.tasks: set[asyncio.Task] = set()
         self.draining = False
+        self.drain_deadline: float | None = None  # time.monotonic() by which a drain gives up waiting
 
     # -- a request's work, in a task of its own: it finishes and writes its trace even if the client leaves
 
@@ -282,10 +299,14 @@ class AgentService:
                                  served=served | {"status": error.status, "error": error.body()["error"]})
         try:
             await asyncio.to_thread(self.traces.write, record)
-        except Exception as exc:  # a full disk: the request fails rather than goes untraced
-            log.error("trace not written: %s", one_line(exc))
-            error = ApiError(503, f"the request's trace could not be written ({one_line(exc, 200)})", "server_error",
-                             "trace_not_written")
+        except Exception as exc:  # a full disk: the request fails rather than goes untraced (nothing of it is kept)
+            from distill.traces import NotWritten
+
+            log.error("trace not written, the request answered 503: %s", one_line(exc))
+            reason = exc.reason if isinstance(exc, NotWritten) else (
+                exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__)
+            error = ApiError(503, f"the request's trace could not be written ({clip(reason, 200)})",
+                             "server_error", "trace_not_written", {"Retry-After": str(self.cfg.retry_after_s)})
         self.metrics.charge(record)
         return record, error
 
@@ -305,22 +326,35 @@ class AgentService:
         return ApiError(500, f"internal error ({type(exc).__name__}); the trace holds the request", "server_error",
                         "internal_error")
 
+    def busy(self) -> bool:
+        """Whether a request is being read or answered: a drain waits for these."""
+        return bool(self.tasks) or self.metrics.reading > 0
+
     async def drain(self) -> None:
-        """Wait for every request's work (and its trace) up to drain_timeout_s: uvicorn waits for the
-        connections, this for work whose client already left."""
+        """Wait for every request's work (and its trace) until the drain's deadline (drain_timeout_s from the
+        signal): `DrainingServer` waits for the clients, this for work whose client already left."""
         self.draining = True
+        if self.drain_deadline is None:
+            self.drain_deadline = time.monotonic() + self.cfg.drain_timeout_s
         if self.tasks:
-            await asyncio.wait(list(self.tasks), timeout=self.cfg.drain_timeout_s)
+            await asyncio.wait(list(self.tasks), timeout=max(0.0, self.drain_deadline - time.monotonic()))
         self.traces.close()
 
 
+class ClientLeft(Exception):
+    """The client closed its connection before its request was read or answered."""
+
+
 def build_app(service: AgentService):
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-    from starlette.exceptions import HTTPException as StarletteHTTPException
     from contextlib import asynccontextmanager
 
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.requests import ClientDisconnect
+
     cfg, metrics = service.cfg, service.metrics
+    CountedStream = _counted_stream_class()
 
     @asynccontextmanager
     async def lifespan(app):
@@ -334,9 +368,19 @@ def build_app(service: AgentService):
         metrics.observe(path, err.status, code=err.code)
         return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
+    def client_left(path: str, seconds: float | None = None) -> Response:
+        """Counted as nginx counts it (499, `client_closed`), not as a server error; the reply goes nowhere."""
+        metrics.observe(path, 499, seconds, "client_closed")
+        return Response(status_code=499)
+
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
         return error_response(exc, request.url.path)
+
+    @app.exception_handler(ClientLeft)
+    @app.exception_handler(ClientDisconnect)
+    async def _client_left(request: Request, exc: Exception):
+        return client_left(request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
@@ -362,18 +406,29 @@ def build_app(service: AgentService):
                            "invalid_api_key", {"WWW-Authenticate": "Bearer"})
 
     async def read_json(request: Request) -> Any:
-        """The body, refused past max_body_bytes whether or not the client declared its length."""
+        """The body, refused past max_body_bytes whether or not the client declared its length, and past
+        body_timeout_s however slowly it trickles in. Nothing is held for the request while it arrives."""
         limit = cfg.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise ApiError(413, f"request body of {int(declared)} bytes is over max_body_bytes ({limit})",
-                           "invalid_request_error", "body_too_large")
+                           "invalid_request_error", "body_too_large", {"Connection": "close"})
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise ApiError(413, f"request body is over max_body_bytes ({limit})", "invalid_request_error",
-                               "body_too_large")
+        metrics.reading += 1
+        try:
+            async with asyncio.timeout(cfg.body_timeout_s):
+                async for chunk in request.stream():
+                    body += chunk
+                    if len(body) > limit:
+                        raise ApiError(413, f"request body is over max_body_bytes ({limit})", "invalid_request_error",
+                                       "body_too_large", {"Connection": "close"})
+        except TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within body_timeout_s ({cfg.body_timeout_s:g} s)",
+                           "invalid_request_error", "body_timeout", {"Connection": "close"}) from None
+        except ClientDisconnect:
+            raise ClientLeft() from None
+        finally:
+            metrics.reading -= 1
         try:
             return json.loads(bytes(body))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -408,13 +463,18 @@ def build_app(service: AgentService):
 
     @app.post("/v1/feedback")
     async def feedback(request: Request):
-        from distill.traces import Feedback
+        from distill.traces import Feedback, NotWritten
 
         authorize(request)
         item = parse(Feedback, await read_json(request))
         if item.at is not None:
             raise _bad_request("at: set by the server")
-        stored = await asyncio.to_thread(service.traces.feedback, item)
+        try:
+            stored = await asyncio.to_thread(service.traces.feedback, item)
+        except NotWritten as exc:  # a full disk: one line here, a 503 the client can retry
+            log.error("feedback not written, the request answered 503: %s", one_line(exc))
+            raise ApiError(503, f"the feedback could not be stored ({clip(exc.reason, 200)})", "server_error",
+                           "feedback_not_written", {"Retry-After": str(cfg.retry_after_s)}) from None
         if not stored:
             raise ApiError(404, f"id {item.id!r} was not served by this agent", "invalid_request_error", "unknown_id")
         metrics.observe("/v1/feedback", 200)
@@ -422,33 +482,33 @@ def build_app(service: AgentService):
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
+        path = "/v1/chat/completions"
         authorize(request)
+        data = await read_json(request)  # a client that stalls here holds no slot
         if service.draining:
             raise ApiError(503, "the server is shutting down", "server_error", "draining",
                            {"Retry-After": str(cfg.retry_after_s)})
+        req = parse(ChatRequest, data)
+        if req.model != cfg.name:
+            raise ApiError(404, f"model {req.model[:80]!r} is not served here; this agent is {cfg.name!r}",
+                           "invalid_request_error", "model_not_found")
+        question = question_of(req, cfg)
         if metrics.in_flight >= cfg.max_in_flight:
             raise ApiError(429, f"{metrics.in_flight} requests in flight, the most this server takes "
                            f"(max_in_flight); retry after {cfg.retry_after_s} s", "rate_limit_error",
                            "too_many_requests", {"Retry-After": str(cfg.retry_after_s)})
-        metrics.in_flight += 1  # no await between the check and this: the event loop runs one handler at a time
-        try:
-            req = parse(ChatRequest, await read_json(request))
-            if req.model != cfg.name:
-                raise ApiError(404, f"model {req.model[:80]!r} is not served here; this agent is {cfg.name!r}",
-                               "invalid_request_error", "model_not_found")
-            question = question_of(req, cfg)
-        except BaseException:
-            metrics.in_flight -= 1  # no task took the slot
-            raise
+        metrics.in_flight += 1  # no await since the check: the event loop runs one handler at a time
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         t0 = time.perf_counter()
         if not req.stream:
             record, err = await asyncio.shield(service.start(question, rid, False, None))
+            if await request.is_disconnected():
+                return client_left(path, time.perf_counter() - t0)
             if err is not None:
-                metrics.observe("/v1/chat/completions", err.status, time.perf_counter() - t0, err.code)
+                metrics.observe(path, err.status, time.perf_counter() - t0, err.code)
                 return JSONResponse(err.body() | {"id": rid}, status_code=err.status, headers=err.headers)
-            metrics.observe("/v1/chat/completions", 200, time.perf_counter() - t0)
+            metrics.observe(path, 200, time.perf_counter() - t0)
             return {
                 "id": rid, "object": "chat.completion", "created": created, "model": cfg.name,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": record.get("prediction") or ""},
@@ -459,6 +519,8 @@ def build_app(service: AgentService):
         queue: asyncio.Queue = asyncio.Queue()
         task = service.start(question, rid, True, lambda kind, payload: queue.put_nowait((kind, payload)))
         task.add_done_callback(lambda t: queue.put_nowait(("end", None)))
+        # how the stream ended, for /metrics: (status, error code) once the last event is out
+        ended: dict[str, Any] = {}
 
         def chunk(delta: dict, finish: str | None = None, **extra) -> str:
             body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": cfg.name,
@@ -479,19 +541,49 @@ def build_app(service: AgentService):
             record, err = task.result() if not task.cancelled() else ({}, ApiError(
                 503, "the request was cancelled", "server_error", "cancelled"))
             if err is not None:
-                metrics.observe("/v1/chat/completions", err.status, time.perf_counter() - t0, err.code)
                 yield f"data: {json.dumps(err.body())}\n\n"
             else:
-                metrics.observe("/v1/chat/completions", 200, time.perf_counter() - t0)
                 yield chunk({"content": record.get("prediction") or ""})
                 yield chunk({}, "stop", usage=usage_of(record),
                             rewoo={"event": "done", **rewoo_of(record)})
             yield "data: [DONE]\n\n"
+            ended["outcome"] = (err.status, err.code) if err is not None else (200, None)
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Request-Id": rid})
+        def on_end(failed: bool) -> None:
+            status, code = ended.get("outcome", (500, "internal_error") if failed else (499, "client_closed"))
+            metrics.observe(path, status, time.perf_counter() - t0, code)
+
+        return CountedStream(events(), on_end, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Request-Id": rid})
 
     return app
+
+
+def _counted_stream_class():
+    from fastapi.responses import StreamingResponse
+    from starlette.requests import ClientDisconnect
+
+    class CountedStream(StreamingResponse):
+        """A stream that reports how it ended, once, however it ended: every event sent, the client gone (the
+        response is cut short without an error), or a failure while sending."""
+
+        def __init__(self, content, on_end, **kwargs):
+            super().__init__(content, **kwargs)
+            self.on_end = on_end
+
+        async def __call__(self, scope, receive, send) -> None:
+            failed = False
+            try:
+                await super().__call__(scope, receive, send)
+            except (ClientDisconnect, OSError):
+                pass  # the client went away mid-stream: counted as such, nothing to log
+            except Exception:
+                failed = True
+                raise
+            finally:
+                self.on_end(failed)
+
+    return CountedStream
 
 
 # ------------------------------------------------------------------------------------------ command line
@@ -522,22 +614,111 @@ def token_of(cfg: AgentServerConfig) -> str | None:
 def check_planner_as_trained(cfg: AgentServerConfig) -> None:
     """A planner server serving a distill adapter (vLLM's /v1/models names its folder) must be sent the prompt
     kind and tools it was trained on, as its record says: refused in one line before any request is taken. A
-    server not up yet is asked nothing here (the agent starts, and its first request says so)."""
+    server not up yet, or one that does not answer within probe_timeout_s, is not checked (the agent starts,
+    and its first request says so): asked once, without the request timeouts and retries, so a hung planner
+    delays the start by one probe at most."""
+    from distill.llm import spec_identity
     from distill.llm.openai_backend import ServerError
     from distill.merge import check_as_trained
     from distill.provenance import adapter_of
-    from distill.run import model_identities
     from distill.tools.registry import tool_descriptions
 
     if cfg.planner.backend != "openai":
         return
+    probe = cfg.planner.model_copy(update={"timeout_s": cfg.probe_timeout_s, "max_retries": 0})
+
+    async def ask() -> dict:
+        return await asyncio.wait_for(spec_identity(probe), cfg.probe_timeout_s)
+
     try:
-        identity = model_identities({"planner": cfg.planner})["planner"]
-    except ServerError as exc:
+        identity = asyncio.run(ask())
+    except (ServerError, ServerUnreachable) as exc:
         log.warning("planner: could not ask %s what it serves (%s)", cfg.planner.base_url, exc)
+        return
+    except (TimeoutError, asyncio.TimeoutError):
+        log.warning("planner: %s did not say what it serves within probe_timeout_s (%g s); starting without "
+                    "checking its adapter against planner_prompt and tools", cfg.planner.base_url, cfg.probe_timeout_s)
         return
     if folder := adapter_of(identity):
         check_as_trained(folder, cfg.planner_prompt, tool_descriptions(cfg.tools), "serve-agent")
+
+
+_HEADER_TIMEOUT_REPLY = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+
+
+def http_protocol(cfg: AgentServerConfig, metrics: Metrics) -> type:
+    """uvicorn's h11 protocol with a deadline on a request's headers, which uvicorn does not have: without one, a
+    client that connects and sends half a request line keeps its connection (and a file descriptor) for ever.
+    The clock starts when the connection opens and again after each reply; it stops once a request's headers
+    are in (the body has its own deadline, in the app)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    body = json.dumps(ApiError(408, f"the request headers did not arrive within header_timeout_s "
+                                    f"({cfg.header_timeout_s:g} s)", "invalid_request_error",
+                               "header_timeout").body()).encode()
+    reply = _HEADER_TIMEOUT_REPLY + f"content-length: {len(body)}\r\n\r\n".encode() + body
+
+    class DeadlineH11Protocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._await_headers()
+
+        def _await_headers(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+            self._header_timer = self.loop.call_later(cfg.header_timeout_s, self._headers_late, self.cycle)
+
+        def _headers_late(self, cycle) -> None:
+            self._header_timer = None
+            if self.cycle is not cycle or self.transport.is_closing():
+                return  # a request's headers came in time
+            if self.conn.trailing_data[0]:  # part of a request: say why it is cut off; an idle one just closes
+                metrics.observe("other", 408, code="header_timeout")
+                self.transport.write(reply)
+            self.transport.close()
+
+        def on_response_complete(self) -> None:
+            cycle = self.cycle
+            super().on_response_complete()
+            if self.cycle is cycle and not self.transport.is_closing():  # no pipelined request started
+                self._await_headers()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+            super().connection_lost(exc)
+
+    return DeadlineH11Protocol
+
+
+def draining_server(config, service: AgentService):
+    """uvicorn's server, but the first SIGTERM/SIGINT drains before anything closes: the listener stays open so
+    that /health answers 503 (a load balancer takes the process out of rotation) and new chat requests get 503
+    `draining`, while the requests in flight (and bodies being read) finish, up to drain_timeout_s; then
+    uvicorn's own shutdown runs with what is left of it. A second signal stops waiting."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame) -> None:
+            if not service.draining and not self.should_exit:
+                self._captured_signals.append(sig)  # re-raised after the run, as uvicorn does
+                service.draining = True
+                service.drain_deadline = time.monotonic() + service.cfg.drain_timeout_s
+                return
+            super().handle_exit(sig, frame)
+
+        async def on_tick(self, counter: int) -> bool:
+            if service.draining and not self.should_exit:
+                left = service.drain_deadline - time.monotonic()
+                if not service.busy() or left <= 0:
+                    self.config.timeout_graceful_shutdown = max(left, 1.0)
+                    self.should_exit = True
+            return await super().on_tick(counter)
+
+    return DrainingServer(config)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -554,15 +735,15 @@ def main(args: argparse.Namespace) -> int:
     service = AgentService(cfg, token=token)
     port = cfg.port or free_port(cfg.host)
     app = build_app(service)
-    server = uvicorn.Server(uvicorn.Config(
+    server = draining_server(uvicorn.Config(
         app, host=cfg.host, port=port, log_config=None, access_log=False, timeout_graceful_shutdown=cfg.drain_timeout_s,
-        timeout_keep_alive=5, lifespan="on",
-    ))
+        timeout_keep_alive=5, lifespan="on", http=http_protocol(cfg, service.metrics),
+    ), service)
     print(f"agent {cfg.name} on http://{client_host(cfg.host)}:{port}/v1 (auth: "
           f"{'bearer token from $' + cfg.auth_token_env if token else 'none, loopback only'}; "
           f"traces: {service.traces.current})", flush=True)
     stopped_by: list[int] = []
-    # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal to the handler that was there before it: a
+    # the server drains on SIGTERM/SIGINT, then re-raises the signal to the handler that was there before it: a
     # handler of ours, so a drained stop ends here with exit 0 and its summary line, not killed by the signal
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stopped_by.append(signum))

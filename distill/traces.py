@@ -1,9 +1,14 @@
 """The served agent's traces folder: every request it answered, as trajectory records, and the feedback on them.
 
 A folder of `traces-000001.jsonl`, `traces-000002.jsonl`, ... (each one the project's trajectory record per line,
-through the one JSONL store, appended durably before the reply is sent; a new file once the current one passes
-`max_bytes`, so no file grows without bound) and `feedback.jsonl` (`{id, correct}` or `{id, answer}` per line, the
-latest per id counting). Nothing is ever rewritten: a folder can be copied or read while the server writes it.
+appended durably before the reply is sent; a new file once the current one passes `max_bytes`, so no file grows
+without bound) and `feedback.jsonl` (`{id, correct}` or `{id, answer}` per line, the latest per id counting).
+Nothing is ever rewritten: a folder can be copied or read while the server writes it.
+
+Each line is written whole by one write and fsynced; a write that fails (a full disk) is cut back off, so a
+record the client was told is missing never turns up later, and a crash leaves at most one torn line at a file's
+end. A served request cannot be redone the way a generation record can, so the next start does not cut a torn
+line away: it moves it to `<file>.torn` beside the file (kept for a person to read) and says so in one line.
 
 The same folder is a dataset source (`distill.data.load_examples` reads a folder holding trace files): a question
 whose answer was marked correct, or given a reference answer, is a training question with that answer, so the
@@ -13,6 +18,9 @@ This module imports no model code: reading a folder is cheap, and `distill.data`
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import re
 import threading
 from datetime import datetime, timezone
@@ -24,7 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 from distill.errors import DistillError
 from distill.rewoo.record import TrajectoryRecord
 from distill.secrets import mask
-from distill.store import JsonlStore, iter_jsonl
+from distill.store import _fsync_dir, conform, iter_jsonl, parse_line
+
+log = logging.getLogger(__name__)
 
 TRACE_FILE = re.compile(r"^traces-(\d{6,})\.jsonl$")
 FEEDBACK_FILE = "feedback.jsonl"
@@ -81,6 +91,101 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat()
 
 
+class NotWritten(DistillError):
+    """A trace or feedback line could not be stored (a full disk, a folder gone): `reason` is the system's
+    words, fit for a client; the message also names the file, for the log."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"cannot write {path}: {reason}")
+        self.reason = reason
+
+
+class _Appender:
+    """One JSONL file the server appends to. Unlike the generation store it keeps no record in memory (a server
+    runs for weeks) and writes a line with one unbuffered write: on failure the file is cut back to where the
+    line began, so nothing of it stays on disk or in a buffer to be flushed later."""
+
+    def __init__(self, path: Path, schema: type[BaseModel]):
+        self.path, self.schema = path, schema
+        created = not path.exists()
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.size = os.fstat(self._fd).st_size
+        if created:
+            _fsync_dir(path.parent)
+
+    def append(self, record: dict) -> None:
+        conform(self.schema, record, f"a record for {self.path}")
+        data = (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode()
+        start = self.size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+            os.fsync(self._fd)
+        except OSError as exc:
+            try:
+                os.ftruncate(self._fd, start)
+            except OSError:
+                pass  # the next start sets the partial line aside
+            raise NotWritten(self.path, exc.strerror or str(exc)) from None
+        self.size = start + len(data)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _last_line(path: Path) -> tuple[int, bytes]:
+    """(offset, bytes to the end) of a file's last line holding more than whitespace; (size, b"") if none.
+    Read backwards, so a 64 MiB trace file costs one block."""
+    with path.open("rb") as handle:
+        pos = end = handle.seek(0, os.SEEK_END)
+        buf = b""
+        while pos > 0:
+            step = min(1 << 16, pos)
+            pos -= step
+            handle.seek(pos)
+            buf = handle.read(step) + buf
+            content_end = len(buf.rstrip())
+            if content_end and (newline := buf.rfind(b"\n", 0, content_end)) >= 0:
+                return pos + newline + 1, buf[newline + 1:]
+        return (0, buf) if buf.strip() else (end, b"")
+
+
+def set_aside_torn(path: Path) -> Path | None:
+    """Move a torn last line (no newline after it, or not JSON: a write a crash cut short) out of `path` into
+    `<name>.torn` (or `.torn-2`, ...) beside it and return that file; None when the file ends cleanly. The
+    line is copied and fsynced before the file is cut, so a crash in between duplicates it, never loses it."""
+    offset, tail = _last_line(path)
+    content = tail.rstrip()
+    if not content:
+        return None
+    try:
+        parse_line(content, str(path))
+        if b"\n" in tail[len(content):]:
+            return None  # a whole line: whether it fits the schema is checked where it is read
+    except DistillError:
+        pass
+    aside, n = path.with_name(f"{path.name}.torn"), 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.torn-{n}")
+    try:
+        with aside.open("xb") as handle:
+            handle.write(tail)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.truncate(path, offset)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        raise DistillError(f"{path} ends in a torn line from an earlier crash and it could not be set aside in "
+                           f"{aside} ({exc.strerror or exc})") from None
+    log.warning("%s ended in a torn line from an earlier crash (%d bytes at byte %d); set aside in %s, serving on",
+                path, len(tail), offset, aside.name)
+    return aside
+
+
 class TraceLog:
     """The writer of a traces folder, for one server process (two processes get two folders: rotation and the
     id index are per process). Thread-safe: the server appends from worker threads so that an fsync never
@@ -100,46 +205,64 @@ class TraceLog:
         try:
             self._lock = threading.Lock()
             files = trace_files(self.folder)
-            # ids served before a restart still take feedback
-            self.ids: set[str] = {rec["id"] for path in files for _, rec in iter_jsonl(path) if "id" in rec}
+            feedback = self.folder / FEEDBACK_FILE
+            self.set_aside = [aside for path in files + ([feedback] if feedback.exists() else [])
+                              if (aside := set_aside_torn(path)) is not None]
+            # ids served before a restart still take feedback; the file written next is checked whole
+            self.ids: set[str] = {rec["id"] for path in files
+                                  for _, rec in iter_jsonl(path, TrajectoryRecord if path == files[-1] else None)
+                                  if "id" in rec}
+            if feedback.exists():
+                for _ in iter_jsonl(feedback, Feedback):
+                    pass
             self._number = int(TRACE_FILE.match(files[-1].name).group(1)) if files else 1
-            self._store = self._open(self._number)
-            self._feedback = JsonlStore(self.folder / FEEDBACK_FILE, schema=Feedback)
+            self._out = self._open(self._number)
+            self._feedback = _Appender(feedback, Feedback)
+        except OSError as exc:
+            self._folder_lock.__exit__(None, None, None)
+            raise DistillError(f"traces_dir {self.folder}: {exc.strerror or exc}") from None
         except BaseException:
             self._folder_lock.__exit__(None, None, None)
             raise
         self.written = 0
 
-    def _open(self, number: int) -> JsonlStore:
-        return JsonlStore(self.folder / f"traces-{number:06d}.jsonl", schema=TrajectoryRecord)
+    def _open(self, number: int) -> _Appender:
+        return _Appender(self.folder / f"traces-{number:06d}.jsonl", TrajectoryRecord)
 
     @property
     def current(self) -> Path:
-        return self._store.path
+        return self._out.path
 
     def write(self, record: dict) -> None:
         """Append one record durably (returns once it is on disk), starting a new file first when the current
-        one has reached `max_bytes`."""
+        one has reached `max_bytes`; NotWritten when it could not be (nothing of it is then in the folder)."""
         record = masked(record)
         with self._lock:
-            if self._store.path.exists() and self._store.path.stat().st_size >= self.max_bytes:
-                self._store.close()
+            if self._out.size >= self.max_bytes:
+                try:
+                    nxt = self._open(self._number + 1)
+                except OSError as exc:
+                    raise NotWritten(self.folder / f"traces-{self._number + 1:06d}.jsonl",
+                                     exc.strerror or str(exc)) from None
+                self._out.close()
                 self._number += 1
-                self._store = self._open(self._number)
-            self._store.append(record)
+                self._out = nxt
+            self._out.append(record)
             self.ids.add(record["id"])
             self.written += 1
 
     def feedback(self, item: Feedback) -> bool:
-        """Store feedback on a served id; False (nothing written) for an id this folder never served."""
+        """Store feedback on a served id; False (nothing written) for an id this folder never served;
+        NotWritten when it could not be stored."""
         if item.id not in self.ids:
             return False
-        self._feedback.append(masked(item.model_dump(exclude_none=True) | {"at": now()}))
+        with self._lock:
+            self._feedback.append(masked(item.model_dump(exclude_none=True) | {"at": now()}))
         return True
 
     def close(self) -> None:
         with self._lock:
-            self._store.close()
+            self._out.close()
             self._feedback.close()
             self._folder_lock.__exit__(None, None, None)
 
