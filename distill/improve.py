@@ -384,20 +384,29 @@ def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh
 
 def improve(cfg: ImproveConfig, config_path: str | None = None, fresh: bool = False) -> dict:
     """Every round in turn, each from the adapter the last one trained; returns the rounds' summaries."""
+    from contextlib import nullcontext
+
     from distill.generate import load_questions
     from distill.run import folder_lock
     from distill.store import write_json
+    from distill.train import is_main_process, world_size
 
+    if cfg.method == "expert_iteration" and world_size() > 1:
+        raise DistillError(f"improve: method expert_iteration starts its own training processes, but this is one of "
+                           f"{world_size()} launched ones: run it as `distill improve` (only method grpo trains "
+                           "under accelerate launch)")
     base_model_of(cfg.adapter)  # before anything is read or made: without its adapter there is nothing to improve
     check_prompt_as_trained(cfg)
     examples = load_questions(cfg)
     out = Path(cfg.output_dir)
     if cfg.method == "grpo":
         out.mkdir(parents=True, exist_ok=True)
-        with folder_lock(out):
+        main = is_main_process()  # under accelerate launch, rank 0 holds the folder and writes its files
+        with folder_lock(out) if main else nullcontext():
             summary = run_grpo(cfg, examples)
             result = {"method": cfg.method, "rounds": [summary], "adapter": summary["adapter"], "config": config_path}
-            write_json(out / layout.SUMMARY, result)
+            if main:
+                write_json(out / layout.SUMMARY, result)
         return result
     round_train_config(cfg, cfg.adapter, layout.round_dir(out, 1))  # a typo should not wait for a round
     out.mkdir(parents=True, exist_ok=True)
@@ -477,7 +486,7 @@ def run_grpo(cfg: ImproveConfig, examples: list) -> dict:
     from distill.rewoo.prompts import planner_messages
     from distill.store import CallCache, write_json
     from distill.tools.registry import tool_descriptions
-    from distill.train import GRPORun, train
+    from distill.train import GRPORun, train, world_size
 
     out = Path(cfg.output_dir) / layout.GRPO
     args = grpo_args(cfg, out)
@@ -493,14 +502,16 @@ def run_grpo(cfg: ImproveConfig, examples: list) -> dict:
     keys = ("step", "reward", "reward_std", "kl", "loss", "rewards/planner_reward/mean",
             *(f"reward/{p}" for p in ("valid", "ran", "recall", "answer_in_evidence", "extra_steps")))
     history = [{k: e[k] for k in keys if k in e} for e in info["log_history"] if "reward" in e]
-    write_json(out / "reward_history.json", history)
     last = history[-1] if history else {}
-    summary = {"round": 1, "steps": info["global_step"], "samples": sum(reward.calls),
+    # each process scores its own equal share of a step's completions
+    summary = {"round": 1, "steps": info["global_step"], "samples": sum(reward.calls) * world_size(),
                "mean_reward": last.get("reward"), "kl": last.get("kl"),
                "adapter": str(out / layout.ADAPTER),
                "adapter_in": cfg.adapter, "reward_parts": {k[7:]: v for k, v in last.items() if k.startswith("reward/")}}
-    write_json(out / layout.SUMMARY, summary)
-    print(f"[improve] grpo: {summary['steps']} steps, last reward {summary['mean_reward']}", flush=True)
+    if info["main_process"]:
+        write_json(out / "reward_history.json", history)
+        write_json(out / layout.SUMMARY, summary)
+        print(f"[improve] grpo: {summary['steps']} steps, last reward {summary['mean_reward']}", flush=True)
     return summary
 
 
@@ -513,6 +524,10 @@ def _check(cfg: ImproveConfig, check) -> None:
 
 
 def _report(cfg: ImproveConfig, result: dict) -> None:
+    from distill.train import is_main_process
+
+    if not is_main_process():  # one report per launch, not one per process
+        return
     print(json.dumps([{k: r.get(k) for k in ("mean_reward", "mean_best_reward", "kept", "valid_plan_rate")}
                       for r in result["rounds"]]))
     print(f"adapter: {result['adapter']}")

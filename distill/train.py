@@ -309,6 +309,21 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def is_main_process() -> bool:
+    """Rank 0 of the launch (or the only process), from the launcher's environment as `world_size`: the one
+    process that takes a run folder's lock and writes the files beside the trainer's own."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def single_process_under_accelerate(env: Mapping[str, str]) -> bool:
+    """Whether `accelerate launch` was asked for several CPU processes and started one: its `--cpu` flag and
+    `distributed_type: MULTI_CPU` run the script once unless mpirun is set up, leaving only the rendezvous address
+    it sets for more than one process (configs/accelerate/multi_cpu.yaml starts them under torchrun)."""
+    launched_by_accelerate = "ACCELERATE_MIXED_PRECISION" in env and env.get("ACCELERATE_USE_CPU") == "True"
+    ranks = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+    return launched_by_accelerate and "MASTER_ADDR" in env and not any(k in env for k in ranks)
+
+
 def gradient_accumulation_steps(global_batch_size: int, per_device: int, processes: int) -> int:
     per_step = per_device * processes
     if global_batch_size % per_step:
@@ -639,13 +654,36 @@ def trained_on(dataset_dir: str, train_examples: int, validation_examples: int) 
     }
 
 
-def train(cfg: TrainConfig | GRPORun, callbacks: list | None = None) -> dict:
-    """SFT or GRPO, one way: build the trainer, resume from the last checkpoint in output_dir, train, write."""
-    from transformers.trainer_utils import get_last_checkpoint
+def last_checkpoint(output_dir: str) -> str | None:
+    """The newest checkpoint a run can resume from: a kill while the trainer saved one leaves its folder without
+    trainer_state.json (written last, after the weights, optimizer and RNG states) or with that file cut short,
+    and resuming from it would fail where the one before it works."""
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return None
+    steps = sorted((int(p.name.rpartition("-")[2]), p) for p in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*")
+                   if p.is_dir() and p.name.rpartition("-")[2].isdigit())
+    for _, path in reversed(steps):
+        try:
+            json.loads((path / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            log.warning("%s is incomplete (the run stopped while saving it): not resumed from", path)
+            continue
+        return str(path)
+    return None
+
+
+def train(cfg: TrainConfig | GRPORun, callbacks: list | None = None) -> dict:
+    """SFT or GRPO, one way: build the trainer, resume from the last complete checkpoint in output_dir, train,
+    write."""
     started = time.time()
-    out = cfg.output_dir
-    resume = get_last_checkpoint(out) if cfg.resume and Path(out).is_dir() else None
+    if single_process_under_accelerate(os.environ):
+        log.warning("accelerate launch started 1 process: its --cpu flag and distributed_type MULTI_CPU start one "
+                    "unless mpirun is set up; for several CPU processes use --config_file "
+                    "configs/accelerate/multi_cpu.yaml. Training runs as 1 process, at the same effective batch.")
+    resume = last_checkpoint(cfg.output_dir) if cfg.resume else None
     if resume:
         log.info("resuming from %s", resume)
     trainer = build_trainer(cfg, callbacks, resuming=resume is not None)
