@@ -39,7 +39,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: install demo demo-full demo-real test test-fast docs bench clean
+.PHONY: install demo demo-full demo-real test test-fast rehearse docs bench clean
 
 install: $(VENV)/.installed
 
@@ -68,6 +68,11 @@ test: install
 
 test-fast: install
 	DISTILL_SHARED_DATA=$(SHARED_DATA) $(PY) -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
+
+# Every command of README.md, docs/ and the configs' headers, run on this machine with the substitutions of one
+# table (docs/rehearsal.md); a command no row covers fails it. tests/test_rehearse.py runs the same in `make test`.
+rehearse: install
+	nice -n 10 $(PY) scripts/rehearse.py $(REHEARSE_ARGS)
 
 # The docs site (mkdocs.yml, pages in docs/) into site/, warnings as errors; tests/test_site.py builds it too, so a
 # broken link fails `make test`. The reference pages are generated: python scripts/gen_reference.py

@@ -81,3 +81,86 @@ class _ChatHandler(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+class ReWOOChat:
+    """A hosted OpenAI-compatible API that answers the way a good teacher would, for the rehearsal of the documented
+    commands (scripts/rehearse.py): a planner prompt gets a valid ReWOO plan that searches each known question's
+    gold pages (else the question), a Solver, ReAct, Direct or LLM-tool prompt the known gold answer, a judge
+    `CORRECT`. `known` maps question text to (answers, gold titles). /v1/models lists `models` (name -> the adapter
+    folder a LoRA module is served from, or None for a base model), as the vLLM server it may stand in for does.
+    Usage is counted as about 4 characters a token, so a priced model costs what its prices say."""
+
+    def __init__(self, known: dict[str, tuple[list[str], list[str]]] | None = None,
+                 models: dict[str, str | None] | None = None) -> None:
+        self.known = dict(known or {})
+        self.models = dict(models or {})
+        self.calls = 0
+        self.url = ""
+        self.lock = threading.Lock()
+        self.handler = type("Handler", (_ReWOOHandler,), {"api": self})
+
+    def lookup(self, text: str) -> tuple[str, list[str], list[str]]:
+        for question, (answers, titles) in self.known.items():
+            if question in text:
+                return question, answers, titles
+        return "", ["yes"], []
+
+    def reply(self, messages: list[dict]) -> str:
+        from distill.rewoo.prompts import SOLVER_INSTRUCTIONS, prompt_kind_of
+
+        text = "\n".join(str(m.get("content") or "") for m in messages)
+        last = str(messages[-1].get("content") or "") if messages else ""
+        question, answers, titles = self.lookup(last if prompt_kind_of(messages) else text)
+        if prompt_kind_of(messages):
+            asked = question or last.removeprefix("Question:").strip()
+            steps = [f"Plan: Find {t}.\n#E{i} = Wikipedia[{t}]" for i, t in enumerate(titles[:2] or [asked], 1)]
+            if "LLM" in str(messages[0].get("content") or ""):
+                steps.append(f"Plan: Answer.\n#E{len(steps) + 1} = LLM[{asked} Given context: #E1]")
+            return "\n".join(steps)
+        if text.startswith("You are grading"):
+            return "CORRECT"
+        if "Finish[" in text and SOLVER_INSTRUCTIONS not in text:
+            return f"Thought: I know the answer.\nAction: Finish[{answers[0]}]"
+        return answers[0]
+
+
+@contextlib.contextmanager
+def rewoo_chat(port: int = 0, **settings) -> Iterator[ReWOOChat]:
+    """A `ReWOOChat` served on `port` (0: a free one) while the block runs; `url` ends in /v1."""
+    api = ReWOOChat(**settings)
+    server = ThreadingHTTPServer(("127.0.0.1", port), api.handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        api.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        yield api
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _ReWOOHandler(_ChatHandler):
+    api: ReWOOChat
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+        with self.api.lock:
+            self.api.calls += 1
+        if not self.path.rstrip("/").endswith("/chat/completions"):
+            return self._send(404, {"error": {"message": f"the fake API has no {self.path}"}})
+        text = self.api.reply(body.get("messages") or [])
+        prompt = sum(len(str(m.get("content") or "")) for m in body.get("messages") or []) // 4 + 1
+        completion = len(text) // 4 + 1
+        self._send(200, {
+            "id": f"chatcmpl-{self.api.calls}", "object": "chat.completion", "created": 0,
+            "model": body.get("model", "m"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        })
+
+    def do_GET(self):  # noqa: N802
+        if self.path.rstrip("/").endswith("/health"):
+            return self._send(200, {})
+        self._send(200, {"object": "list", "data": [
+            {"id": name, "object": "model", "root": root or name, "parent": None if root is None else "base"}
+            for name, root in self.api.models.items()]})

@@ -1,0 +1,448 @@
+"""`make rehearse`: every command the docs and the configs' headers give, run on this machine, in order, in one work
+folder, with one table of substitutions (SUBSTITUTIONS below, and docs/rehearsal.md in words) and nothing else
+changed. A documented command that no row of the table covers fails the rehearsal: a new command in the docs is
+either rehearsed or listed with the reason it is not.
+
+    python scripts/rehearse.py [--list] [--only PAGE] [--keep DIR]
+
+--list prints each documented command and the table row that covers it, and runs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the fakes of hosted APIs, as the tests use them
+
+# Where commands are documented, in the order a reader meets them (README, the site's pages, the configs).
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "configs").glob("*.yaml")),
+         *sorted((ROOT / "configs" / "accelerate").glob("*.yaml"))]
+SHELL_BLOCKS = {"", "bash", "sh", "shell", "console", "text"}
+# A line of a shell block (or of a config's header) is a command when its first word, after VAR=value words, is one
+# of these programs; anything else in such blocks is output, a formula or a listing.
+PROGRAMS = {"distill", "make", "python", "python3", ".venv/bin/python", "accelerate", "vllm", "curl", "pip", "bash",
+            "export"}
+MODEL_7B = "Qwen/Qwen2.5-7B-Instruct"
+
+
+@dataclass
+class Block:
+    where: str  # "README.md block 3", "configs/serve_planner.yaml header"
+    commands: list[str]
+
+
+def _is_command(line: str) -> bool:
+    words = line.split()
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+        words = words[1:]
+    # "make demo-full: two rounds ..." in a config header is prose about a command, not one
+    return bool(words) and words[0] in PROGRAMS and not (len(words) > 1 and words[1].endswith(":"))
+
+
+def _commands(lines: list[str]) -> list[str]:
+    """Continuation lines joined, a heredoc kept with its command, comments after a command dropped."""
+    out: list[str] = []
+    joined = "\n".join(lines).replace("\\\n", " ")
+    rows = joined.splitlines()
+    i = 0
+    while i < len(rows):
+        line = rows[i].strip()
+        i += 1
+        if not _is_command(line):
+            continue
+        if m := re.search(r"<<'?(\w+)'?", line):
+            body = []
+            while i < len(rows) and rows[i].strip() != m.group(1):
+                body.append(rows[i])
+                i += 1
+            i += 1
+            out.append("\n".join([line, *body, m.group(1)]))
+            continue
+        line = re.sub(r"\s+#\s.*$", "", line)  # a comment after the command
+        line = re.sub(r"\s{2,}\(.*$", "", line)  # a config header's "(after ...)" remark
+        out.append(" ".join(line.split()))
+    return out
+
+
+def documented_blocks() -> list[Block]:
+    """Every shell block of README.md and docs/*.md with a command in it, and every config header's commands."""
+    blocks = []
+    for page in PAGES:
+        rel = page.relative_to(ROOT)
+        if page.suffix == ".md":
+            for n, (lang, body) in enumerate(re.findall(r"```(\w*)\n(.*?)```", page.read_text(), re.S)):
+                if lang in SHELL_BLOCKS and (commands := _commands(body.splitlines())):
+                    blocks.append(Block(f"{rel} block {n}", commands))
+        else:
+            header = []
+            for line in page.read_text().splitlines():
+                if not line.startswith("#"):
+                    break
+                header.append(line[1:].strip())
+            if commands := _commands(header):
+                blocks.append(Block(f"{rel} header", commands))
+    return blocks
+
+
+@dataclass
+class Rule:
+    """One row of the substitution table: the documented commands it covers (a regex searched in the command as
+    written), what the rehearsal does with them and why. `subst` pairs are regex replacements applied in order."""
+    covers: str
+    action: str  # run | serve (run in the background until the block ends) | stand-in | skip
+    why: str
+    subst: list[tuple[str, str]] = field(default_factory=list)
+    expect: int = 0  # the exit status a rehearsed command must end with
+
+
+# How far the GPU settings of the 7B training configs move to run on a CPU, and how far the data shrinks.
+CPU_TRAIN = ("--set max_steps=1 --set bf16=false --set dtype=float32 --set gradient_checkpointing=false "
+             "--set dataloader_num_workers=0 --set report_to=none --set eval_strategy=no --set save_strategy=no "
+             "--set use_liger_kernel=false --set padding_free=false --set load_in_4bit=false")
+TINY_DATA = ("--set 'datasets=[{name: hotpotqa, source: data/demo/train.jsonl, split: train, n: 6}]' "
+             "--set 'eval_sets=[{name: hotpotqa, source: data/demo/dev.jsonl, split: dev}]' "
+             "--set wikipedia_backend=local --set wikipedia_corpus=data/demo/corpus.jsonl")
+TINY_EVAL = ("--set 'datasets=[{name: hotpotqa, source: data/demo/dev.jsonl, split: dev, n: 4}]' "
+             "--set wikipedia_backend=local --set wikipedia_corpus=data/demo/corpus.jsonl "
+             "--set robustness.n=2 --set bootstrap_samples=100")
+MULTI_CPU = r"--config_file configs/accelerate/multi_cpu.yaml --num_processes 2"
+
+SUBSTITUTIONS: list[Rule] = [
+    # --- not run, each with its reason
+    Rule(r"^make test", "skip", "the rehearsal runs inside `make test` (tests/test_rehearse.py): it cannot run "
+         "the suite it is part of"),
+    Rule(r"^make rehearse", "skip", "the rehearsal itself"),
+    Rule(r"^\.venv/bin/python -m pytest", "skip", "tests: `make test` runs them, the rehearsal among them"),
+    Rule(r"^make demo TORCH_PIP_ARGS", "skip", "changes only where pip finds torch at install; the demo it runs is "
+         "`make demo`'s"),
+    Rule(r"^pip install|^python3 -m pip install", "skip", "an install (a package index, the `gpu` extra): `make "
+         "install` is what the rehearsal runs under"),
+    Rule(r"^export ", "skip", "sets a variable: the rehearsal's environment sets OPENAI_API_KEY (to a dummy key "
+         "for the fake API) and the GPU kit's paths are the GPU check's"),
+    Rule(r"gpu_check_train\.sh", "skip", "the GPU check: it needs a GPU and runs on the device machine "
+         "(BENCHMARKS.md, the GPU check by date)"),
+    Rule(r"--num_machines 2", "skip", "two machines of 8 GPUs: the rehearsal has one machine; the launcher configs "
+         "(deepspeed_zero3.yaml, fsdp.yaml) are rehearsed on 1 machine in their own headers"),
+    Rule(r"deepspeed_zero3\.yaml", "skip", "DeepSpeed is not installed here (`pip install deepspeed`, a GPU build); "
+         "tests/test_docs.py loads the config and checks the process count and batch against it"),
+    Rule(r"^vllm serve", "skip", "vLLM's own CLI with 4 GPUs (tensor parallel): `distill serve --set "
+         "tensor_parallel_size=4` beside it is rehearsed as a dry run"),
+    Rule(r"^make demo$", "skip", "PENDING: 15 min on 2 cores; to be rehearsed as the demo pipeline on 6 questions "
+         "with the fake API for its vLLM servers. The commands after it that read runs/demo are pending with it"),
+    Rule(r"runs/demo|after make demo|smollm2-135m_lora_cpu|improve_smollm2|improve_from_traces|serve_planner_merged",
+         "skip", "PENDING: reads what `make demo` writes (see `make demo`)"),
+    Rule(r"^distill serve --config configs/serve_planner\.yaml$", "skip",
+         "PENDING: serves the demo's adapter (see `make demo`)"),
+    Rule(r"^distill serve-agent", "skip", "PENDING: its planner is the demo's served adapter (see `make demo`)"),
+    Rule(r"^python - <<", "skip", "PENDING: talks to the served agent (see `distill serve-agent`)"),
+    Rule(r"^curl .*load_lora_adapter", "skip", "PENDING: loads an adapter of the agent loop into a running vLLM"),
+    Rule(r"qwen72", "skip", "no documented command writes runs/qwen72/adapter (the 72B training of the block "
+         "above writes the config's output_dir, runs/qwen/adapter)"),
+    Rule(r"scripts/generate_trajectories\.py --config configs/generate_smollm2_vllm\.yaml|"
+         r"served_model_name=teacher --set port=8010", "skip", "PENDING: a vLLM-served SmolLM2 teacher on :8010"),
+    Rule(r"distill eval --config configs/eval_smollm2_cpu\.yaml", "skip", "PENDING: the demo's student served"),
+    Rule(r"^(OPENAI_API_KEY=\.\.\. )?distill pipeline --config configs/pipeline_hotpot_trivia_7b\.yaml$", "skip", "PENDING: the whole 7B "
+         "pipeline on the tiny Qwen2 (its stages are rehearsed one by one in the README's block above)"),
+    Rule(r"^distill pipeline --config configs/demo_smollm2_cpu\.yaml --set 'generate\.tools", "skip",
+         "an example with `...` for the user's own settings and tool module (mytools:Weather) that is not shipped"),
+    Rule(r"\s\[--|\bKEPT\.jsonl|=DIR\b", "skip", "a synopsis: [optional flags] and placeholders (KEPT.jsonl, DIR); "
+         "each command is rehearsed where a page gives it whole"),
+    Rule(r"^distill score ", "skip", "PENDING: reads predictions.jsonl, the user's own predictions"),
+    Rule(r"configs/ask_openai\.yaml", "skip", "PENDING: online Wikipedia (the MediaWiki endpoint is fixed in the "
+         "code, so the fake MediaWiki cannot stand in without a setting)"),
+    Rule(r"improve_qwen2\.5-7b_grpo_gpu", "skip", "PENDING: GRPO of the tiny Qwen2 under 2 CPU processes"),
+    Rule(r"--config_file configs/accelerate/(cpu|multi_cpu)\.yaml", "skip",
+         "PENDING: trains the demo's SmolLM2 on the demo's dataset (see `make demo`)"),
+    # --- run
+    Rule(r"^distill generate --config configs/generate_teacher\.yaml --check", "run",
+         "the hosted teacher is the fake API (OPENAI_BASE_URL); the Hub's HotpotQA and TriviaQA are 6 demo "
+         "questions and online Wikipedia the demo corpus (local BM25)", [(r"$", " --offline " + TINY_DATA)]),
+    Rule(r"(^|\s)(distill generate|python scripts/generate_trajectories\.py) --config configs/generate_teacher\.yaml",
+         "run", "as its --check above: the fake teacher, 6 demo questions, the demo corpus",
+         [(r"^OPENAI_API_KEY=\.\.\. ", ""), (r"$", " " + TINY_DATA)]),
+    Rule(r"^distill filter runs/teacher/", "run", "runs/teacher stands for any teacher run: it reads the "
+         "generate_teacher.yaml run's records", [(r"runs/teacher/trajectories", "runs/teacher_gpt4o-mini/trajectories")]),
+    Rule(r"^distill filter ", "run", "as written"),
+    Rule(r"^distill sft-data ", "run", f"as written; {MODEL_7B} is the tiny Qwen2 in the Hub cache"),
+    Rule(r"^accelerate launch .*--num_processes 8 -m distill\.train", "run",
+         "8 GPUs -> 2 CPU processes with the same launcher (multi_cpu.yaml: torch.distributed over gloo); the "
+         "7B base -> the tiny Qwen2; GPU settings (bf16, checkpointing, Liger, 4-bit) off; 1 step",
+         [(r"--config_file configs/accelerate/(multi_gpu|fsdp)\.yaml --num_processes 8", MULTI_CPU),
+          (r"$", " " + CPU_TRAIN)]),
+    Rule(r"^accelerate launch --config_file configs/accelerate/single_gpu\.yaml -m distill\.train", "run",
+         "one GPU -> one CPU process (--cpu, no mixed precision); the tiny Qwen2; GPU settings off; 1 step",
+         [(r"--config_file configs/accelerate/single_gpu\.yaml", "--config_file configs/accelerate/single_gpu.yaml "
+           "--cpu --mixed_precision no"), (r"$", " " + CPU_TRAIN)]),
+    Rule(r"^distill serve ", "stand-in", "vLLM on a GPU -> `distill serve --dry-run` (the config, the adapter and "
+         "the vLLM command checked), and the fake API stands in on its port, listing what it would serve",
+         [(r"$", " --dry-run")]),
+    Rule(r"^(OPENAI_API_KEY=\.\.\. )?distill eval --config configs/eval_hotpot_trivia_7b\.yaml", "run",
+         "the hosted Solver, teacher and judge are the fake API; the served student and base its stand-in on "
+         ":8000; 4 demo dev questions, the demo corpus",
+         [(r"^OPENAI_API_KEY=\.\.\. ", ""), (r"$", " " + TINY_EVAL)]),
+    Rule(r"^distill report ", "run", "as written"),
+    Rule(r"^(OPENAI_API_KEY=\.\.\. )?distill pipeline --config configs/pipeline_hotpot_trivia_7b\.yaml --check",
+         "run", "every stage's check against the fake API; on a CPU it exits 2, naming the two settings that size the "
+         "run for GPUs (train.bf16, student_server.gpu_memory_utilization), as it should",
+         [(r"^OPENAI_API_KEY=\.\.\. ", "")], expect=2),
+    Rule(r"^distill pipeline --config configs/demo_smollm2_cpu\.yaml .*--check --offline", "run", "as written"),
+    Rule(r"^distill ask .*configs/ask_smollm2_local\.yaml", "run", "as written: the embedded model in process"),
+]
+
+
+def rule_for(command: str) -> Rule | None:
+    return next((r for r in SUBSTITUTIONS if re.search(r.covers, command)), None)
+
+
+def substituted(command: str, rule: Rule) -> str:
+    for pattern, replacement in rule.subst:
+        command = re.sub(pattern, lambda _m, r=replacement: r, command, count=1)
+    return command
+
+
+def uncovered() -> list[str]:
+    """Documented commands no row of the table covers: each fails the rehearsal."""
+    return [f"{b.where}: {c}" for b in documented_blocks() for c in b.commands if rule_for(c) is None]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The world the commands run in
+
+
+def tiny_qwen(hub_cache: Path) -> None:
+    """A Qwen2 model of a few hundred thousand weights, randomly initialised, with the embedded SmolLM2's tokenizer
+    (ChatML, as Qwen2.5's) and Qwen2.5's chat template, put in the Hub cache as Qwen/Qwen2.5-7B-Instruct: every
+    command that names the 7B base loads it, offline, with the class and template of the real one."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    from distill.llm.embedded import resolve_model_path
+
+    snapshot = hub_cache / "models--Qwen--Qwen2.5-7B-Instruct" / "snapshots" / ("0" * 40)
+    if (snapshot / "config.json").exists():
+        return
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m-instruct"))
+    tokenizer.chat_template = QWEN_TEMPLATE
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).to(torch.float32).save_pretrained(snapshot)
+    tokenizer.save_pretrained(snapshot)
+    (snapshot.parents[1] / "refs").mkdir(parents=True, exist_ok=True)
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+
+
+QWEN_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    "<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}{%- if message['role'] != 'system' or not loop.first %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def known_questions() -> dict[str, tuple[list[str], list[str]]]:
+    known = {}
+    for name in ("train.jsonl", "dev.jsonl"):
+        for line in (ROOT / "data" / "demo" / name).read_text().splitlines():
+            row = json.loads(line)
+            titles = list(dict.fromkeys(t for t, _ in row.get("supporting_facts", [])))
+            known[row["question"]] = ([row["answer"]], titles)
+    return known
+
+
+def free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+@dataclass
+class Outcome:
+    where: str
+    command: str
+    action: str
+    rc: int | None = None
+    seconds: float = 0.0
+    made: str = ""
+    why: str = ""
+    expect: int = 0
+
+
+class Rehearsal:
+    def __init__(self, work: Path, log=print):
+        self.work, self.log = work, log
+        self.outcomes: list[Outcome] = []
+        self.ran: dict[str, str] = {}  # substituted command -> where it first ran
+        self.stack = contextlib.ExitStack()
+        self.block_stack: contextlib.ExitStack | None = None
+
+    def __enter__(self):
+        from fakes import rewoo_chat
+
+        for name in ("configs", "data"):
+            if not (self.work / name).exists():
+                shutil.copytree(ROOT / name, self.work / name)
+        hub_cache = self.work / "hub-cache"
+        tiny_qwen(hub_cache)
+        self.api = self.stack.enter_context(rewoo_chat(known=known_questions(), models={"gpt-4o-mini": None}))
+        bin_dir = Path(sys.executable).parent
+        self.env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+                    "OPENAI_BASE_URL": self.api.url, "OPENAI_API_KEY": "sk-rehearsal-not-a-key",
+                    "HF_HUB_CACHE": str(hub_cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                    "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        return self
+
+    def __exit__(self, *exc):
+        self.stack.close()
+
+    def stand_in(self, command: str) -> None:
+        """The fake API on the port a `distill serve` config names, listing the names it would serve."""
+        from distill.config import load_config
+        from distill.serve import ServeConfig, served_name
+        from fakes import rewoo_chat
+
+        argv = shlex.split(command)
+        sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+        cfg = load_config(ServeConfig, self.work / argv[argv.index("--config") + 1], sets)
+        models = {served_name(cfg): None} | {n: str(a) for n, a in cfg.adapters.items()}
+        if cfg.adapter:
+            models[cfg.lora_name] = str(cfg.adapter)
+        if not free(cfg.port):
+            raise RuntimeError(f"port {cfg.port} is taken: stop what listens there and rehearse again")
+        api = self.block_stack.enter_context(rewoo_chat(port=cfg.port, known=known_questions(), models=models))
+        self.log(f"    stand-in for the server: the fake API at {api.url} serving {', '.join(models)}")
+
+    def run_block(self, block: Block) -> None:
+        self.log(f"--- {block.where}")
+        with contextlib.ExitStack() as self.block_stack:
+            for command in block.commands:
+                self.run_command(block.where, command)
+
+    def run_command(self, where: str, command: str) -> None:
+        rule = rule_for(command)
+        if rule is None:
+            self.outcomes.append(Outcome(where, command, "UNCOVERED", why="no row of the table covers it"))
+            self.log(f"  UNCOVERED  {command}")
+            return
+        if rule.action == "skip":
+            self.outcomes.append(Outcome(where, command, "not run", why=rule.why))
+            self.log(f"  not run    {command}\n             ({rule.why})")
+            return
+        actual = substituted(command, rule)
+        if rule.action != "stand-in" and actual in self.ran:
+            self.outcomes.append(Outcome(where, command, "ran above", why=f"the same command: {self.ran[actual]}"))
+            self.log(f"  ran above  {command}")
+            return
+        before = self.snapshot()
+        start = time.monotonic()
+        self.log(f"  run        {actual}")
+        with open(self.work / "rehearsal.log", "a") as out:
+            out.write(f"\n$ {actual}\n")
+            out.flush()
+            proc = subprocess.Popen(["bash", "-c", actual], cwd=self.work, env=self.env, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=900)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                rc = proc.wait()
+        seconds = time.monotonic() - start
+        made = self.made(before)
+        self.ran[actual] = where
+        self.outcomes.append(Outcome(where, command, rule.action, rc, seconds, made, rule.why,
+                                     rule.expect))
+        self.log(f"             exit {rc} in {seconds:.1f} s; {made or 'wrote nothing'}")
+        if rc == rule.expect and rule.action == "stand-in":
+            self.stand_in(actual)
+
+    def snapshot(self) -> dict[str, float]:
+        runs = self.work / "runs"
+        return {str(p.relative_to(self.work)): p.stat().st_mtime for p in runs.rglob("*") if p.is_file()} \
+            if runs.exists() else {}
+
+    def made(self, before: dict[str, float]) -> str:
+        after = self.snapshot()
+        new = sorted(p for p, t in after.items() if before.get(p) != t)
+        if not new:
+            return ""
+        by_run: dict[str, list[str]] = {}
+        for p in new:
+            parts = Path(p).parts
+            by_run.setdefault("/".join(parts[:2]), []).append("/".join(parts[2:]))
+        key = ("trajectories.jsonl", "kept.jsonl", "report.md", "adapter_model.safetensors", "dataset_dict.json")
+        shown = []
+        for run, files in by_run.items():
+            named = [f for f in files if f.endswith(key)][:3]
+            shown.append(f"{run}: {len(files)} files" + (f" ({', '.join(named)})" if named else ""))
+        return "; ".join(shown)
+
+
+def rehearse(work: Path, only: str | None = None, log=print) -> list[Outcome]:
+    blocks = [b for b in documented_blocks() if only is None or b.where.startswith(only)]
+    with Rehearsal(work, log) as rehearsal:
+        for block in blocks:
+            rehearsal.run_block(block)
+    return rehearsal.outcomes
+
+
+def failures(outcomes: list[Outcome]) -> list[Outcome]:
+    return [o for o in outcomes if o.action == "UNCOVERED" or (o.rc is not None and o.rc != o.expect)]
+
+
+def table(outcomes: list[Outcome]) -> str:
+    lines = []
+    for o in outcomes:
+        result = (f"exit {o.rc}, {o.seconds:.0f} s, {o.made or 'wrote nothing'}" if o.rc is not None
+                  else f"{o.action}: {o.why}")
+        lines.append(f"{o.where:45} {o.command[:90]:90} {result}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--list", action="store_true", help="print each documented command and its table row")
+    parser.add_argument("--only", help="rehearse the blocks whose place starts with this (e.g. README.md)")
+    parser.add_argument("--keep", type=Path, help="work folder to use and keep (default: a temporary one)")
+    args = parser.parse_args()
+    if args.list:
+        for block in documented_blocks():
+            for command in block.commands:
+                rule = rule_for(command)
+                print(f"{block.where:45} {rule.action if rule else 'UNCOVERED':9} {command}")
+        return 1 if uncovered() else 0
+    start = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        work = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rehearsal-")))
+        work.mkdir(parents=True, exist_ok=True)
+        outcomes = rehearse(work, args.only)
+        print("\n=== the rehearsal: command -> outcome")
+        print(table(outcomes))
+        bad = failures(outcomes)
+        ran = sum(o.rc is not None for o in outcomes)
+        print(f"\n{ran} commands run, {len(outcomes) - ran} not run (each with its reason), {len(bad)} failed, "
+              f"in {time.monotonic() - start:.0f} s (log: {work / 'rehearsal.log'})")
+        for o in bad:
+            print(f"FAILED {o.where}: {o.command} ({o.why if o.rc is None else f'exit {o.rc}'})", file=sys.stderr)
+        return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
