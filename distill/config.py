@@ -6,11 +6,13 @@ endpoint has several settings of its own. Every bad key is reported, on one line
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, TypeVar
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from distill.errors import DistillError
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS, DEFAULT_MAX_PLAN_STEPS
@@ -21,6 +23,17 @@ from distill.tools.registry import DEFAULT_TOOLS
 C = TypeVar("C", bound=BaseModel)
 # A planner prompt kind in a config (fewshot | full | compact); the old name `zeroshot` reads as `full`.
 PlannerPrompt = Annotated[PromptKind, BeforeValidator(canonical_prompt_kind)]
+
+
+def _number_not_switch(annotation: Any) -> bool:
+    """Whether a setting of this type is a number (int or float, maybe optional) that is not also a bool."""
+    import typing
+
+    members = set(typing.get_args(annotation)) if typing.get_origin(annotation) in (typing.Union, types.UnionType) \
+        else {annotation}
+    members = {typing.get_args(m)[0] if typing.get_origin(m) is Annotated else m for m in members}
+    return bool(members & {int, float}) and not members & {bool, Any}
+
 
 # Dollars per million tokens. Local models cost nothing; API prices change: override in config.
 DEFAULT_PRICES: dict[str, dict[str, float]] = {
@@ -38,6 +51,16 @@ class Strict(BaseModel):
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False,
                               use_attribute_docstrings=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """pydantic reads true as 1 for a number: `port: true` would listen on port 1 and `max_tokens: yes`
+        allow one token. A setting that is a number (and not also a switch) refuses true/false."""
+        if isinstance(value, bool) and info.field_name and _number_not_switch(cls.model_fields[info.field_name]
+                                                                               .annotation):
+            raise ValueError(f"expected a number, not {str(value).lower()}")
+        return value
 
 
 class ModelSpec(Strict):
