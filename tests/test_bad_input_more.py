@@ -1,6 +1,6 @@
 """More hostile input, each answered with one line and exit 2 (or read as it should be), never a traceback:
 a boolean where a number belongs, PEFT's rank_pattern/alpha_pattern of any JSON shape, control characters in a
-hand-made trajectory file, and a disk that fills during `distill generate`.
+hand-made trajectory file, and a disk that fills during `distill generate` and `distill eval`.
 
 The full-disk test fills a real tmpfs (mounted for the test; skipped where mounting is not permitted) and
 generates against tests/fakes.py's ChatAPI, a stand-in for a hosted teacher API (11 prompt and 2 completion
@@ -291,3 +291,35 @@ def test_generate_whose_call_cache_cannot_grow_names_the_cache_and_keeps_counts(
     assert manifest["status"] == "failed" and str(out / "calls.sqlite") in manifest["reason"]
     done = len(read_jsonl(out / "trajectories.jsonl")) if (out / "trajectories.jsonl").exists() else 0
     assert manifest["counts"] == {"planned": 48, "done": done, "errors": 0, "not_run": 48 - done}
+
+
+def test_eval_on_a_full_disk_names_the_file_keeps_counts_and_resumes(tmp_path, small_disk):
+    """Eval runs each method through the same loop and record store: the same one line, and per-method counts."""
+    out = small_disk / "eval"
+    with chat_api() as api:
+        served = {"backend": "openai", "base_url": api.url, "model": "planner", "max_retries": 0}
+        cfg = {"planners": [{"name": name, "prompt": "full", "spec": served} for name in ("a", "b", "c")],
+               "baselines": [], "solver": served, "tools": ["Calculator"], "wikipedia_scope": "question",
+               "wikipedia_corpus": None, "output_dir": str(out), "cache": None, "concurrency": 2,
+               "datasets": [{"name": "hotpotqa", "source": str(MINI), "split": "dev", "n": 6}]}
+        config = tmp_path / "eval.yaml"
+        config.write_text(yaml.safe_dump(cfg))
+        command = [sys.executable, "-m", "distill.cli", "eval", "--config", str(config)]
+        ballast = fill(small_disk, leave=30 * 1024)  # the manifest and a few of the 18 records
+        first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert first.returncode == 2, first.stderr[-2000:]
+        [line] = error_lines(first.stderr)
+        failed = next(p for p in sorted((out / "records").glob("*.jsonl")) if f"cannot write {p}: No space" in line)
+        manifest = json.loads((out / "manifest.json").read_text())
+        done = len(read_jsonl(failed))
+        assert manifest["status"] == "failed" and line.removeprefix("error: ").startswith(manifest["reason"])
+        assert manifest["runs"][failed.stem]["counts"] == {"planned": 6, "done": done, "errors": 0,
+                                                            "not_run": 6 - done}
+
+        ballast.unlink()
+        second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 0 and not error_lines(second.stderr), second.stderr[-2000:]
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["status"] == "complete"
+        assert {name: run["counts"]["done"] for name, run in manifest["runs"].items()} == {"a": 6, "b": 6, "c": 6}
+        assert all(len(read_jsonl(out / "records" / f"{name}.jsonl")) == 6 for name in "abc")
