@@ -1,5 +1,7 @@
 """Throughput check of the LoRA SFT stack on one GPU: a Qwen2.5-7B-shaped model, random weights, no download.
 
+    scripts/gpu_check_train.sh --rehearsal          # the GPU half of the rehearsal, one command, under 10 minutes
+    scripts/gpu_check_train.sh --rehearsal --tiny   # the same three parts on CPU with a 2-layer model (~2 min)
     scripts/gpu_check_train.sh                      # H200-class GPU: 7B shape, bf16, 200 steps
     scripts/gpu_check_train.sh --config configs/qwen2.5-7b_lora_80gb.yaml   # that config's batch and switches
     scripts/gpu_check_train.sh --batch-size 32 --no-gradient-checkpointing --liger --packing
@@ -11,6 +13,13 @@ plan-like pairs built with the real student prompt; the SmolLM2 tokenizer provid
 vocabulary). `--sweep` runs each grid point in its own process, so an out-of-memory point is a row, not the end.
 After `--warmup` steps it reports tokens/s, peak GPU memory and MFU = (4 N_base + 6 N_lora) x tokens /
 (seconds x peak): a frozen base does no weight gradients, LoRA does; docs/TRAINING.md explains what is counted.
+
+`--rehearsal` runs three parts, each in its own process with its own time limit (a failed part is a row with its
+reason, not the end), and writes them as one JSON: `sft` (the 7B-shape step rate and MFU above, 60 steps), `grpo`
+(one GRPO step of the 7B shape: improve's GRPO settings and its planner reward, the real Worker over the demo
+corpus, generation by transformers since vLLM may be absent), and `two_processes` (`accelerate launch` of
+`distill.train` with 2 processes on a 2-layer model: over NCCL on 2 GPUs; with one GPU NCCL takes one rank per
+device, so the 2 ranks run on CPU over gloo (configs/accelerate/multi_cpu.yaml), and the row says so).
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import random
 import subprocess
 import sys
@@ -257,6 +267,157 @@ def run_sweep(args: argparse.Namespace) -> dict:
     return {"points": rows, "table": table}
 
 
+# ---------------------------------------------------------------------------------------------- the rehearsal
+
+REHEARSAL_PARTS = {"sft": 300, "grpo": 200, "two_processes": 200}  # seconds each: 700 s at most in all
+
+
+def tiny_model_folder(out: Path) -> Path:
+    """A 2-layer Llama with the SmolLM2 tokenizer and chat template, saved as a model folder (what
+    `accelerate launch -m distill.train` loads by path)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from distill.llm.embedded import resolve_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m-instruct"))
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                 max_position_embeddings=2048)).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def run_grpo_step(args: argparse.Namespace) -> dict:
+    """One GRPO step as `distill improve` (method grpo) takes it: improve's config, its GRPO arguments and its
+    planner reward; the policy is a fresh LoRA on the random model in memory (no SFT adapter to load here)."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
+
+    from distill.config import validate
+    from distill.generate import load_questions
+    from distill.improve import ImproveConfig, PlannerReward, grpo_args
+    from distill.llm.embedded import resolve_model_path
+    from distill.rewoo.prompts import planner_messages
+    from distill.tools.registry import tool_descriptions
+
+    cuda = torch.cuda.is_available() and not args.tiny
+    if not cuda and not args.tiny:
+        raise SystemExit("no CUDA GPU: run with --tiny to check the script on CPU")
+    samples = 4 if args.tiny else 8
+    cfg = validate(ImproveConfig, {
+        "method": "grpo", "adapter": "(a fresh LoRA on the random model)", "output_dir": args.output_dir,
+        "planner_prompt": "compact", "planner": {"temperature": 1.0, "max_tokens": 16 if args.tiny else 128},
+        "tools": ["Wikipedia"], "wikipedia_corpus": str(ROOT / "data" / "demo" / "corpus.jsonl"),
+        "datasets": [{"name": "hotpotqa", "source": str(ROOT / "data" / "demo" / "train.jsonl"), "split": "train",
+                      "n": 4}],
+        "samples": samples,
+        "grpo": {"max_steps": 1, "per_device_train_batch_size": samples, "gradient_accumulation_steps": 1,
+                 "learning_rate": 1e-6, "save_strategy": "no", "gradient_checkpointing": cuda},
+    }, "grpo check")
+    examples = load_questions(cfg)
+    grpo = grpo_args(cfg, Path(args.output_dir) / "grpo")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m-instruct"))
+    descriptions = tool_descriptions(cfg.tools)
+    dataset = Dataset.from_list([{"prompt": planner_messages(ex.question, descriptions, cfg.planner_prompt),
+                                  "id": ex.id} for ex in examples])
+    torch.manual_seed(0)
+    t_build = time.perf_counter()
+    with torch.device("cuda" if cuda else "cpu"):
+        model = AutoModelForCausalLM.from_config(model_config(args.tiny),
+                                                 dtype=torch.bfloat16 if cuda else torch.float32)
+    policy = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
+    build_s = time.perf_counter() - t_build
+    reward = PlannerReward(cfg, examples)
+    trainer = GRPOTrainer(model=policy, reward_funcs=[reward], args=grpo, train_dataset=dataset,
+                          processing_class=tokenizer)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - started
+    logged = next((e for e in trainer.state.log_history if "reward" in e), {})
+    return {
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "model": "tiny Qwen2 (2 layers)" if args.tiny else "Qwen2.5-7B shape, random bf16 weights",
+        "steps": trainer.state.global_step, "completions": sum(reward.calls), "num_generations": grpo.num_generations,
+        "max_completion_length": grpo.max_completion_length, "step_s": round(seconds, 2),
+        "model_build_s": round(build_s, 1), "reward": logged.get("reward"), "kl": logged.get("kl"),
+        "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+    }
+
+
+def run_two_processes(args: argparse.Namespace) -> dict:
+    """`accelerate launch -m distill.train` with 2 processes on a 2-layer model and synthetic plans."""
+    import torch
+    from datasets import DatasetDict
+
+    gpus = 0 if args.tiny else torch.cuda.device_count()
+    scratch = Path(args.output_dir) / "two_processes"
+    model = tiny_model_folder(scratch / "model")
+    DatasetDict({"train": synthetic_dataset(16, seed=0)}).save_to_disk(str(scratch / "sft"))
+    env = dict(os.environ)
+    if gpus >= 2:
+        config, how = "multi_gpu.yaml", "2 GPUs, NCCL"
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        config = "multi_cpu.yaml"
+        how = ("one GPU: NCCL takes one rank per GPU, so the 2 ranks ran on CPU over gloo" if gpus == 1
+               else "no GPU: 2 CPU ranks over gloo")
+    out = scratch / "adapter"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "accelerate" / config),
+           "--num_processes", "2", "--mixed_precision", "no", "-m", "distill.train",
+           "--config", str(ROOT / "configs" / "smollm2-135m_lora_cpu.yaml")]
+    for key, value in {"dataset_dir": scratch / "sft", "output_dir": out, "model_name_or_path": model,
+                       "max_steps": 4, "save_steps": 2, "eval_strategy": "no"}.items():
+        cmd += ["--set", f"{key}={value}"]
+    started = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"accelerate launch failed: {(done.stderr.strip().splitlines() or ['no output'])[-1][:300]}")
+    info = json.loads((out / "distill_adapter.json").read_text())
+    return {"how": how, "gpus_visible": gpus, "accelerate_config": f"configs/accelerate/{config}",
+            "wall_s": round(time.perf_counter() - started, 1),
+            **{k: info.get(k) for k in ("world_size", "gradient_accumulation_steps", "effective_batch_size",
+                                        "global_step", "final_train_loss")},
+            "adapter_files": sorted(p.name for p in out.iterdir() if p.is_file())}
+
+
+def run_rehearsal(args: argparse.Namespace) -> dict:
+    """The three parts, each in its own process (an out-of-memory or a hang is that part's row)."""
+    results = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for part, limit in REHEARSAL_PARTS.items():
+            json_path = str(Path(scratch) / f"{part}.json")
+            argv = [sys.executable, str(Path(__file__).resolve()), "--json", json_path,
+                    "--output-dir", str(Path(scratch) / part)] + (["--tiny"] if args.tiny else [])
+            if part == "sft":
+                argv += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--batch-size", str(args.batch_size)]
+            else:
+                argv += ["--part", part]
+            limit *= 3 if args.tiny else 1  # a CPU shared with other work: a hang guard, not a time bound
+            started = time.perf_counter()
+            row: dict = {}
+            try:
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=limit)
+                if done.returncode == 0:
+                    row["result"] = json.loads(Path(json_path).read_text())
+                else:
+                    tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+                    row["error"] = "out of memory" if "OutOfMemoryError" in done.stderr else tail[0][:300]
+            except subprocess.TimeoutExpired:
+                row["error"] = f"over its {limit} s limit"
+            row["wall_s"] = round(time.perf_counter() - started, 1)
+            results[part] = row
+            print(f"[rehearsal] {part}: {row.get('error') or 'ok'} ({row['wall_s']} s)", file=sys.stderr, flush=True)
+    results["ok"] = all("result" in results[part] for part in REHEARSAL_PARTS)
+    return results
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="2-layer model on CPU: checks the script, not the GPU")
@@ -279,6 +440,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for flag, kind, default in SWEEP_AXES.values():
         parser.add_argument(flag, type=kind, default=default, help=f"sweep axis (default {default})")
     parser.add_argument("--point-timeout", type=int, default=120, help="seconds per sweep point")
+    parser.add_argument("--rehearsal", action="store_true",
+                        help="SFT step rate and MFU, one GRPO step, a 2-process launch: one JSON, under 10 minutes")
+    parser.add_argument("--part", choices=["grpo", "two_processes"], default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     settings = {"batch_size": 8, "gradient_checkpointing": True, "liger": False, "packing": False,
                 "max_length": 1024, "attn_implementation": None}
@@ -292,6 +456,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "attn_implementation": cfg.model.attn_implementation}
     if args.tiny:
         settings |= {"batch_size": 2, "steps": 6, "warmup": 2, "examples": 32}
+    elif args.rehearsal:
+        settings |= {"steps": 60, "warmup": 5, "examples": 512}
     else:
         settings |= {"steps": 15, "warmup": 3, "examples": 256} if args.sweep else {
             "steps": 200, "warmup": 10, "examples": 512}
@@ -305,14 +471,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         args.output_dir = args.output_dir or scratch
-        result = run_sweep(args) if args.sweep else run(args)
+        parts = {"grpo": run_grpo_step, "two_processes": run_two_processes}
+        result = (run_rehearsal(args) if args.rehearsal else parts[args.part](args) if args.part
+                  else run_sweep(args) if args.sweep else run(args))
     text = json.dumps(result, indent=2)
     if not args.sweep:
         print(text)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(text + "\n")
-    return 0
+    return 0 if result.get("ok", True) else 1
 
 
 if __name__ == "__main__":

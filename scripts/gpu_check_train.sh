@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# The GPU half of the rehearsal, one command, under 10 minutes (7B-shape SFT step rate and MFU, one GRPO step, a
+# 2-process accelerate launch), one JSON:
+#   bash scripts/gpu_check_train.sh --rehearsal            (on CPU, to check the script: --rehearsal --tiny)
 # LoRA SFT throughput on one GPU (usage: scripts/gpu_check_train.py's docstring, e.g. --sweep or --tiny): prints
 # tokens/s, s/step, peak memory and MFU as JSON (the sweep: a markdown table); also writes the JSON to
 # $OUT/gpu_check_train.json when $OUT is set (else runs/gpu_check/gpu_check_train.json). A GPU machine without a
