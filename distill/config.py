@@ -15,6 +15,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationE
                       model_validator)
 
 from distill.errors import DistillError
+from distill.secrets import IN_API_KEY_ENV, USERINFO, credentials_refusal, mask, url_credentials
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS, DEFAULT_MAX_PLAN_STEPS
 from distill.rewoo.prompts import PromptKind, canonical_prompt_kind
 from distill.rewoo.worker import SURPRISES, Surprise
@@ -140,11 +141,15 @@ def fill_server(obj: Any, url: str | None) -> Any:
 
 
 def check_base_url(url: str) -> None:
-    """http(s)://host[:port][/path], or the @server placeholder; anything else raises ValueError in words."""
+    """http(s)://host[:port][/path], or the @server placeholder; anything else raises ValueError in words. A URL
+    with credentials is refused before any other fault is named, so no message repeats its password."""
     from urllib.parse import urlsplit
 
     if url == SERVER_PLACEHOLDER:
         return
+    what = url_credentials(url) or (USERINFO if "@" in url.split("//", 1)[-1].split("/", 1)[0] else None)
+    if what:
+        raise ValueError(credentials_refusal(what, IN_API_KEY_ENV))
     try:
         parts = urlsplit(url)
         port = parts.port  # ValueError when out of 0-65535 or not a number
@@ -157,6 +162,24 @@ def check_base_url(url: str) -> None:
         raise ValueError(f"{url!r} names no host, e.g. http://127.0.0.1:8000/v1")
     if port == 0:
         raise ValueError(f"{url!r}: port 0 is not an address a server listens on (1-65535)")
+
+
+def url_credentials_in(data: Any, path: tuple = ()) -> tuple[tuple, str] | None:
+    """The first value (or mapping key) anywhere in a config's data that holds a URL with credentials, as
+    (path, what): every setting of every config, today's and any added later, without naming them."""
+    if isinstance(data, str):
+        return (path, what) if (what := url_credentials(data)) else None
+    if isinstance(data, Mapping):
+        for key, value in data.items():
+            if isinstance(key, str) and (what := url_credentials(key)):
+                return (*path, mask(key)), what
+            if found := url_credentials_in(value, (*path, key)):
+                return found
+    elif isinstance(data, (list, tuple)):
+        for i, value in enumerate(data):
+            if found := url_credentials_in(value, (*path, i)):
+                return found
+    return None
 
 
 # The ModelSpec keys that say which model an endpoint is: what it is, where it runs, how it is reached and what it
@@ -366,6 +389,7 @@ def read_yaml(path: str | Path) -> dict:
     data = load_yaml_text(text, str(path)) or {}
     if not isinstance(data, dict):
         raise DistillError(f"{path}: a config must be a mapping of keys to values")
+    refuse_url_credentials(data, str(path))  # here too: a stage config a pipeline section names is read here
     return data
 
 
@@ -427,9 +451,27 @@ def _problem(cls: Any, data: Any, err: dict, overrides: Mapping | None) -> str:
     return f"{label}{origin}: unknown key{hint}"
 
 
+def refuse_url_credentials(data: Any, source: str, overrides: Mapping | None = None) -> None:
+    """One line naming the first setting whose URL carries credentials (and `--set` when it came from there),
+    never the credentials themselves."""
+    if found := url_credentials_in(data):
+        loc, what = found
+        given = overrides or {}
+        for key in loc:
+            given = given.get(key) if isinstance(given, Mapping) else \
+                given[key] if isinstance(given, list) and isinstance(key, int) and key < len(given) else None
+        origin = " (from --set)" if given is not None else ""
+        refusal = credentials_refusal(what, IN_API_KEY_ENV) if "base_url" in loc else credentials_refusal(what)
+        raise DistillError(mask(f"{source}: {error_label(data, loc)}{origin}: {refusal}"))
+
+
 def validate(cls: type[C], data: dict, source: str = "config", overrides: Mapping | None = None) -> C:
     """`cls` from `data`, or one line naming every bad key with where it came from (`overrides`: the `--set`
-    part of `data`; the rest came from `source`) and, for an unknown key, the close known one."""
+    part of `data`; the rest came from `source`) and, for an unknown key, the close known one. A URL carrying
+    credentials, in any setting at all, is refused first, in a line that does not repeat them: otherwise the
+    URL goes on into `--check`'s printout, manifests, lock files and logs, and the HTTP client sends its
+    user:password as Basic auth in place of the key."""
+    refuse_url_credentials(data, source, overrides)
     try:
         return cls.model_validate(data)
     except ValidationError as exc:

@@ -398,6 +398,10 @@ def _load_hub(source: str, dataset: str | None, split: str, data_files: str | li
     name, _, config = source[len("hub:") :].partition(":")
     if not name:
         raise DistillError(f"bad source {source!r}: expected hub:<name>[:<config>]")
+    from distill.secrets import url_refusal
+
+    if refusal := url_refusal("HF_ENDPOINT", os.environ.get("HF_ENDPOINT"), "the environment variable HF_TOKEN"):
+        raise DistillError(refusal)  # the datasets library would send its user:password and quote it in errors
     import datasets
 
     try:

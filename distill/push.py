@@ -23,7 +23,7 @@ from typing import Any
 from distill import layout
 from distill.errors import DistillError
 from distill.merge import ADAPTER_INFO, read_json, trained_base
-from distill.secrets import mask, remember
+from distill.secrets import mask, remember, url_refusal
 
 CARD = "README.md"
 # What a user needs to serve the adapter (and to see how it was made); everything else stays on the machine.
@@ -170,6 +170,11 @@ def push(folder: str | Path, repo_id: str, *, token_env: str = "HF_TOKEN", priva
         raise DistillError(f"{folder} is not an adapter folder (adapter_config.json + adapter_model.safetensors)")
     if "/" not in repo_id or repo_id.count("/") > 1 or not all(repo_id.split("/")):
         raise DistillError(f"--repo-id must be owner/name, not {repo_id!r}")
+    setting = "endpoint" if endpoint else "HF_ENDPOINT"
+    endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
+    # the Hub client would send a URL's user:password in place of the token, and quote the URL in its errors
+    if refusal := url_refusal(setting, endpoint, f"the environment variable --token-env names ({token_env})"):
+        raise DistillError(refusal)
     write_model_card(folder, repo_id, prompt, tools)
     files = [name for name in UPLOAD if (folder / name).is_file()]
     if dry_run:
@@ -189,7 +194,7 @@ def push(folder: str | Path, repo_id: str, *, token_env: str = "HF_TOKEN", priva
     # huggingface_hub's own client has no timeout: one that never answers would hang the push for ever
     set_client_factory(lambda: httpx2.Client(event_hooks={"request": [hf_request_event_hook]},
                                              follow_redirects=True, timeout=timeout_s))
-    api = HfApi(endpoint=endpoint or os.environ.get("HF_ENDPOINT") or None, token=token)
+    api = HfApi(endpoint=endpoint, token=token)
     for attempt in itertools.count():
         try:
             api.create_repo(repo_id, private=private, exist_ok=True)

@@ -6,6 +6,12 @@ A secret is the value of an environment variable whose name says KEY, TOKEN, SEC
 `api_key_env` may name a variable called anything). A server that echoes a request's Authorization header in
 an error body would otherwise put the key into terminals, manifests and error records, so every message that
 quotes a server goes through `mask`. This module imports nothing of distill's, so anything may use it.
+
+A URL may carry a secret of its own: a user name and password (`https://user:password@host/v1`, or a token
+written as the user name) or a key in its query (`?api_key=`, `?token=`, `?sig=`). A setting that holds one is
+refused when the config is read (`url_credentials`, which distill.config asks of every value); `mask` scrubs them
+from any text all the same, for the URL that reaches a message some other way (a server or a client library
+quoting it back).
 """
 
 from __future__ import annotations
@@ -27,10 +33,82 @@ MIN_LENGTH = 4
 
 _remembered: set[str] = set()
 
+# A URL's userinfo, up to the last @ before its host ends (`[^/?#...]` stops at the path, a quote or a space, so
+# the @ of an email address further on is not taken for it); the scheme may be absent (`//user:pw@host`).
+_URL_USERINFO = re.compile(r"(?P<lead>(?:\b[a-z][a-z0-9+.-]*:)?//)(?P<userinfo>[^/?#\s\"'<>`@]*(?:@[^/?#\s\"'<>`@]*)*)@",
+                           re.IGNORECASE)
+# `?name=value` and `&name=value`: the value runs to the next parameter, fragment, quote or space.
+_URL_PARAM = re.compile(r"(?P<lead>[?&;](?P<name>[\w.\-\[\]]+)=)(?P<value>[^&;#\s\"'<>`]*)")
+# A URL as it stands in a setting or a line of text, scheme first.
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s\"'<>`]*", re.IGNORECASE)
+# The last word of a query parameter's name that makes its value a secret, beyond SECRET_NAME's (`sig` of a
+# signed URL, `X-Amz-Credential`, `auth`, `jwt`).
+URL_SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd", "pwd", "sig", "signature",
+                              "auth", "credential", "credentials", "jwt"})
+
 
 def is_secret_name(name: str) -> bool:
     """An environment variable or config key whose value is a secret."""
     return bool(SECRET_NAME.search(name)) and not NOT_SECRET.search(name)
+
+
+def is_secret_param(name: str) -> bool:
+    """A URL query parameter whose value is a secret: `api_key`, `token`, `access_token`, `sig`, `X-Amz-Signature`
+    (but not `api_key_env`, the name of a variable)."""
+    return is_secret_name(name) or re.split(r"[_.\-]", name.lower())[-1] in URL_SECRET_WORDS and \
+        not NOT_SECRET.search(name)
+
+
+USERINFO = "user:password@ before the host"
+
+
+def url_credentials(text: str) -> str | None:
+    """What credentials a URL in `text` carries, in words that do not repeat them ("user:password@ before the
+    host", "api_key= in its query"), or None. Any text: a setting may hold a URL among other
+    words. A bare email address (`me@example.org`) is no URL and passes."""
+    for url in _URL.findall(text):
+        found = _URL_USERINFO.match(url)
+        if found and found.group("userinfo"):
+            return USERINFO
+        for param in _URL_PARAM.finditer(url):
+            if is_secret_param(param.group("name")):
+                return f"{param.group('name')}= in its query"
+    return None
+
+
+# Where a refused URL's key belongs: a model endpoint's in the variable its api_key_env names.
+IN_API_KEY_ENV = "an environment variable named by api_key_env"
+IN_ENV = "an environment variable, never in a setting"
+
+
+def credentials_refusal(what: str, remedy: str = IN_ENV) -> str:
+    """The one refusal of a URL that carries credentials; `what` names their kind, never their value."""
+    return f"a URL must not carry credentials ({what}); put the key in {remedy}"
+
+
+def url_refusal(setting: str, value: str | None, remedy: str = IN_ENV) -> str | None:
+    """`setting: <refusal>` when `value` holds a URL with credentials, else None: for a URL that is no config
+    setting (an environment variable, a constructor's argument), which the caller raises as its one-line error."""
+    what = url_credentials(value) if value else None
+    return f"{setting}: {credentials_refusal(what, remedy)}" if what else None
+
+
+def mask_urls(text: str) -> str:
+    """`text` with the credentials of every URL in it replaced by ***: the password of `user:password@` (a user
+    name alone, which may be a token, goes whole) and the values of secret query parameters."""
+    def userinfo(found: re.Match) -> str:
+        user, colon, _ = found.group("userinfo").partition(":")
+        return f"{found.group('lead')}{user + colon if colon else ''}{MASK}@"
+
+    def param(found: re.Match) -> str:
+        secret = is_secret_param(found.group("name")) and found.group("value")
+        return f"{found.group('lead')}{MASK}" if secret else found.group(0)
+
+    if "@" in text:
+        text = _URL_USERINFO.sub(userinfo, text)
+    if "=" in text:
+        text = _URL_PARAM.sub(param, text)
+    return text
 
 
 def _is_secret_flag(word: str) -> bool:
@@ -87,11 +165,11 @@ def secret_values(argv: Iterable[str] = (), env: Mapping[str, str] | None = None
 
 def mask(text: str, secrets: Iterable[str] | None = None) -> str:
     """`text` with every secret (those known, plus `secrets`) replaced by ***, the longest first so a secret
-    that holds another is masked whole."""
+    that holds another is masked whole, and with the credentials of any URL in it masked (`mask_urls`)."""
     values = secret_values() | {v for v in secrets or () if len(v) >= MIN_LENGTH}
     for value in sorted(values, key=len, reverse=True):
         text = text.replace(value, MASK)
-    return text
+    return mask_urls(text)
 
 
 def masked_mapping(data):

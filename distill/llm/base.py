@@ -59,7 +59,12 @@ def openai_urls(base_urls: list[str] | None) -> list[str]:
     OPENAI_BASE_URL variable, else OpenAI's API)."""
     import os
 
+    from distill.errors import DistillError
+    from distill.secrets import IN_API_KEY_ENV, url_refusal
+
     default = os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1")
+    if not base_urls and (refusal := url_refusal("OPENAI_BASE_URL", default, IN_API_KEY_ENV)):
+        raise DistillError(refusal)  # before `--check` prints it or a client sends it as Basic auth
     return [u.rstrip("/") for u in (base_urls or [default])]
 
 

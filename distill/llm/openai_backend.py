@@ -19,7 +19,7 @@ import httpx
 from distill.errors import DistillError, ServerUnreachable, clip
 from distill.llm.base import Completion, Price, Usage, openai_urls, weights_fingerprint
 from distill.retry import Fault, bind, retry_after_s, with_retries
-from distill.secrets import remember
+from distill.secrets import IN_API_KEY_ENV, remember, url_refusal
 
 # Statuses that mean "not now" rather than "never": rate limits, timeouts and server errors.
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
@@ -91,6 +91,11 @@ class OpenAIChat:
     ):
         self._key = _api_key(api_key_env)  # read now, so a missing key fails before any work starts
         self._urls = openai_urls(base_urls)
+        # httpx would send a URL's user:password as Basic auth in place of the key, and every fault line would
+        # name the URL: refused here too, for a backend built in code rather than from a checked config
+        for url in self._urls:
+            if refusal := url_refusal("base_url" if base_urls else "OPENAI_BASE_URL", url, IN_API_KEY_ENV):
+                raise DistillError(refusal)
         self._timeout_s, self.max_concurrency = timeout_s, max_concurrency
         self.max_retries, self.max_wait_s, self.backoff_s = max_retries, max_retry_after_s, backoff_s
         self.name, self.price = model, price

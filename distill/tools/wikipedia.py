@@ -22,6 +22,7 @@ from typing import Any, Sequence
 from distill import __version__
 from distill.errors import DistillError, clip, one_line
 from distill.retry import Fault, bind, retry_after_s, with_retries
+from distill.secrets import url_refusal
 from distill.store import read_jsonl, stable_hash
 from distill.text import title_key
 
@@ -171,6 +172,9 @@ class OnlineWikipedia:
         if self.max_concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0:
             raise DistillError("online Wikipedia needs max_concurrency >= 1, max_retries >= 0 and timeout_s > 0, "
                                f"got {self.max_concurrency}, {self.max_retries}, {self.timeout_s}")
+        for setting, value in (("api_url", self.api_url), ("wikipedia_contact", self.contact)):
+            if refusal := url_refusal(f"online Wikipedia's {setting}", value):
+                raise DistillError(refusal)  # the contact goes out in every User-Agent
         if not self.contact:
             log.warning("online Wikipedia without a contact: set wikipedia_contact to a URL or email, as the "
                         "Wikimedia User-Agent policy asks (https://meta.wikimedia.org/wiki/User-Agent_policy)")
