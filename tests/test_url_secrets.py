@@ -18,6 +18,7 @@ import logging
 import re
 import signal
 import subprocess
+import time
 import typing
 import uuid
 from pathlib import Path
@@ -38,7 +39,7 @@ REFUSAL = "a URL must not carry credentials"
 URL_SHAPED = re.compile(r"url|uri|endpoint|host|contact|source|data_files|server|hub", re.IGNORECASE)
 # what was searched, printed at the end of the module (the closing note quotes it)
 SEARCHED: dict[str, set[str]] = {"settings": set(), "url-shaped settings": set(), "files": set(),
-                                 "streams": {"stdout", "stderr", "log records"}}
+                                 "streams": {"stdout", "stderr", "log records"}, "runs": set()}
 
 
 def _string_typed(annotation) -> bool:
@@ -185,6 +186,7 @@ def _holding(folder: Path, secret: str) -> list[str]:
 
 def _refused(run, argv: list[str], password: str, setting: str, work: Path) -> list[str]:
     """What went wrong (nothing: refused in one line naming the setting, the password nowhere)."""
+    start = time.time_ns()
     rc, out, err, log = run(argv)
     problems = []
     if rc != 2:
@@ -201,6 +203,8 @@ def _refused(run, argv: list[str], password: str, setting: str, work: Path) -> l
             problems.append(f"the password is in {stream}")
     if files := _holding(work, password):
         problems.append(f"the password is in {files}")
+    if written := [str(p.relative_to(work)) for p in work.rglob("*") if p.is_file() and p.stat().st_mtime_ns >= start]:
+        problems.append(f"a refused run wrote {written[:5]}")  # nothing to leak because nothing is written
     return problems
 
 
@@ -221,7 +225,7 @@ def test_a_url_with_credentials_in_any_setting_is_refused_and_its_password_shown
     for setting in settings:
         SEARCHED["settings"].add(f"{command}: {setting}")
         modes = [[]]
-        if URL_SHAPED.search(setting):
+        if URL_SHAPED.search(setting.split(".")[-1]):
             SEARCHED["url-shaped settings"].add(f"{command}: {setting}")
             modes += [["--check", "--offline"], ["--check"]] if has_check else []
             modes += [["-v"]]
@@ -231,6 +235,7 @@ def test_a_url_with_credentials_in_any_setting_is_refused_and_its_password_shown
             full = ["-v", *argv, *flags] if mode == ["-v"] else [*argv, *mode, *flags]
             if command == "serve" and not mode:
                 full.append("--dry-run")  # and plain below: both refuse before vLLM
+            SEARCHED["runs"].add(f"{command} {' '.join(mode) or 'plain'} {setting}")
             problems = _refused(world, full, password, setting, work)
             if command == "serve" and not mode:
                 problems += _refused(world, full[:-1], password, setting, work)
@@ -325,5 +330,8 @@ def test_zz_print_what_was_searched():
     """The list the closing note quotes (run with -s to see it)."""
     for what, names in SEARCHED.items():
         print(f"{what} ({len(names)}):")
-        for name in sorted(names):
+        for name in sorted(names) if what != "runs" else ():
             print(f"  {name}")
+    commands = sorted({s.split(":")[0] for s in SEARCHED["settings"]})
+    print("settings per command: " + ", ".join(
+        f"{c} {sum(s.startswith(c + ':') for s in SEARCHED['settings'])}" for c in commands))
