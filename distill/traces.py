@@ -5,10 +5,11 @@ appended durably before the reply is sent; a new file once the current one passe
 without bound) and `feedback.jsonl` (`{id, correct}` or `{id, answer}` per line, the latest per id counting).
 Nothing is ever rewritten: a folder can be copied or read while the server writes it.
 
-Each line is written whole by one write and fsynced; a write that fails (a full disk) is cut back off, so a
-record the client was told is missing never turns up later, and a crash leaves at most one torn line at a file's
-end. A served request cannot be redone the way a generation record can, so the next start does not cut a torn
-line away: it moves it to `<file>.torn` beside the file (kept for a person to read) and says so in one line.
+Lines are appended through the one JSONL store: each written whole and fsynced, a write that fails (a full disk)
+cut back off, so a record the client was told is missing never turns up later, and a crash leaves at most one
+torn line at a file's end. A served request cannot be redone the way a generation record can, so the next start
+does not cut a torn line away as the store would: it first moves it to `<file>.torn` beside the file (kept for a
+person to read) and says so in one line.
 
 The same folder is a dataset source (`distill.data.load_examples` reads a folder holding trace files): a question
 whose answer was marked correct, or given a reference answer, is a training question with that answer, so the
@@ -18,7 +19,6 @@ This module imports no model code: reading a folder is cheap, and `distill.data`
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 from distill.errors import DistillError
 from distill.rewoo.record import TrajectoryRecord
 from distill.secrets import mask
-from distill.store import _fsync_dir, conform, iter_jsonl, parse_line
+from distill.store import JsonlStore, _fsync_dir, iter_jsonl, parse_line
 
 log = logging.getLogger(__name__)
 
@@ -98,42 +98,6 @@ class NotWritten(DistillError):
     def __init__(self, path: Path, reason: str):
         super().__init__(f"cannot write {path}: {reason}")
         self.reason = reason
-
-
-class _Appender:
-    """One JSONL file the server appends to. Unlike the generation store it keeps no record in memory (a server
-    runs for weeks) and writes a line with one unbuffered write: on failure the file is cut back to where the
-    line began, so nothing of it stays on disk or in a buffer to be flushed later."""
-
-    def __init__(self, path: Path, schema: type[BaseModel]):
-        self.path, self.schema = path, schema
-        created = not path.exists()
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        self.size = os.fstat(self._fd).st_size
-        if created:
-            _fsync_dir(path.parent)
-
-    def append(self, record: dict) -> None:
-        conform(self.schema, record, f"a record for {self.path}")
-        data = (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode()
-        start = self.size
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self._fd, view):]
-            os.fsync(self._fd)
-        except OSError as exc:
-            try:
-                os.ftruncate(self._fd, start)
-            except OSError:
-                pass  # the next start sets the partial line aside
-            raise NotWritten(self.path, exc.strerror or str(exc)) from None
-        self.size = start + len(data)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
 
 
 def _last_line(path: Path) -> tuple[int, bytes]:
@@ -206,48 +170,51 @@ class TraceLog:
             self._lock = threading.Lock()
             files = trace_files(self.folder)
             feedback = self.folder / FEEDBACK_FILE
+            # before the store opens them, which would cut a torn line away
             self.set_aside = [aside for path in files + ([feedback] if feedback.exists() else [])
                               if (aside := set_aside_torn(path)) is not None]
-            # ids served before a restart still take feedback; the file written next is checked whole
-            self.ids: set[str] = {rec["id"] for path in files
-                                  for _, rec in iter_jsonl(path, TrajectoryRecord if path == files[-1] else None)
-                                  if "id" in rec}
-            if feedback.exists():
-                for _ in iter_jsonl(feedback, Feedback):
-                    pass
+            # ids served before a restart still take feedback
+            self.ids: set[str] = {rec["id"] for path in files for _, rec in iter_jsonl(path) if "id" in rec}
             self._number = int(TRACE_FILE.match(files[-1].name).group(1)) if files else 1
-            self._out = self._open(self._number)
-            self._feedback = _Appender(feedback, Feedback)
-        except OSError as exc:
-            self._folder_lock.__exit__(None, None, None)
-            raise DistillError(f"traces_dir {self.folder}: {exc.strerror or exc}") from None
+            self._store = self._open(self._number)
+            self._feedback = JsonlStore(feedback, schema=Feedback)
         except BaseException:
             self._folder_lock.__exit__(None, None, None)
             raise
         self.written = 0
 
-    def _open(self, number: int) -> _Appender:
-        return _Appender(self.folder / f"traces-{number:06d}.jsonl", TrajectoryRecord)
+    def _open(self, number: int) -> JsonlStore:
+        return JsonlStore(self.folder / f"traces-{number:06d}.jsonl", schema=TrajectoryRecord)
 
     @property
     def current(self) -> Path:
-        return self._out.path
+        return self._store.path
+
+    @staticmethod
+    def _stored(path: Path, append) -> None:
+        """`append()`, its failure to write as NotWritten (the store's one line ends in the system's reason)."""
+        try:
+            append()
+        except OSError as exc:
+            raise NotWritten(path, exc.strerror or str(exc)) from None
+        except DistillError as exc:
+            if not str(exc).startswith("cannot write "):
+                raise
+            raise NotWritten(path, str(exc).rpartition(": ")[2]) from None
 
     def write(self, record: dict) -> None:
         """Append one record durably (returns once it is on disk), starting a new file first when the current
         one has reached `max_bytes`; NotWritten when it could not be (nothing of it is then in the folder)."""
         record = masked(record)
         with self._lock:
-            if self._out.size >= self.max_bytes:
-                try:
-                    nxt = self._open(self._number + 1)
-                except OSError as exc:
-                    raise NotWritten(self.folder / f"traces-{self._number + 1:06d}.jsonl",
-                                     exc.strerror or str(exc)) from None
-                self._out.close()
+            if self._store.path.stat().st_size >= self.max_bytes:
+                nxt: list[JsonlStore] = []
+                self._stored(self.folder / f"traces-{self._number + 1:06d}.jsonl",
+                             lambda: nxt.append(self._open(self._number + 1)))
+                self._store.close()
                 self._number += 1
-                self._out = nxt
-            self._out.append(record)
+                self._store = nxt[0]
+            self._stored(self._store.path, lambda: self._store.append(record))
             self.ids.add(record["id"])
             self.written += 1
 
@@ -256,13 +223,14 @@ class TraceLog:
         NotWritten when it could not be stored."""
         if item.id not in self.ids:
             return False
+        line = masked(item.model_dump(exclude_none=True) | {"at": now()})
         with self._lock:
-            self._feedback.append(masked(item.model_dump(exclude_none=True) | {"at": now()}))
+            self._stored(self._feedback.path, lambda: self._feedback.append(line))
         return True
 
     def close(self) -> None:
         with self._lock:
-            self._out.close()
+            self._store.close()
             self._feedback.close()
             self._folder_lock.__exit__(None, None, None)
 
