@@ -120,6 +120,14 @@ TINY_DATA = ("--set 'datasets=[{name: hotpotqa, source: data/demo/train.jsonl, s
 TINY_EVAL = ("--set 'datasets=[{name: hotpotqa, source: data/demo/dev.jsonl, split: dev, n: 4}]' "
              "--set wikipedia_backend=local --set wikipedia_corpus=data/demo/corpus.jsonl "
              "--set robustness.n=2 --set bootstrap_samples=100")
+# `make demo` at a small scale, its vLLM teacher and the improve round's server replaced by the fake API ({api})
+DEMO_SMALL = ("--set \"teacher={backend: openai, base_url: '{api}', model: smollm2-135m-instruct}\" "
+              "--set teacher_server=null --set generate.datasets.0.n=6 --set students.student.train.max_steps=1 "
+              "--set students.student.train.eval_steps=1 --set students.student.train.save_steps=1 "
+              "--set improve.datasets.0.n=4 --set improve.train.max_steps=1 --set improve.server=null "
+              "--set improve.planner.base_url={api} --set improve.solver.base_url={api} "
+              "--set eval.planners.1.spec.base_url={api} --set eval.planners.2.spec.base_url={api} "
+              "--set eval.datasets.0.n=4 --set eval.bootstrap_samples=100")
 MULTI_CPU = r"--config_file configs/accelerate/multi_cpu.yaml --num_processes 2"
 
 SUBSTITUTIONS: list[Rule] = [
@@ -142,8 +150,21 @@ SUBSTITUTIONS: list[Rule] = [
          "tests/test_docs.py loads the config and checks the process count and batch against it"),
     Rule(r"^vllm serve", "skip", "vLLM's own CLI with 4 GPUs (tensor parallel): `distill serve --set "
          "tensor_parallel_size=4` beside it is rehearsed as a dry run"),
-    Rule(r"^make demo$", "skip", "PENDING: 15 min on 2 cores; to be rehearsed as the demo pipeline on 6 questions "
-         "with the fake API for its vLLM servers. The commands after it that read runs/demo are pending with it"),
+    Rule(r"^make demo$", "run", "what `make demo` runs (the Makefile's `distill pipeline --config "
+         "configs/demo_smollm2_cpu.yaml`, its install already done) on 6 train and 4 dev questions, 1 training step "
+         "per student and per improve round; the demo's vLLM teacher and the improve round's own server are the fake "
+         "API (the pipeline still starts its real vLLM student server: the one vLLM server of the rehearsal)",
+         [(r"^make demo$", "distill pipeline --config configs/demo_smollm2_cpu.yaml " + DEMO_SMALL)]),
+    Rule(r"^distill sft-data runs/demo/filter/kept\.jsonl", "run", "as written: the small demo's kept records"),
+    Rule(r"^distill train --config configs/smollm2-135m_lora_cpu\.yaml$", "run",
+         "1 optimiser step instead of 12 (the embedded SmolLM2 on the small demo's dataset)",
+         [(r"$", " --set max_steps=1 --set eval_steps=1 --set save_steps=1")]),
+    Rule(r"^distill merge runs/demo/train/student --out runs/demo/merged", "run", "as written"),
+    Rule(r"runs/agent/", "skip", "PENDING: the adapter the served agent's traffic trains (see `distill serve-agent`)"),
+    Rule(r"^distill serve --config configs/serve_planner(_merged)?\.yaml( --set adapter=(null|runs/demo/\S+)"
+         r"( --set 'adapters=.*')?)?$", "stand-in", "the demo's vLLM CPU server -> `distill serve --dry-run` (config, "
+         "adapters and the vLLM command checked) and the fake API on its port: a vLLM start costs a minute of both "
+         "cores, and the small demo's eval already started one", [(r"$", " --dry-run")]),
     Rule(r"runs/demo|after make demo|smollm2-135m_lora_cpu|improve_smollm2|improve_from_traces|serve_planner_merged",
          "skip", "PENDING: reads what `make demo` writes (see `make demo`)"),
     Rule(r"^distill serve --config configs/serve_planner\.yaml$", "skip",
@@ -163,11 +184,27 @@ SUBSTITUTIONS: list[Rule] = [
     Rule(r"\s\[--|\bKEPT\.jsonl|=DIR\b", "skip", "a synopsis: [optional flags] and placeholders (KEPT.jsonl, DIR); "
          "each command is rehearsed where a page gives it whole"),
     Rule(r"^distill score ", "skip", "PENDING: reads predictions.jsonl, the user's own predictions"),
-    Rule(r"configs/ask_openai\.yaml", "skip", "PENDING: online Wikipedia (the MediaWiki endpoint is fixed in the "
-         "code, so the fake MediaWiki cannot stand in without a setting)"),
-    Rule(r"improve_qwen2\.5-7b_grpo_gpu", "skip", "PENDING: GRPO of the tiny Qwen2 under 2 CPU processes"),
-    Rule(r"--config_file configs/accelerate/(cpu|multi_cpu)\.yaml", "skip",
-         "PENDING: trains the demo's SmolLM2 on the demo's dataset (see `make demo`)"),
+    Rule(r"configs/ask_openai\.yaml", "run", "the hosted Planner and Solver are the fake API; online Wikipedia is "
+         "BM25 over the demo corpus (the MediaWiki endpoint is fixed in the code, so a fake MediaWiki cannot stand in "
+         "without a setting; tests/test_wikipedia_online.py runs the online client against one)",
+         [(r"^OPENAI_API_KEY=\.\.\. ", ""),
+          (r"$", " --set wikipedia_backend=local --set wikipedia_corpus=data/demo/corpus.jsonl")]),
+    Rule(r"^accelerate launch .*--num_processes 8 -m distill\.improve --config configs/improve_qwen2\.5-7b_grpo_gpu",
+         "run", "GRPO of the tiny Qwen2 adapter the README's run trained: 8 GPUs -> 2 CPU processes (multi_cpu.yaml); "
+         "the hosted LLM tool is the fake API; 4 demo questions, 2 completions of 32 tokens, 1 step, no colocated "
+         "vLLM, bf16 and checkpointing off. tools: the README's sft-data trains on Wikipedia, LLM, Calculator "
+         "(its default) but this config samples with [Wikipedia, LLM], which improve refuses: the rehearsal sets "
+         "the adapter's tools (a mismatch in the docs, to fix)",
+         [(r"--config_file configs/accelerate/multi_gpu\.yaml --num_processes 8", MULTI_CPU),
+          (r"$", " " + TINY_DATA.replace("n: 6", "n: 4") + " --set 'tools=[Wikipedia, LLM, Calculator]' --set samples=2 "
+           "--set grpo.max_steps=1 --set grpo.per_device_train_batch_size=2 --set grpo.bf16=false "
+           "--set grpo.gradient_checkpointing=false --set grpo.use_vllm=false --set grpo.report_to=none "
+           "--set planner.max_tokens=32")]),
+    Rule(r"^accelerate launch --config_file configs/accelerate/(cpu|multi_cpu)\.yaml -m distill\.train", "run",
+         "as written, 1 optimiser step instead of 12 (SmolLM2 on the small demo's dataset)",
+         [(r"$", " --set max_steps=1 --set eval_steps=1 --set save_steps=1")]),
+    Rule(r"^accelerate launch --config_file configs/accelerate/multi_cpu\.yaml -m distill\.improve", "skip",
+         "PENDING: GRPO of the demo's SmolLM2 over 2 CPU processes (the 7B GRPO command runs the same launcher)"),
     # --- run
     Rule(r"^distill generate --config configs/generate_teacher\.yaml --check", "run",
          "the hosted teacher is the fake API (OPENAI_BASE_URL); the Hub's HotpotQA and TriviaQA are 6 demo "
@@ -179,10 +216,15 @@ SUBSTITUTIONS: list[Rule] = [
          "generate_teacher.yaml run's records", [(r"runs/teacher/trajectories", "runs/teacher_gpt4o-mini/trajectories")]),
     Rule(r"^distill filter ", "run", "as written"),
     Rule(r"^distill sft-data ", "run", f"as written; {MODEL_7B} is the tiny Qwen2 in the Hub cache"),
+    Rule(r"^accelerate launch --config_file configs/accelerate/fsdp\.yaml --num_processes 8 -m distill\.train", "run",
+         "FSDP2 shards the base over GPUs: on CPU the same command runs as DDP over 2 CPU processes (multi_cpu.yaml) "
+         "with the tiny Qwen2 and GPU settings off, 1 step; tests/test_docs.py loads fsdp.yaml and checks its "
+         "process count and batch", [(r"--config_file configs/accelerate/fsdp\.yaml --num_processes 8", MULTI_CPU),
+                                      (r"$", " " + CPU_TRAIN)]),
     Rule(r"^accelerate launch .*--num_processes 8 -m distill\.train", "run",
          "8 GPUs -> 2 CPU processes with the same launcher (multi_cpu.yaml: torch.distributed over gloo); the "
          "7B base -> the tiny Qwen2; GPU settings (bf16, checkpointing, Liger, 4-bit) off; 1 step",
-         [(r"--config_file configs/accelerate/(multi_gpu|fsdp)\.yaml --num_processes 8", MULTI_CPU),
+         [(r"--config_file configs/accelerate/multi_gpu\.yaml --num_processes 8", MULTI_CPU),
           (r"$", " " + CPU_TRAIN)]),
     Rule(r"^accelerate launch --config_file configs/accelerate/single_gpu\.yaml -m distill\.train", "run",
          "one GPU -> one CPU process (--cpu, no mixed precision); the tiny Qwen2; GPU settings off; 1 step",
@@ -297,7 +339,7 @@ class Rehearsal:
     def __enter__(self):
         from fakes import rewoo_chat
 
-        for name in ("configs", "data"):
+        for name in ("configs", "data", "scripts"):
             if not (self.work / name).exists():
                 shutil.copytree(ROOT / name, self.work / name)
         hub_cache = self.work / "hub-cache"
@@ -346,7 +388,7 @@ class Rehearsal:
             self.outcomes.append(Outcome(where, command, "not run", why=rule.why))
             self.log(f"  not run    {command}\n             ({rule.why})")
             return
-        actual = substituted(command, rule)
+        actual = substituted(command, rule).replace("{api}", self.api.url)
         if rule.action != "stand-in" and actual in self.ran:
             self.outcomes.append(Outcome(where, command, "ran above", why=f"the same command: {self.ran[actual]}"))
             self.log(f"  ran above  {command}")
