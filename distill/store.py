@@ -340,10 +340,11 @@ class JsonlStore(contextlib.AbstractContextManager):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.repaired = False
         self.duplicates = 0
-        self._records = self._load_and_repair()
-        if key is not None:
-            self._records, self.duplicates = dedupe(self._records, key, origin=str(self.path))
-        self._keys = self.keys() if key is not None else set()
+        # Only the keys (and a count) stay in memory, never the records: a 16k-question teacher run's records
+        # are hundreds of MB as Python objects, and the loop needs nothing of them but whether a key is done.
+        self._keys: set = set()
+        self._count = 0
+        self._load_and_repair()
         self._lock = threading.Lock()
         created = not self.path.exists()
         # Unbuffered: a write that fails (a full disk) leaves nothing behind for `close` to fail on a second time.
@@ -351,36 +352,66 @@ class JsonlStore(contextlib.AbstractContextManager):
         if created:
             _fsync_dir(self.path.parent)
 
-    def _load_and_repair(self) -> list[dict]:
-        records, good_end = [], 0
-        lines = self.path.read_bytes().split(b"\n") if self.path.exists() else []
-        for i, line in enumerate(lines):
-            if line.strip():
-                try:
-                    if i == len(lines) - 1:  # no trailing newline: written partly, whatever it parses as
-                        raise DistillError("torn")
-                    where = f"{self.path}:{i + 1}"
-                    record = parse_line(line, where)
-                except DistillError as exc:
-                    if any(rest.strip() for rest in lines[i + 1 :]):
-                        raise DistillError(f"{exc} (not the last line, so not a torn write: fix by hand)") from None
-                    os.truncate(self.path, good_end)
-                    self.repaired = True
-                    print(f"note: {self.path} ended in a torn line from an earlier crash; it was cut and will be "
-                          "redone", file=sys.stderr)
-                    break
-                records.append(conform(self.schema, record, where))  # a whole line that does not fit: not torn
-            good_end += len(line) + 1
-        return records
+    def _load_and_repair(self) -> None:
+        """Check every line (against the schema too) and note its key, reading line by line; a torn last line
+        is cut off. Later copies of a key count as `duplicates`."""
+        if not self.path.exists():
+            return
+        good_end = 0
+        with self.path.open("rb") as handle:
+            for number, raw in enumerate(handle, 1):
+                if raw.strip():
+                    where = f"{self.path}:{number}"
+                    try:
+                        if not raw.endswith(b"\n"):  # no trailing newline: written partly, whatever it parses as
+                            raise DistillError("torn")
+                        record = parse_line(raw, where)
+                    except DistillError as exc:
+                        if any(rest.strip() for rest in handle):
+                            raise DistillError(f"{exc} (not the last line, so not a torn write: fix by hand)") from None
+                        os.truncate(self.path, good_end)
+                        self.repaired = True
+                        print(f"note: {self.path} ended in a torn line from an earlier crash; it was cut and will be "
+                              "redone", file=sys.stderr)
+                        break
+                    record = conform(self.schema, record, where)  # a whole line that does not fit: not torn
+                    self._note(record, number)
+                good_end += len(raw)
+
+    def _note(self, record: dict, number: int) -> None:
+        if self.key is None:
+            self._count += 1
+            return
+        try:
+            k = self.key(record)
+        except (KeyError, TypeError, IndexError) as exc:
+            raise DistillError(f"{self.path}: record {number} has no key field {exc}") from None
+        if k in self._keys:
+            self.duplicates += 1
+        else:
+            self._keys.add(k)
+            self._count += 1
 
     def __len__(self) -> int:
-        return len(self._records)
+        return self._count
+
+    def iter_records(self) -> Iterator[dict]:
+        """The records on disk, read back one at a time (the first per key), as the schema reads them."""
+        seen: set = set()
+        for _, record in iter_jsonl(self.path, self.schema) if self.path.exists() else ():
+            if self.key is not None:
+                if (k := self.key(record)) in seen:
+                    continue
+                seen.add(k)
+            yield record
 
     def records(self) -> list[dict]:
-        return list(self._records)
+        return list(self.iter_records())
 
     def keys(self, key: Callable[[dict], Any] | None = None) -> set:
-        return {(key or self.key)(r) for r in self._records}
+        if key is None or key is self.key:
+            return set(self._keys)
+        return {key(r) for r in self.iter_records()}
 
     def append(self, record: dict) -> bool:
         """Write one record durably; False (nothing written) when the store already holds its key. A record that
@@ -397,7 +428,7 @@ class JsonlStore(contextlib.AbstractContextManager):
                 raise DistillError(f"cannot write {self.path}: {exc.strerror or exc}") from None
             if self.key is not None:
                 self._keys.add(k)
-            self._records.append(record)
+            self._count += 1
         return True
 
     def _write(self, data: bytes) -> None:
