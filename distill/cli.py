@@ -16,7 +16,7 @@ import traceback
 from typing import Callable
 
 from distill.errors import DistillError, is_environment_failure, one_line
-from distill.secrets import mask, mask_log_record
+from distill.secrets import MaskingFormatter, mask, mask_log_record
 
 # (argv words, module, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
@@ -166,9 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING)
     for handler in logging.getLogger().handlers:
         handler.addFilter(mask_log_record)
+        handler.setFormatter(MaskingFormatter("%(levelname)s %(name)s: %(message)s"))
     logging.getLogger("distill").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     for noisy in ("bm25s", "httpx", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -16,6 +16,7 @@ quoting it back).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -182,6 +183,14 @@ def masked_mapping(data):
     if isinstance(data, str):
         return mask(data)
     return data
+
+
+class MaskingFormatter(logging.Formatter):
+    """A `logging` formatter that masks the whole formatted record: a traceback (`exc_info=True`) or stack can
+    carry a secret the message alone does not, e.g. an exception whose text echoes a key back."""
+
+    def format(self, record) -> str:
+        return mask(super().format(record))
 
 
 def mask_log_record(record) -> bool:

@@ -37,7 +37,7 @@ from distill.config import add_config_args
 from distill.config import load_config
 from distill.errors import DistillError
 from distill.merge import ADAPTER_INFO
-from distill.secrets import is_secret_name, mask, mask_log_record, masked_mapping, remember
+from distill.secrets import MaskingFormatter, is_secret_name, mask, mask_log_record, masked_mapping, remember
 from distill.tracking import require as require_trackers
 
 log = logging.getLogger("distill.train")
@@ -723,9 +723,10 @@ def launcher_main(argv: list[str] | None = None) -> int:
                                      allow_abbrev=False)
     configure_parser(parser)
     args, rest = parser.parse_known_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO)
     for handler in logging.getLogger().handlers:
         handler.addFilter(mask_log_record)
+        handler.setFormatter(MaskingFormatter("%(levelname)s %(name)s: %(message)s"))
     try:
         if "--check" in rest:  # it knows the launch command, which is distill.launch's, so the CLI owns it
             raise DistillError("run --check as `distill train --check --config ...`: a check launches nothing")

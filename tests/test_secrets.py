@@ -57,6 +57,25 @@ def test_a_secret_is_masked_before_a_message_is_cut(monkeypatch):
     assert KEY not in one_line(RuntimeError(f"invalid key {KEY}"))
 
 
+def test_a_traceback_in_the_log_is_masked_as_the_message_is():
+    """`log.error(..., exc_info=True)` (the agent server's unhandled errors) writes the exception's text and
+    its frames after the message: the CLI's log handler masks the whole formatted record, not only the message."""
+    script = f"""
+import logging, sys
+from distill import cli
+sys.argv = ['distill']
+cli.main([])  # sets up the root handler with the CLI's masking
+try:
+    raise RuntimeError('upstream said: invalid key ' + {KEY!r})
+except RuntimeError:
+    logging.getLogger('distill.agent_server').error('unhandled: %s', 'see below', exc_info=True)
+"""
+    env = os.environ | {"OPENAI_API_KEY": KEY}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert "RuntimeError: upstream said: invalid key ***" in done.stderr, done.stderr[-2000:]
+    assert KEY not in done.stdout + done.stderr
+
+
 class EchoAuth(BaseHTTPRequestHandler):
     """The fake hosted API: every chat request is refused with a body that quotes the Authorization header."""
 
