@@ -156,7 +156,7 @@ SUBSTITUTIONS: list[Rule] = [
          "API (the pipeline still starts its real vLLM student server: the one vLLM server of the rehearsal)",
          [(r"^make demo$", "distill pipeline --config configs/demo_smollm2_cpu.yaml " + DEMO_SMALL)]),
     Rule(r"^distill sft-data runs/demo/filter/kept\.jsonl", "run", "as written: the small demo's kept records"),
-    Rule(r"^distill train --config configs/smollm2-135m_lora_cpu\.yaml$", "run",
+    Rule(r"^distill train --config configs/smollm2-135m_lora_cpu\.yaml( --set dataset_dir=runs/smoke/sft-data)?$", "run",
          "1 optimiser step instead of 12 (the embedded SmolLM2 on the small demo's dataset)",
          [(r"$", " --set max_steps=1 --set eval_steps=1 --set save_steps=1")]),
     Rule(r"^distill merge runs/demo/train/student --out runs/demo/merged", "run", "as written"),
@@ -192,11 +192,9 @@ SUBSTITUTIONS: list[Rule] = [
     Rule(r"^accelerate launch .*--num_processes 8 -m distill\.improve --config configs/improve_qwen2\.5-7b_grpo_gpu",
          "run", "GRPO of the tiny Qwen2 adapter the README's run trained: 8 GPUs -> 2 CPU processes (multi_cpu.yaml); "
          "the hosted LLM tool is the fake API; 4 demo questions, 2 completions of 32 tokens, 1 step, no colocated "
-         "vLLM, bf16 and checkpointing off. tools: the README's sft-data trains on Wikipedia, LLM, Calculator "
-         "(its default) but this config samples with [Wikipedia, LLM], which improve refuses: the rehearsal sets "
-         "the adapter's tools (a mismatch in the docs, to fix)",
+         "vLLM, bf16 and checkpointing off",
          [(r"--config_file configs/accelerate/multi_gpu\.yaml --num_processes 8", MULTI_CPU),
-          (r"$", " " + TINY_DATA.replace("n: 6", "n: 4") + " --set 'tools=[Wikipedia, LLM, Calculator]' --set samples=2 "
+          (r"$", " " + TINY_DATA.replace("n: 6", "n: 4") + " --set samples=2 "
            "--set grpo.max_steps=1 --set grpo.per_device_train_batch_size=2 --set grpo.bf16=false "
            "--set grpo.gradient_checkpointing=false --set grpo.use_vllm=false --set grpo.report_to=none "
            "--set planner.max_tokens=32")]),

@@ -212,7 +212,7 @@ def test_pipeline_check_sizes_train_config_auto_and_the_launch_by_the_same_gpu_q
 def test_pipeline_check_covers_the_improve_section(tmp_path, monkeypatch, capsys):
     """The 7B GRPO config as the improve section: its resolved config and what it would run are shown, its LLM
     tool's endpoint is checked as every stage's is (OPENAI_API_KEY), its tools against the student's prompt, its
-    tracker and its GPUs; with the student's own tools, expert iteration shows the command each round trains with."""
+    tracker and its GPUs (other tools than the student's are a problem); with the student's own tools, expert iteration shows the command each round trains with."""
     monkeypatch.chdir(ROOT)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     cfg = wiring_config(tmp_path)
@@ -227,13 +227,18 @@ def test_pipeline_check_covers_the_improve_section(tmp_path, monkeypatch, capsys
            "(200 steps, 8 completions per question)" in out
     assert "improve.solver: gpt-4o-mini at https://api.openai.com/v1 (--offline: not called)" in out
     found = problems(err)
-    assert "problem: improve.tools ['Wikipedia', 'LLM'] differ from student planner's sft_data tools ['Wikipedia', " \
-           "'LLM', 'Calculator']: it was trained on a prompt listing those" in found
+    assert not [p for p in found if "improve.tools" in p]  # the shipped config samples with the student's tools
     assert "problem: improve.solver.api_key_env: environment variable OPENAI_API_KEY is not set" in found
     assert ("problem: improve: no GPU is visible (torch.cuda.device_count() = 0), but improve.grpo.bf16: true sizes "
             "it for GPUs") in found  # this machine has none
     assert ("problem: improve.grpo.report_to: tensorboard is not installed (pip install tensorboard)" in found) == \
            (not importable("tensorboard"))
+
+    cfg["improve"]["tools"] = ["Wikipedia", "LLM"]  # not the prompt the student was trained on
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["pipeline", "--check", "--offline", "--config", str(path)]) == 2
+    assert "problem: improve.tools ['Wikipedia', 'LLM'] differ from student planner's sft_data tools ['Wikipedia', " \
+           "'LLM', 'Calculator']: it was trained on a prompt listing those" in problems(capsys.readouterr()[1])
 
     cfg["improve"] = {"samples": 2, "train": {"max_steps": 1}}  # the run's own tools, prompt and server
     path.write_text(yaml.safe_dump(cfg))
