@@ -14,10 +14,11 @@ criterion would keep.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 from statistics import fmean
-from typing import Literal, get_args
+from typing import Any, Iterable, Literal, NamedTuple, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -135,50 +136,123 @@ def rank(rec: dict) -> tuple:
             rec.get("sample", 0))
 
 
+class Row(NamedTuple):
+    """What choosing and the report need of one record, none of its text: the filter holds one per record while
+    it reads a file (tens of bytes, against kilobytes a trajectory), then reads the file again to write the kept."""
+
+    line: int
+    id: str
+    dataset: Any
+    steps: int
+    recall: tuple[Any, bool] | None  # (recall, all gold pages) where the record has gold pages
+
+
+def _row(rec: dict, line: int = 0) -> Row:
+    dataset = rec.get("dataset", "?")
+    recall = rec.get("evidence_recall")
+    return Row(line, rec.get("id", ""), sys.intern(dataset) if isinstance(dataset, str) else dataset,
+               len((rec.get("plan") or {}).get("steps") or []),
+               None if recall is None else (recall["recall"], bool(recall["all"])))
+
+
+class Selection:
+    """The filter's choice, made one record at a time: each record's first failing reason, and per question
+    the best passing sample so far (a tie keeps the earlier). With `criteria`, also how many each criterion
+    would keep, for the report. One source of truth for `filter_records` (a list) and `run_filter` (a file)."""
+
+    def __init__(self, cfg: FilterConfig, criteria: bool = False):
+        self.cfg = cfg
+        self.rows: list[Row] = []
+        self.reasons: list[str | None] = []
+        self._best: dict[str, tuple[tuple, int]] = {}  # question id -> (rank, position) of its best passing sample
+        self._others = {c: cfg.model_copy(update={"criterion": c}) for c in get_args(Criterion)} if criteria else {}
+        self._passing: dict[str, set[str] | list[str]] = {c: set() if cfg.best_per_question else []
+                                                          for c in self._others}
+
+    def add(self, rec: dict, line: int = 0) -> None:
+        position = len(self.rows)
+        reason = first_failure(rec, self.cfg)
+        self.rows.append(_row(rec, line))
+        self.reasons.append(reason)
+        if reason is None and self.cfg.best_per_question:
+            held, score = self._best.get(rec["id"]), rank(rec)
+            if held is None or score < held[0]:
+                self._best[rec["id"]] = (score, position)
+        for criterion, cfg in self._others.items():
+            if (reason if criterion == self.cfg.criterion else first_failure(rec, cfg)) is None:
+                passing = self._passing[criterion]
+                passing.add(rec["id"]) if isinstance(passing, set) else passing.append(rec["id"])
+
+    def outcome(self) -> tuple[list[int], list[tuple[int, str]]]:
+        """Positions of the kept records, in order, and (position, reason) of the dropped: failures in order,
+        then the passing samples that were not their question's best."""
+        passing = [i for i, reason in enumerate(self.reasons) if reason is None]
+        dropped = [(i, reason) for i, reason in enumerate(self.reasons) if reason is not None]
+        if not self.cfg.best_per_question:
+            return passing, dropped
+        winners = {position for _, position in self._best.values()}
+        dropped += [(i, "not_best_sample") for i in passing if i not in winners]
+        return [i for i in passing if i in winners], dropped
+
+    def report(self, kept: list[int], dropped: list[tuple[int, str]]) -> dict:
+        outcomes = [(self.rows[i], "kept") for i in kept] + [(self.rows[i], reason) for i, reason in dropped]
+        by_criterion = {c: len(ids) for c, ids in self._passing.items()} if self._others else None
+        return _report(self.rows, outcomes, by_criterion)
+
+
 def filter_records(records: list[dict], cfg: FilterConfig) -> tuple[list[dict], list[tuple[dict, str]]]:
-    passing, dropped = [], []
+    selection = Selection(cfg)
     for rec in records:
-        reason = first_failure(rec, cfg)
-        (dropped.append((rec, reason)) if reason else passing.append(rec))
-    if not cfg.best_per_question:
-        return passing, dropped
-    best: dict[str, dict] = {}
-    for rec in passing:
-        best[rec["id"]] = min(best.get(rec["id"], rec), rec, key=rank)  # a tie keeps the earlier
-    winners = {id(r) for r in best.values()}
-    dropped += [(r, "not_best_sample") for r in passing if id(r) not in winners]
-    return [r for r in passing if id(r) in winners], dropped
+        selection.add(rec)
+    kept, dropped = selection.outcome()
+    return [records[i] for i in kept], [(records[i], reason) for i, reason in dropped]
 
 
 def recall_summary(records: list[dict]) -> dict[str, dict]:
     """Mean evidence recall and the share with every gold page, per dataset, over records that have gold pages."""
-    by: dict[str, list[dict]] = defaultdict(list)
-    for r in records:
-        if r.get("evidence_recall") is not None:
-            by[r.get("dataset", "?")].append(r["evidence_recall"])
-    return {k: {"n": len(v), "recall": fmean(x["recall"] for x in v), "all": fmean(bool(x["all"]) for x in v)}
+    return _recall_summary(_row(r) for r in records)
+
+
+def _recall_summary(rows: Iterable[Row]) -> dict[str, dict]:
+    by: dict[Any, list[tuple[Any, bool]]] = defaultdict(list)
+    for row in rows:
+        if row.recall is not None:
+            by[row.dataset].append(row.recall)
+    return {k: {"n": len(v), "recall": fmean(x for x, _ in v), "all": fmean(a for _, a in v)}
             for k, v in sorted(by.items())}
 
 
 def build_report(records: list[dict], kept: list[dict], dropped: list[tuple[dict, str]],
                  cfg: FilterConfig | None = None) -> dict:
-    by_reason = Counter(reason for _, reason in dropped)
+    by_criterion = None if cfg is None else {
+        c: len(filter_records(records, cfg.model_copy(update={"criterion": c}))[0]) for c in get_args(Criterion)
+    }
+    outcomes = [(_row(r), "kept") for r in kept] + [(_row(r), reason) for r, reason in dropped]
+    return _report([_row(r) for r in records], outcomes, by_criterion)
+
+
+def _report(rows: list[Row], outcomes: list[tuple[Row, str]], kept_by_criterion: dict | None) -> dict:
+    """The report over every input record (`rows`) and what became of each (`outcomes`, kept first)."""
+    by_reason: Counter = Counter()
     table: dict[str, dict[str, Counter]] = {"dataset": defaultdict(Counter), "steps": defaultdict(Counter)}
-    for r, outcome in [(r, "kept") for r in kept] + dropped:
-        table["dataset"][r.get("dataset", "?")][outcome] += 1
-        table["steps"][str(len((r.get("plan") or {}).get("steps") or []))][outcome] += 1
+    kept = []
+    for row, outcome in outcomes:
+        if outcome == "kept":
+            kept.append(row)
+        else:
+            by_reason[outcome] += 1
+        table["dataset"][row.dataset][outcome] += 1
+        table["steps"][str(row.steps)][outcome] += 1
     return {
-        "input_records": len(records),
-        "questions": len({r["id"] for r in records}),
+        "input_records": len(rows),
+        "questions": len({r.id for r in rows}),
         "kept": len(kept),
         "dropped": {reason: by_reason.get(reason, 0) for reason in REASONS},
         "by_dataset": {k: dict(v) for k, v in sorted(table["dataset"].items())},
         "by_steps": {k: dict(v) for k, v in sorted(table["steps"].items(), key=lambda kv: int(kv[0]))},
-        "accounted": len(kept) + len(dropped) == len(records),
-        "evidence_recall": {"input": recall_summary(records), "kept": recall_summary(kept)},
-        "kept_by_criterion": None if cfg is None else {
-            c: len(filter_records(records, cfg.model_copy(update={"criterion": c}))[0]) for c in get_args(Criterion)
-        },
+        "accounted": len(outcomes) == len(rows),
+        "evidence_recall": {"input": _recall_summary(rows), "kept": _recall_summary(kept)},
+        "kept_by_criterion": kept_by_criterion,
     }
 
 
@@ -202,25 +276,41 @@ def format_report(report: dict) -> str:
 
 
 def run_filter(inp: str | Path, out: str | Path, cfg: FilterConfig) -> dict:
-    from distill.store import read_jsonl, write_json, write_jsonl
+    """Two passes over `inp`, so memory does not grow with the file: the first checks every line (nothing is
+    written when one is bad) and keeps a `Row` per record to choose by; the second writes the chosen lines."""
+    from distill.store import FirstPerKey, iter_jsonl, write_json, write_jsonl
 
-    from distill.store import dedupe
-
-    records = read_jsonl(inp, FilterInput)  # every line checked before any is judged
-    unsolved = [] if cfg.criterion == "evidence" else [
-        n for n, r in enumerate(records, 1)
-        if r.get("answers") and r.get("prediction") is None and "em" not in (r.get("scores") or {})]
+    selection = Selection(cfg, criteria=True)
+    # Two files joined by hand can hold a (question, sample) twice: the first is judged, the copies are counted.
+    first = FirstPerKey(lambda r: (r["id"], r["sample"]), str(inp))
+    unsolved, first_unsolved = 0, 0
+    for line, rec in iter_jsonl(inp, FilterInput):
+        if (cfg.criterion != "evidence" and rec.get("answers") and rec.get("prediction") is None
+                and "em" not in (rec.get("scores") or {})):
+            unsolved, first_unsolved = unsolved + 1, first_unsolved or line
+        if first(rec):
+            selection.add(rec, line)
     if unsolved:  # generate's solve: false; the evidence criterion never reads an answer
-        raise DistillError(f"{inp}:{unsolved[0]}: no Solver answer (generated with solve: false; {len(unsolved)} such "
+        raise DistillError(f"{inp}:{first_unsolved}: no Solver answer (generated with solve: false; {unsolved} such "
                            f"record(s)), and criterion {cfg.criterion} judges answers: use criterion evidence, or "
                            "generate with solve: true")
-    # Two files joined by hand can hold a (question, sample) twice: the first is judged, the copies are counted.
-    records, duplicates = dedupe(records, lambda r: (r["id"], r["sample"]), str(inp))
-    kept, dropped = filter_records(records, cfg)
-    report = build_report(records, kept, dropped, cfg) | {"skipped": {"duplicate": duplicates}}
-    for rec in kept:  # what sft-data will check each line against
-        KeptRecord.model_validate(rec)
-    write_jsonl(out, kept)
+    kept, dropped = selection.outcome()
+    report = selection.report(kept, dropped) | {"skipped": {"duplicate": first.dropped}}
+    chosen = {selection.rows[i].line: selection.rows[i].id for i in kept}
+    del selection
+
+    def kept_records():
+        written = 0
+        for line, rec in iter_jsonl(inp, FilterInput, only=chosen):
+            if rec["id"] != chosen[line]:
+                raise DistillError(f"{inp}:{line}: the file changed while it was filtered; run the filter again")
+            KeptRecord.model_validate(rec)  # what sft-data will check each line against
+            written += 1
+            yield rec
+        if written != len(chosen):
+            raise DistillError(f"{inp}: the file changed while it was filtered; run the filter again")
+
+    write_jsonl(out, kept_records())  # atomic: a failure on the way leaves no kept file
     write_json(Path(out).with_suffix(".report.json"), report | {"config": cfg.model_dump()})
     return report
 

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any, Callable, Hashable, Iterable, Iterator
+from typing import IO, Any, Callable, Container, Hashable, Iterable, Iterator
 
 from pydantic import BaseModel, ValidationError
 
@@ -102,11 +102,14 @@ def conform(schema: Schema | None, record: dict, where: str) -> dict:
         raise DistillError(f"{where}: a field is nested too deeply to check") from None
 
 
-def iter_jsonl(path: str | Path, schema: Schema | None = None) -> Iterator[tuple[int, dict]]:
+def iter_jsonl(path: str | Path, schema: Schema | None = None,
+               only: Container[int] | None = None) -> Iterator[tuple[int, dict]]:
     """(line number, object) for every non-blank line; the first bad line stops with one line naming file:line
     (and, with `schema`, the first field that does not fit it).
     Lines are split on `\n` bytes only and decoded one by one, so a U+2028 inside a JSON string (which
-    `ensure_ascii=False` writes raw) stays in its line and bad bytes are reported where they are."""
+    `ensure_ascii=False` writes raw) stays in its line and bad bytes are reported where they are.
+    With `only`, just those line numbers are parsed: the second pass of a reader that checked every line in a
+    first one and kept only what it chose (the filter's line numbers), so a large file is never held whole."""
     path = Path(path)
     try:
         handle = path.open("rb")
@@ -118,7 +121,7 @@ def iter_jsonl(path: str | Path, schema: Schema | None = None) -> Iterator[tuple
         for number, raw in enumerate(handle, 1):
             if number == 1:
                 raw = raw.removeprefix(_BOM)
-            if raw.strip():
+            if (only is None or number in only) and raw.strip():
                 where = f"{path}:{number}"
                 yield number, conform(schema, parse_line(raw, where), where)
 
@@ -175,21 +178,35 @@ def parse_line(raw: bytes, where: str) -> dict:
     return value
 
 
+class FirstPerKey:
+    """Called on each record in order: True for the first of its key, False (counted in `dropped`) for a later
+    copy. Only the keys stay in memory, so a reader that streams a file can drop copies as `dedupe` does."""
+
+    def __init__(self, key: Callable[[dict], Hashable], origin: str = "records"):
+        self.key, self.origin = key, origin
+        self.seen: set = set()
+        self.dropped = 0
+        self._n = 0
+
+    def __call__(self, record: dict) -> bool:
+        self._n += 1
+        try:
+            k = self.key(record)
+        except (KeyError, TypeError, IndexError) as exc:
+            raise DistillError(f"{self.origin}: record {self._n} has no key field {exc}") from None
+        if k in self.seen:
+            self.dropped += 1
+            return False
+        self.seen.add(k)
+        return True
+
+
 def dedupe(records: Iterable[dict], key: Callable[[dict], Hashable], origin: str = "records") -> tuple[list[dict], int]:
     """The first record per key, in order, and how many later ones were dropped. Two runs on one folder (or a
     crash between a write and its bookkeeping) can answer a question twice; a resumed run counted the first."""
-    kept, seen, dropped = [], set(), 0
-    for n, record in enumerate(records, 1):
-        try:
-            k = key(record)
-        except (KeyError, TypeError, IndexError) as exc:
-            raise DistillError(f"{origin}: record {n} has no key field {exc}") from None
-        if k in seen:
-            dropped += 1
-            continue
-        seen.add(k)
-        kept.append(record)
-    return kept, dropped
+    first = FirstPerKey(key, origin)
+    kept = [record for record in records if first(record)]
+    return kept, first.dropped
 
 
 def _fsync_dir(folder: Path) -> None:
