@@ -70,7 +70,7 @@ test-fast: install
 	DISTILL_SHARED_DATA=$(SHARED_DATA) $(PY) -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 # Every command of README.md, docs/ and the configs' headers, run on this machine with the substitutions of one
-# table (docs/rehearsal.md); a command no row covers fails it. tests/test_rehearse.py runs the same in `make test`.
+# table (docs/rehearsal.md); a command no row covers fails it. `make test` checks that every command is covered (tests/test_rehearse.py); DISTILL_REHEARSE=1 makes it run them too.
 rehearse: install
 	nice -n 10 $(PY) scripts/rehearse.py $(REHEARSE_ARGS)
 

@@ -104,10 +104,12 @@ class Rule:
     """One row of the substitution table: the documented commands it covers (a regex searched in the command as
     written), what the rehearsal does with them and why. `subst` pairs are regex replacements applied in order."""
     covers: str
-    action: str  # run | serve (run in the background until the block ends) | stand-in | skip
+    action: str  # run | serve (in the background until its block ends or a later server takes its port) | stand-in | skip
     why: str
     subst: list[tuple[str, str]] = field(default_factory=list)
     expect: int = 0  # the exit status a rehearsed command must end with
+    before: str = ""  # a server the page says to start first ("after: distill serve ..."), rehearsed by its own row
+    port: int = 0  # serve: the port it listens on; ready once GET /health answers 200 there
 
 
 # How far the GPU settings of the 7B training configs move to run on a CPU, and how far the data shrinks.
@@ -132,8 +134,8 @@ MULTI_CPU = r"--config_file configs/accelerate/multi_cpu.yaml --num_processes 2"
 
 SUBSTITUTIONS: list[Rule] = [
     # --- not run, each with its reason
-    Rule(r"^make test", "skip", "the rehearsal runs inside `make test` (tests/test_rehearse.py): it cannot run "
-         "the suite it is part of"),
+    Rule(r"^make test", "skip", "tests/test_rehearse.py, part of `make test`, runs the rehearsal (with "
+         "DISTILL_REHEARSE=1): it cannot run the suite it is part of"),
     Rule(r"^make rehearse", "skip", "the rehearsal itself"),
     Rule(r"^\.venv/bin/python -m pytest", "skip", "tests: `make test` runs them, the rehearsal among them"),
     Rule(r"^make demo TORCH_PIP_ARGS", "skip", "changes only where pip finds torch at install; the demo it runs is "
@@ -160,30 +162,56 @@ SUBSTITUTIONS: list[Rule] = [
          "1 optimiser step instead of 12 (the embedded SmolLM2 on the small demo's dataset)",
          [(r"$", " --set max_steps=1 --set eval_steps=1 --set save_steps=1")]),
     Rule(r"^distill merge runs/demo/train/student --out runs/demo/merged", "run", "as written"),
-    Rule(r"runs/agent/", "skip", "PENDING: the adapter the served agent's traffic trains (see `distill serve-agent`)"),
-    Rule(r"^distill serve --config configs/serve_planner(_merged)?\.yaml( --set adapter=(null|runs/demo/\S+)"
-         r"( --set 'adapters=.*')?)?$", "stand-in", "the demo's vLLM CPU server -> `distill serve --dry-run` (config, "
-         "adapters and the vLLM command checked) and the fake API on its port: a vLLM start costs a minute of both "
-         "cores, and the small demo's eval already started one", [(r"$", " --dry-run")]),
-    Rule(r"runs/demo|after make demo|smollm2-135m_lora_cpu|improve_smollm2|improve_from_traces|serve_planner_merged",
-         "skip", "PENDING: reads what `make demo` writes (see `make demo`)"),
-    Rule(r"^distill serve --config configs/serve_planner\.yaml$", "skip",
-         "PENDING: serves the demo's adapter (see `make demo`)"),
-    Rule(r"^distill serve-agent", "skip", "PENDING: its planner is the demo's served adapter (see `make demo`)"),
-    Rule(r"^python - <<", "skip", "PENDING: talks to the served agent (see `distill serve-agent`)"),
-    Rule(r"^curl .*load_lora_adapter", "skip", "PENDING: loads an adapter of the agent loop into a running vLLM"),
+    Rule(r"^distill serve --config configs/serve_planner(_merged)?\.yaml( --set adapter=(null|runs/(demo|agent)/\S+)"
+         r"( --set 'adapters=.*')?( --set lora_name=\S+)?)?$", "stand-in", "the demo's vLLM CPU server -> `distill "
+         "serve --dry-run` (config, adapters and the vLLM command checked) and the fake API on its port: a vLLM start "
+         "costs a minute of both cores, and the small demo's eval already started one", [(r"$", " --dry-run")]),
+    Rule(r"^distill serve-agent --config configs/agent_server\.yaml", "serve", "as written, in the background until "
+         "its block ends (or the next serve-agent takes :8080): its planner and Solver are the stand-in on :8000 "
+         "(the fake API), its Wikipedia BM25 over the demo corpus as configured; ready once /health answers 200",
+         port=8080),
+    Rule(r"^python - <<", "run", "as written: three questions to the served agent, each with its feedback (the fake "
+         "API knows their answers and pages)"),
+    Rule(r"^distill improve --config configs/improve_from_traces_smollm2_cpu\.yaml", "run",
+         "the round's own vLLM server -> the fake API; 2 plans per question, 1 optimiser step",
+         [(r"$", " --set server=null --set planner.base_url={api} --set solver.base_url={api} --set samples=2 "
+           "--set train.max_steps=1")]),
+    Rule(r"^curl .*load_lora_adapter", "run", "against the stand-in on :8000 (started with runtime LoRA loading on, "
+         "as the page says), which lists the module afterwards",
+         before="distill serve --config configs/serve_planner.yaml --set 'env={VLLM_ALLOW_RUNTIME_LORA_UPDATING: "
+                "\"1\"}'"),
+    Rule(r"^distill serve --config configs/serve_planner\.yaml --set 'env=", "stand-in", "as the other "
+         "serve_planner.yaml rows", [(r"$", " --dry-run")]),
+    Rule(r"^distill improve --config configs/improve_smollm2_cpu\.yaml", "run",
+         "each round's own vLLM server -> the fake API; 8 questions, 1 optimiser step",
+         [(r"$", " --set server=null --set planner.base_url={api} --set solver.base_url={api} "
+           "--set datasets.0.n=8 --set train.max_steps=1")]),
+    Rule(r"^distill improve --config configs/improve_smollm2_grpo_cpu\.yaml", "run",
+         "the embedded SmolLM2 in process, as written; 2 questions, 2 completions of 32 tokens, 1 step",
+         [(r"$", " --set datasets.0.n=2 --set samples=2 --set grpo.per_device_train_batch_size=2 "
+           "--set grpo.max_steps=1 --set planner.max_tokens=32")]),
+    Rule(r"^accelerate launch --config_file configs/accelerate/multi_cpu\.yaml -m distill\.improve", "run",
+         "as written on 2 CPU processes; 2 questions, completions of 32 tokens, 1 step",
+         [(r"$", " --set datasets.0.n=2 --set grpo.max_steps=1 --set planner.max_tokens=32")]),
     Rule(r"qwen72", "skip", "no documented command writes runs/qwen72/adapter (the 72B training of the block "
          "above writes the config's output_dir, runs/qwen/adapter)"),
-    Rule(r"scripts/generate_trajectories\.py --config configs/generate_smollm2_vllm\.yaml|"
-         r"served_model_name=teacher --set port=8010", "skip", "PENDING: a vLLM-served SmolLM2 teacher on :8010"),
-    Rule(r"distill eval --config configs/eval_smollm2_cpu\.yaml", "skip", "PENDING: the demo's student served"),
-    Rule(r"^(OPENAI_API_KEY=\.\.\. )?distill pipeline --config configs/pipeline_hotpot_trivia_7b\.yaml$", "skip", "PENDING: the whole 7B "
-         "pipeline on the tiny Qwen2 (its stages are rehearsed one by one in the README's block above)"),
+    Rule(r"scripts/generate_trajectories\.py --config configs/generate_smollm2_vllm\.yaml", "run",
+         "as written; the SmolLM2 teacher its header serves on :8010 first is the stand-in (the fake API)",
+         before="distill serve --config configs/serve_planner.yaml --set adapter=null --set served_model_name=teacher "
+                "--set port=8010"),
+    Rule(r"distill eval --config configs/eval_smollm2_cpu\.yaml", "run", "the server its header starts first is the "
+         "stand-in on :8000 (the fake API); the robustness sweep on 2 questions, 100 bootstrap samples",
+         [(r"$", " --set robustness.n=2 --set bootstrap_samples=100")],
+         before="distill serve --config configs/serve_planner.yaml"),
+    Rule(r"^(OPENAI_API_KEY=\.\.\. )?distill pipeline --config configs/pipeline_hotpot_trivia_7b\.yaml$", "skip",
+         "its stages are rehearsed one by one in the README's block above (the same configs and substitutions) and "
+         "its --check is rehearsed; the whole run would only add a second vLLM server"),
     Rule(r"^distill pipeline --config configs/demo_smollm2_cpu\.yaml --set 'generate\.tools", "skip",
          "an example with `...` for the user's own settings and tool module (mytools:Weather) that is not shipped"),
     Rule(r"\s\[--|\bKEPT\.jsonl|=DIR\b", "skip", "a synopsis: [optional flags] and placeholders (KEPT.jsonl, DIR); "
          "each command is rehearsed where a page gives it whole"),
-    Rule(r"^distill score ", "skip", "PENDING: reads predictions.jsonl, the user's own predictions"),
+    Rule(r"^distill score ", "run", "as written, on the predictions.jsonl the rehearsal writes (the demo dev "
+         "answers, every other one wrong)"),
     Rule(r"configs/ask_openai\.yaml", "run", "the hosted Planner and Solver are the fake API; online Wikipedia is "
          "BM25 over the demo corpus (the MediaWiki endpoint is fixed in the code, so a fake MediaWiki cannot stand in "
          "without a setting; tests/test_wikipedia_online.py runs the online client against one)",
@@ -201,8 +229,6 @@ SUBSTITUTIONS: list[Rule] = [
     Rule(r"^accelerate launch --config_file configs/accelerate/(cpu|multi_cpu)\.yaml -m distill\.train", "run",
          "as written, 1 optimiser step instead of 12 (SmolLM2 on the small demo's dataset)",
          [(r"$", " --set max_steps=1 --set eval_steps=1 --set save_steps=1")]),
-    Rule(r"^accelerate launch --config_file configs/accelerate/multi_cpu\.yaml -m distill\.improve", "skip",
-         "PENDING: GRPO of the demo's SmolLM2 over 2 CPU processes (the 7B GRPO command runs the same launcher)"),
     # --- run
     Rule(r"^distill generate --config configs/generate_teacher\.yaml --check", "run",
          "the hosted teacher is the fake API (OPENAI_BASE_URL); the Hub's HotpotQA and TriviaQA are 6 demo "
@@ -299,8 +325,18 @@ QWEN_TEMPLATE = (
 )
 
 
+# The questions docs/serving-agent.md asks the served agent: their answers and the demo corpus's pages that hold
+# them, so the fake API plans and answers them as a good teacher would and their feedback can be learnt from.
+AGENT_QUESTIONS = {
+    "Which river flows through the city where Wolfgang Amadeus Mozart was born?":
+        (["Salzach"], ["Wolfgang Amadeus Mozart", "Salzburg"]),
+    "In which city was the person who co-founded Microsoft with Paul Allen born?": (["Seattle"], ["Bill Gates"]),
+    "Who directed the 1972 film adaptation of Mario Puzo's crime novel?": (["Francis Ford Coppola"], ["The Godfather"]),
+}
+
+
 def known_questions() -> dict[str, tuple[list[str], list[str]]]:
-    known = {}
+    known = dict(AGENT_QUESTIONS)
     for name in ("train.jsonl", "dev.jsonl"):
         for line in (ROOT / "data" / "demo" / name).read_text().splitlines():
             row = json.loads(line)
@@ -333,6 +369,7 @@ class Rehearsal:
         self.ran: dict[str, str] = {}  # substituted command -> where it first ran
         self.stack = contextlib.ExitStack()
         self.block_stack: contextlib.ExitStack | None = None
+        self.serving: dict[int, contextlib.ExitStack] = {}  # port -> what stops the server the rehearsal runs there
 
     def __enter__(self):
         from fakes import rewoo_chat
@@ -342,6 +379,10 @@ class Rehearsal:
                 shutil.copytree(ROOT / name, self.work / name)
         hub_cache = self.work / "hub-cache"
         tiny_qwen(hub_cache)
+        predictions = [json.loads(line) for line in (ROOT / "data" / "demo" / "dev.jsonl").read_text().splitlines()]
+        (self.work / "predictions.jsonl").write_text("".join(
+            json.dumps({"id": r["id"], "prediction": r["answer"] if n % 2 == 0 else "no idea", "answers": [r["answer"]]})
+            + "\n" for n, r in enumerate(predictions)))
         self.api = self.stack.enter_context(rewoo_chat(known=known_questions(), models={"gpt-4o-mini": None}))
         bin_dir = Path(sys.executable).parent
         self.env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -365,10 +406,50 @@ class Rehearsal:
         models = {served_name(cfg): None} | {n: str(a) for n, a in cfg.adapters.items()}
         if cfg.adapter:
             models[cfg.lora_name] = str(cfg.adapter)
-        if not free(cfg.port):
-            raise RuntimeError(f"port {cfg.port} is taken: stop what listens there and rehearse again")
-        api = self.block_stack.enter_context(rewoo_chat(port=cfg.port, known=known_questions(), models=models))
+        api = self.take_port(cfg.port).enter_context(rewoo_chat(port=cfg.port, known=known_questions(), models=models))
         self.log(f"    stand-in for the server: the fake API at {api.url} serving {', '.join(models)}")
+
+    def take_port(self, port: int) -> contextlib.ExitStack:
+        """What will stop the next server on `port` when its block ends: a server the rehearsal already runs there is
+        stopped first, as a user stops one server before starting the next on its port."""
+        if port in self.serving:
+            self.serving.pop(port).close()
+        if not free(port):
+            raise RuntimeError(f"port {port} is taken: stop what listens there and rehearse again")
+        stack = self.block_stack.enter_context(contextlib.ExitStack())
+        self.serving[port] = stack
+        stack.callback(self.serving.pop, port, None)
+        return stack
+
+    def serve(self, actual: str, port: int, out) -> int:
+        """`actual` in the background, its own process group, until its block ends: 0 once GET /health on `port`
+        answers 200, else its exit status (or 1: not ready within 300 s). Stopped with SIGTERM, as a user would."""
+        import httpx
+
+        stack = self.take_port(port)
+        proc = subprocess.Popen(["bash", "-c", f"exec {actual}"], cwd=self.work, env=self.env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+        def stop():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                rc = proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                rc = proc.wait()
+            self.log(f"    stopped {actual.split(' --')[0]} on :{port} (exit {rc})")
+
+        stack.callback(stop)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return proc.returncode
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    return 0
+            time.sleep(0.5)
+        return 1
 
     def run_block(self, block: Block) -> None:
         self.log(f"--- {block.where}")
@@ -386,8 +467,10 @@ class Rehearsal:
             self.outcomes.append(Outcome(where, command, "not run", why=rule.why))
             self.log(f"  not run    {command}\n             ({rule.why})")
             return
+        if rule.before:
+            self.run_command(where, rule.before)
         actual = substituted(command, rule).replace("{api}", self.api.url)
-        if rule.action != "stand-in" and actual in self.ran:
+        if rule.action not in ("stand-in", "serve") and actual in self.ran:
             self.outcomes.append(Outcome(where, command, "ran above", why=f"the same command: {self.ran[actual]}"))
             self.log(f"  ran above  {command}")
             return
@@ -397,13 +480,16 @@ class Rehearsal:
         with open(self.work / "rehearsal.log", "a") as out:
             out.write(f"\n$ {actual}\n")
             out.flush()
-            proc = subprocess.Popen(["bash", "-c", actual], cwd=self.work, env=self.env, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                rc = proc.wait(timeout=900)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                rc = proc.wait()
+            if rule.action == "serve":
+                rc = self.serve(actual, rule.port, out)
+            else:
+                proc = subprocess.Popen(["bash", "-c", actual], cwd=self.work, env=self.env, stdout=out,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+                try:
+                    rc = proc.wait(timeout=900)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    rc = proc.wait()
         seconds = time.monotonic() - start
         made = self.made(before)
         self.ran[actual] = where

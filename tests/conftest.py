@@ -76,13 +76,15 @@ def vllm_server(tmp_path_factory, lora_adapter):
     """One real vLLM CPU server for every test that needs a server but does not test starting one: the base as
     `smollm2-135m-instruct`, the test adapter as the LoRA module `planner`. A server start costs about a minute
     of both cores; the tests of the server's own start/stop and the pipeline's own servers start their own.
-    4096 tokens of context: the seeded-sampling regression needs batches larger than one prefill step. Runtime LoRA
+    4096 tokens of context: the seeded-sampling regression needs batches larger than one prefill step. 1 GiB of KV
+    cache (about 23k tokens of SmolLM2): each worker keeps its server to the end, and at the default 2 GiB the two
+    took 7 GiB of the machine's 24 beside the tests that train or start servers of their own. Runtime LoRA
     loading is on (loopback only), so a test can serve an adapter it trained without a second server start; such a
     test unloads its module again."""
     from distill.serve import ServeConfig, VLLMServer
 
     cfg = ServeConfig(base_model=BASE_NAME, served_model_name=BASE_NAME, adapters={"planner": str(lora_adapter)},
-                      port=0, max_model_len=4096, health_timeout_s=600,
+                      port=0, max_model_len=4096, health_timeout_s=600, cpu_kvcache_space_gb=1,
                       env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"})
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     with VLLMServer(cfg, log_path=log) as server:

@@ -10,6 +10,7 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 
 @contextlib.contextmanager
@@ -146,6 +147,11 @@ class _ReWOOHandler(_ChatHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
         with self.api.lock:
             self.api.calls += 1
+        if self.path.rstrip("/").endswith("/load_lora_adapter"):  # vLLM's runtime LoRA loading: listed from now on
+            if not body.get("lora_name") or not Path(str(body.get("lora_path"))).is_dir():
+                return self._send(400, {"error": {"message": f"no adapter folder at {body.get('lora_path')}"}})
+            self.api.models[body["lora_name"]] = str(body["lora_path"])
+            return self._send(200, {"message": f"Success: LoRA adapter '{body['lora_name']}' added successfully."})
         if not self.path.rstrip("/").endswith("/chat/completions"):
             return self._send(404, {"error": {"message": f"the fake API has no {self.path}"}})
         text = self.api.reply(body.get("messages") or [])
