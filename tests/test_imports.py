@@ -32,15 +32,24 @@ def _type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+def _main_guard(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
+            and len(test.comparators) == 1 and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value == "__main__")
+
+
 def _imports(tree: ast.AST):
-    """Every Import and ImportFrom node, at any depth, except those under `if TYPE_CHECKING:`."""
+    """Every Import and ImportFrom node, at any depth, except those under `if TYPE_CHECKING:` and
+    `if __name__ == "__main__":` (run as a script only, never on import: `python -m distill.X` runs its command
+    through distill.cli, which imports the module afresh)."""
     stack = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
         children = list(ast.iter_child_nodes(node))
-        if isinstance(node, ast.If) and _type_checking(node):
+        if isinstance(node, ast.If) and (_type_checking(node) or _main_guard(node)):
             children = node.orelse
         stack.extend(children)
 

@@ -96,7 +96,7 @@ def test_an_unreachable_server_stops_the_run_at_once(tmp_path):
 
 def test_a_record_that_cannot_be_written_stops_the_run(tmp_path):
     store, errors = stores(tmp_path)
-    store._fh.close()  # what a vanished disk looks like to the writer
+    os.close(store._fd)  # what a vanished disk looks like to the writer: every write fails
     result = run_resumable(ITEMS, work_failing_on(set()), store, KEY, errors=errors, concurrency=2)
     assert result.status == "failed" and "writing a record" in result.reason
     assert result.done == 0 and result.not_run == 20
