@@ -440,6 +440,7 @@ def suggestion(name: str, known: Any) -> str:
 def _problem(cls: Any, data: Any, err: dict, overrides: Mapping | None) -> str:
     loc = tuple(err["loc"])
     label = error_label(data, loc)
+    label = label.replace("\r", "\\r").replace("\n", "\\n")  # a key with a line break stays one line
     if err["type"] != "extra_forbidden" or not loc:
         return f"{label}: {err['msg']}"
     given = overrides or {}
