@@ -178,6 +178,14 @@ def parse_line(raw: bytes, where: str) -> dict:
     return value
 
 
+def key_of(key: Callable[[dict], Hashable], record: dict, where, number: int) -> Hashable:
+    """A record's key, or one line naming the file and record that lacks it (a hand-edited or foreign file)."""
+    try:
+        return key(record)
+    except (KeyError, TypeError, IndexError) as exc:
+        raise DistillError(f"{where}: record {number} has no key field {exc}") from None
+
+
 class FirstPerKey:
     """Called on each record in order: True for the first of its key, False (counted in `dropped`) for a later
     copy. Only the keys stay in memory, so a reader that streams a file can drop copies as `dedupe` does."""
@@ -190,10 +198,7 @@ class FirstPerKey:
 
     def __call__(self, record: dict) -> bool:
         self._n += 1
-        try:
-            k = self.key(record)
-        except (KeyError, TypeError, IndexError) as exc:
-            raise DistillError(f"{self.origin}: record {self._n} has no key field {exc}") from None
+        k = key_of(self.key, record, self.origin, self._n)
         if k in self.seen:
             self.dropped += 1
             return False
@@ -399,10 +404,7 @@ class JsonlStore(contextlib.AbstractContextManager):
         if self.key is None:
             self._count += 1
             return
-        try:
-            k = self.key(record)
-        except (KeyError, TypeError, IndexError) as exc:
-            raise DistillError(f"{self.path}: record {number} has no key field {exc}") from None
+        k = key_of(self.key, record, self.path, number)
         if k in self._keys:
             self.duplicates += 1
         else:
