@@ -381,7 +381,7 @@ class Rehearsal:
         tiny_qwen(hub_cache)
         predictions = [json.loads(line) for line in (ROOT / "data" / "demo" / "dev.jsonl").read_text().splitlines()]
         (self.work / "predictions.jsonl").write_text("".join(
-            json.dumps({"id": r["id"], "prediction": r["answer"] if n % 2 == 0 else "no idea", "answers": [r["answer"]]})
+            json.dumps({"id": r["_id"], "prediction": r["answer"] if n % 2 == 0 else "no idea", "answers": [r["answer"]]})
             + "\n" for n, r in enumerate(predictions)))
         self.api = self.stack.enter_context(rewoo_chat(known=known_questions(), models={"gpt-4o-mini": None}))
         bin_dir = Path(sys.executable).parent
