@@ -11,12 +11,14 @@ validation loss measures planning for unseen questions rather than recall of a s
 from __future__ import annotations
 
 import argparse
-import sys
+import hashlib
+import itertools
 import random
-import statistics
+import shutil
+import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -28,7 +30,7 @@ from distill.filter import KeptRecord
 from distill.rewoo.plan import parse_plan, render_plan
 from distill import code_version
 from distill.rewoo.prompts import PromptKind, planner_messages, prompt_kind_of
-from distill.store import describe, read_jsonl, replace_folder, write_json, write_jsonl
+from distill.store import describe, iter_jsonl, replace_folder, write_json, write_jsonl
 from distill.tools.registry import DEFAULT_TOOLS, tool_descriptions
 from distill.verdict import small_training_set
 
@@ -140,26 +142,32 @@ def record_to_example(record: Mapping[str, Any], tools: Mapping[str, str],
     return example, "ok"
 
 
-def build_examples(records: Sequence[Mapping[str, Any]], tools: Mapping[str, str],
-                   kind: PromptKind = "full") -> tuple[list[dict], Counter]:
-    """Examples plus counts of what was skipped and why; exact (prompt, completion) repeats are dropped so that
-    k identical samples of one question do not weigh k times."""
-    examples: list[dict] = []
-    counts: Counter = Counter()
-    seen: set[tuple[str, str]] = set()
+def iter_examples(records: Iterable[Mapping[str, Any]], tools: Mapping[str, str], kind: PromptKind,
+                  counts: Counter) -> Iterator[dict]:
+    """Examples one at a time, counting in `counts` what was skipped and why; exact (prompt, completion) repeats
+    are dropped so that k identical samples of one question do not weigh k times. Only a digest per example
+    stays in memory, so the same pass can run again over a file of any size and drop the same repeats."""
+    seen: set[bytes] = set()
     for record in records:
         example, reason = record_to_example(record, tools, kind)
         counts[reason] += 1
         if example is None:
             continue
-        key = (normalize_question(record["question"]), example["completion"][0]["content"])
+        key = hashlib.blake2b(f"{normalize_question(record['question'])}\0{example['completion'][0]['content']}"
+                              .encode("utf-8", "surrogatepass"), digest_size=16).digest()
         if key in seen:
             counts["ok"] -= 1
             counts["duplicate"] += 1
             continue
         seen.add(key)
-        examples.append(example)
-    return examples, counts
+        yield example
+
+
+def build_examples(records: Iterable[Mapping[str, Any]], tools: Mapping[str, str],
+                   kind: PromptKind = "full") -> tuple[list[dict], Counter]:
+    """`iter_examples` held in a list, for callers with a few records in hand."""
+    counts: Counter = Counter()
+    return list(iter_examples(records, tools, kind, counts)), counts
 
 
 def validation_question_count(n_questions: int, val_fraction: float) -> int:
@@ -169,29 +177,78 @@ def validation_question_count(n_questions: int, val_fraction: float) -> int:
     return min(n_questions - 1, max(1, round(n_questions * val_fraction)))
 
 
-def split_by_question(examples: Sequence[dict], val_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """Seeded split over normalised questions; sorting first makes it independent of record order."""
+def validation_questions(questions: Iterable[str], val_fraction: float, seed: int) -> set[str]:
+    """The held-out share of the normalised questions, seeded; sorting first makes it independent of order."""
     if not 0 <= val_fraction < 1:
         raise DistillError(f"--val-fraction must be in [0, 1), got {val_fraction}")
-    questions = sorted({normalize_question(e["prompt"][-1]["content"]) for e in examples})
-    random.Random(seed).shuffle(questions)
-    val_questions = set(questions[: validation_question_count(len(questions), val_fraction)])
-    train = [e for e in examples if normalize_question(e["prompt"][-1]["content"]) not in val_questions]
-    val = [e for e in examples if normalize_question(e["prompt"][-1]["content"]) in val_questions]
+    ordered = sorted(set(questions))
+    random.Random(seed).shuffle(ordered)
+    return set(ordered[: validation_question_count(len(ordered), val_fraction)])
+
+
+def question_of(example: Mapping[str, Any]) -> str:
+    return normalize_question(example["prompt"][-1]["content"])
+
+
+def split_by_question(examples: Sequence[dict], val_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """(train, validation) by `validation_questions`, each in the examples' order."""
+    val_questions = validation_questions(map(question_of, examples), val_fraction, seed)
+    train = [e for e in examples if question_of(e) not in val_questions]
+    val = [e for e in examples if question_of(e) in val_questions]
     return train, val
 
 
-def to_dataset_dict(train: Sequence[dict], val: Sequence[dict]):
+def _features():
     """Explicit features, so an empty validation split still has the same columns as train."""
-    from datasets import Dataset, DatasetDict, Features, List, Value
+    from datasets import Features, List, Value
 
     message = {"role": Value("string"), "content": Value("string")}
-    features = Features({"prompt": List(message), "completion": List(message), "id": Value("string"),
-                         "dataset": Value("string"), "sample": Value("int64")})
+    return Features({"prompt": List(message), "completion": List(message), "id": Value("string"),
+                     "dataset": Value("string"), "sample": Value("int64")})
+
+
+def to_dataset_dict(train: Sequence[dict], val: Sequence[dict]):
+    """The two splits from rows in hand."""
+    from datasets import Dataset, DatasetDict
+
+    features = _features()
     return DatasetDict({  # from_dict, since from_list fails on no rows
         split: Dataset.from_dict({name: [row[name] for row in rows] for name in features}, features=features)
         for split, rows in (("train", train), ("validation", val))
     })
+
+
+def split_rows(kept: str, tools: dict[str, str], kind: PromptKind, held_out: set[str],
+               validation: bool) -> Iterator[dict]:
+    """One split's examples, read again from the kept file: `Dataset.from_generator` writes them to Arrow in
+    batches, so no split is ever held in memory whole (module level, so `datasets` can fingerprint it)."""
+    records = (record for _, record in iter_jsonl(kept, KeptRecord))
+    for example in iter_examples(records, tools, kind, Counter()):
+        if (question_of(example) in held_out) == validation:
+            yield example
+
+
+def stream_dataset_dict(kept: str, tools: dict[str, str], kind: PromptKind, held_out: set[str], cache: Path):
+    """Both splits, streamed from the kept file into Arrow files under `cache` (`datasets` cannot generate a
+    split with no rows: an empty validation split is made from nothing)."""
+    import datasets
+
+    splits = {}
+    for split, validation in (("train", False), ("validation", True)):
+        if validation and not held_out:
+            splits[split] = to_dataset_dict([], [])[split]
+            continue
+        try:
+            splits[split] = datasets.Dataset.from_generator(
+                split_rows, features=_features(), cache_dir=str(cache), split=split,
+                gen_kwargs={"kept": kept, "tools": tools, "kind": kind, "held_out": held_out,
+                            "validation": validation})
+        except datasets.exceptions.DatasetGenerationError as exc:
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, (OSError, DistillError)):  # a full disk; the kept file changed under this read
+                raise cause from None
+            raise DistillError(f"{kept}: {str(cause or exc).splitlines()[0]}") from None
+    return datasets.DatasetDict(splits)
 
 
 def prompt_tokens(messages: Sequence[Mapping[str, str]], tokenizer) -> int:
@@ -206,25 +263,38 @@ def token_lengths(example: Mapping[str, Any], tokenizer) -> tuple[int, int]:
     return prompt, len(full) - prompt
 
 
-def _stats(values: Sequence[int]) -> dict:
-    if not values:
-        return {"min": 0, "mean": 0.0, "max": 0}
-    return {"min": min(values), "mean": round(statistics.fmean(values), 1), "max": max(values)}
+class _Lengths:
+    """min, mean and max of token counts, kept as running totals rather than one number per example."""
+
+    def __init__(self) -> None:
+        self.n, self.total, self.low, self.high = 0, 0, 0, 0
+
+    def add(self, value: int) -> None:
+        self.low = value if not self.n else min(self.low, value)
+        self.high = max(self.high, value)
+        self.n, self.total = self.n + 1, self.total + value
+
+    def stats(self) -> dict:
+        return {"min": self.low, "mean": round(self.total / self.n, 1) if self.n else 0.0, "max": self.high}
 
 
 def summarize(dataset_dict, counts: Counter, tokenizer, tokenizer_name: str) -> dict:
-    """Counts per split and dataset, skip reasons, and token lengths per split (what max_length must cover)."""
+    """Counts per split and dataset, skip reasons, and token lengths per split (what max_length must cover), read
+    row by row from the written splits."""
     summary: dict[str, Any] = {"records": dict(sorted(counts.items())), "tokenizer": tokenizer_name, "splits": {}}
     for split, ds in dataset_dict.items():
-        lengths = [token_lengths(ex, tokenizer) for ex in ds] if tokenizer is not None else []
-        summary["splits"][split] = {
-            "examples": len(ds),
-            "questions": len({normalize_question(p[-1]["content"]) for p in ds["prompt"]}),
-            "per_dataset": dict(sorted(Counter(ds["dataset"]).items())),
-            "prompt_tokens": _stats([p for p, _ in lengths]),
-            "completion_tokens": _stats([c for _, c in lengths]),
-            "total_tokens": _stats([p + c for p, c in lengths]),
-        }
+        lengths = {key: _Lengths() for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
+        questions, per_dataset = set(), Counter()
+        for example in ds:
+            questions.add(question_of(example))
+            per_dataset[example["dataset"]] += 1
+            if tokenizer is not None:
+                prompt, completion = token_lengths(example, tokenizer)
+                for key, value in zip(lengths, (prompt, completion, prompt + completion)):
+                    lengths[key].add(value)
+        summary["splits"][split] = {"examples": len(ds), "questions": len(questions),
+                                    "per_dataset": dict(sorted(per_dataset.items()))}
+        summary["splits"][split] |= {key: tally.stats() for key, tally in lengths.items()}
     return summary
 
 
@@ -252,50 +322,67 @@ def load_tokenizer(name: str | None):
         raise DistillError(f"cannot load tokenizer {name!r}: {str(exc).splitlines()[0]}") from None
 
 
-def teacher_of(records: Sequence[Mapping[str, Any]]) -> dict:
+def teacher_of(planners: Mapping[tuple[str, str], int]) -> dict:
     """Who wrote the plans and from which prompt, as the records themselves say (each keeps its planner call's
-    model and messages): the adapter trained on this data copies it, so its card and the report name the teacher
-    wherever the adapter goes."""
-    models, kinds = Counter(), Counter()
-    for record in records:
-        call = record.get("planner") or {}
-        models[str(call.get("model") or "unknown")] += 1
-        kinds[prompt_kind_of(call.get("messages") or []) or "unknown"] += 1
-    return {"models": sorted(models), "prompt": "/".join(sorted(kinds)) if kinds else None}
+    model and messages), from a count per (model, prompt kind): the adapter trained on this data copies it, so
+    its card and the report name the teacher wherever the adapter goes."""
+    return {"models": sorted({model for model, _ in planners}),
+            "prompt": "/".join(sorted({kind for _, kind in planners})) if planners else None}
 
 
-def datasets_of(train: Sequence[Mapping[str, Any]], val: Sequence[Mapping[str, Any]]) -> dict:
+def planner_of(record: Mapping[str, Any]) -> tuple[str, str]:
+    call = record.get("planner") or {}
+    return str(call.get("model") or "unknown"), prompt_kind_of(call.get("messages") or []) or "unknown"
+
+
+def datasets_of(splits: Mapping[str, Mapping[str, Any]]) -> dict:
     """{dataset: {split: examples}}: which source questions the student saw, and which were held out."""
     out: dict[str, dict[str, int]] = {}
-    for split, rows in (("train", train), ("validation", val)):
-        for row in rows:
-            counts = out.setdefault(str(row.get("dataset") or "unknown"), {"train": 0, "validation": 0})
-            counts[split] += 1
+    for split in ("train", "validation"):
+        for name, n in splits[split]["per_dataset"].items():
+            out.setdefault(str(name or "unknown"), {"train": 0, "validation": 0})[split] += n
     return dict(sorted(out.items()))
 
 
 def build_sft_data(cfg: SftDataConfig) -> dict:
-    """Read kept records, write `save_to_disk(out)`, `preview.jsonl` and `summary.json`; return the summary."""
+    """Read kept records, write `save_to_disk(out)`, `preview.jsonl` and `summary.json`; return the summary.
+    The kept file is read three times (check and count, then each split), never held whole: the dataset of
+    16k questions costs no more memory than that of 1k."""
     if not cfg.kept or not cfg.out:
         raise DistillError("sft-data needs both `kept` (the kept records) and `out` (the dataset folder)")
-    records = read_jsonl(cfg.kept, KeptRecord)  # every line checked before any work
-    if not records:
-        raise DistillError(f"{cfg.kept}: no records")
     tools = tool_descriptions(cfg.tools)
-    examples, counts = build_examples(records, tools, cfg.student_prompt)
-    if not examples:
+    counts: Counter = Counter()
+    planners: Counter = Counter()
+    questions: set[str] = set()
+
+    def checked() -> Iterator[dict]:  # every line checked before any work
+        for _, record in iter_jsonl(cfg.kept, KeptRecord):
+            planners[planner_of(record)] += 1
+            yield record
+
+    for example in iter_examples(checked(), tools, cfg.student_prompt, counts):
+        questions.add(question_of(example))
+    if not planners:
+        raise DistillError(f"{cfg.kept}: no records")
+    if not questions:
         raise DistillError(f"{cfg.kept}: no record has a usable plan ({dict(counts)})")
-    train, val = split_by_question(examples, cfg.val_fraction, cfg.seed)
-    dataset_dict = to_dataset_dict(train, val)
-    summary = summarize(dataset_dict, counts, load_tokenizer(cfg.tokenizer), cfg.tokenizer or "none")
-    summary |= {"source": cfg.kept, "tools": list(tools), "tool_descriptions": tools,
-                "teacher": teacher_of(records), "datasets": datasets_of(train, val), "code_version": code_version()}
-    summary |= cfg.model_dump(include={"student_prompt", "val_fraction", "seed"})
+    held_out = validation_questions(questions, cfg.val_fraction, cfg.seed)
     # Written beside `out` and renamed into place: a full disk keeps the old dataset whole.
     with replace_folder(cfg.out, marker="dataset_dict.json") as tmp:
+        cache = tmp / ".generate"
+        dataset_dict = stream_dataset_dict(cfg.kept, tools, cfg.student_prompt, held_out, cache)
+        summary = summarize(dataset_dict, counts, load_tokenizer(cfg.tokenizer), cfg.tokenizer or "none")
+        summary |= {"source": cfg.kept, "tools": list(tools), "tool_descriptions": tools,
+                    "teacher": teacher_of(planners), "datasets": datasets_of(summary["splits"]),
+                    "code_version": code_version()}
+        summary |= cfg.model_dump(include={"student_prompt", "val_fraction", "seed"})
         # One shard each: `datasets` writes an empty split as zero shards, which it then cannot load back.
         dataset_dict.save_to_disk(str(tmp), num_shards={split: 1 for split in dataset_dict})
-        write_jsonl(tmp / "preview.jsonl", (train + val)[:PREVIEW_ROWS])
+        write_jsonl(tmp / "preview.jsonl",
+                    itertools.islice(itertools.chain(dataset_dict["train"], dataset_dict["validation"]),
+                                     PREVIEW_ROWS))
+        del dataset_dict  # its Arrow files are memory-mapped from the cache
+        shutil.rmtree(cache, ignore_errors=True)
         write_json(tmp / layout.SUMMARY, summary)
     return summary
 
