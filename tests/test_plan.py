@@ -19,6 +19,7 @@ from distill.rewoo.plan import (
     Plan,
     PlanError,
     Step,
+    duplicate_steps,
     find_refs,
     parse_plan,
     render_plan,
@@ -200,6 +201,35 @@ def test_to_dict_shape() -> None:
         "errors": [{"code": "undefined_ref", "step": "#E2", "message": plan.errors[0].message}],
     }
     json.dumps(plan.to_dict())
+
+
+# --- duplicate steps ---------------------------------------------------------------------------------------
+
+EIFFEL = "".join(f"Plan: look it up.\n#E{i} = Wikipedia[Eiffel Tower]\n" for i in range(1, 5))
+
+
+@pytest.mark.parametrize("text, expected", [
+    (EIFFEL, 3),  # what the served student wrote: one call and three repeats
+    (CANONICAL, 0),  # every step a call of its own
+    ("#E1 = Wikipedia[Eiffel Tower]\n#E2 = wikipedia[  eiffel   TOWER ]\n#E3 = Wikipedia[Eiffel\tTower]", 2),
+    ("#E1 = Wikipedia[Eiffel Tower]\n#E2 = LLM[Eiffel Tower]", 0),  # the same input to another tool is another call
+    ("#E1 = Wikipedia[Paris]\n#E2 = Wikipedia[Paris, France]\n#E3 = Wikipedia[Pari s]", 0),  # inner words count
+    ("#E1 = Wikipedia[a]\n#E2 = LLM[sum #E1]\n#E3 = LLM[Sum  #e1]\n#E4 = LLM[sum #E2]", 1),  # refs as written
+    ("#E1 = Wikipedia[a]\n#E2 = Wikipedia[b]\n#E3 = Wikipedia[A]\n#E4 = Wikipedia[B]\n#E5 = Wikipedia[a]", 3),
+    ("no plan at all", 0),
+])
+def test_duplicate_steps_count_repeats_of_an_earlier_call(text: str, expected: int) -> None:
+    plan = parse_plan(text, tools=TOOLS)
+    assert duplicate_steps(plan.steps) == expected
+    assert duplicate_steps(plan.to_dict()["steps"]) == expected  # a record's stored steps count the same
+
+
+def test_duplicate_steps_of_a_long_plan_is_its_steps_less_its_distinct_calls() -> None:
+    steps = [Step(f"#E{i}", "", "Wikipedia", f" page {i % 97} ", ()) for i in range(1, 20001)]
+    assert duplicate_steps(steps) == 20000 - 97
+    assert duplicate_steps([]) == 0
+    # without a tool registry the parser keeps the model's spelling: the tool name is compared casefolded too
+    assert duplicate_steps(parse_plan("#E1 = wikipedia[x]\n#E2 = WIKIPEDIA[x ]").steps) == 1
 
 
 def test_types_are_frozen() -> None:

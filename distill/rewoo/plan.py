@@ -123,6 +123,25 @@ def substitute(text: str, evidence: Mapping[str, str]) -> str:
     return REF_RE.sub(lambda m: evidence.get(m.group(0), m.group(0)), text)
 
 
+def duplicate_steps(steps: Iterable[Step | Mapping[str, Any]]) -> int:
+    """How many steps repeat an earlier step's call: the same tool (casefolded) on the same input after
+    trivial normalisation (whitespace stripped and collapsed, casefolded). A repeat costs a Worker call and
+    Solver tokens and finds nothing new, yet neither validity nor recall sees it: a planner that writes
+    `Wikipedia[Eiffel Tower]` four times has three. An input holding `#E` refs is compared as written, before
+    any evidence is substituted (`LLM[sum #E1]` twice repeats; `LLM[sum #E2]` does not). Takes parsed `Step`s or
+    the step dicts a record stores (`tool`, `input`); one pass, linear in the steps' total length."""
+    seen: set[tuple[str, str]] = set()
+    repeats = 0
+    for step in steps:
+        tool, text = (step.get("tool"), step.get("input")) if isinstance(step, Mapping) else (step.tool, step.input)
+        key = (str(tool or "").casefold(), " ".join(str(text or "").split()).casefold())
+        if key in seen:
+            repeats += 1
+        else:
+            seen.add(key)
+    return repeats
+
+
 def render_plan(plan: Plan) -> str:
     """Canonical text for a plan: what the student is trained to write, and what parse_plan reads back."""
     return "\n".join(f"Plan: {s.description}\n{s.id} = {s.tool}[{s.input}]\n" for s in plan.steps)
