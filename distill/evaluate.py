@@ -34,6 +34,7 @@ from distill import layout, stage
 from distill.config import AgentConfig, ModelSpec, PlannerPrompt, Strict
 from distill.data import DatasetSource
 from distill.errors import DistillError
+from distill.rewoo.plan import duplicate_steps
 from distill.rewoo.record import CallShape, Count, Seconds, Shape, TokensShape, TrajectoryRecord
 from distill.rewoo.worker import InjectedToolFailure
 from distill.run import MAX_BOOTSTRAP_SAMPLES
@@ -90,6 +91,9 @@ class EvalRecord(TrajectoryRecord):
     robustness_of: str | None = None
     gold_hops: Count | None = None
     question_type: str | None = None
+    # ReWOO: steps repeating an earlier step's tool and input (`rewoo.plan.duplicate_steps`); None for the
+    # baselines and in records made before the field (the report counts those from their plan's steps)
+    duplicate_steps: Count | None = None
 
     @model_validator(mode="after")
     def _by_kind(self) -> "EvalRecord":
@@ -451,6 +455,8 @@ def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, error
             rec = await agent.run(example)
             rec.update(kind=method.kind, planner_prompt=method.prompt, question_type=getattr(example, "type", None),
                        gold_hops=gold_hops(example), tool_failure_rate=method.tool_failure_rate, fingerprint=fp)
+            if method.kind == "rewoo":
+                rec["duplicate_steps"] = duplicate_steps(rec["plan"]["steps"])
             if method.robustness_of is not None:
                 rec["robustness_of"] = method.robustness_of
             await add_judgement(judge_model, example, rec)

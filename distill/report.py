@@ -34,6 +34,7 @@ from distill.errors import DistillError
 from distill.evaluate import EvalRecord, PromptBudget, record_key
 from distill.metrics import answer_in_text, bootstrap_ci, evidence_recall, metric_of, paired_bootstrap, score
 from distill.provenance import collect as collect_provenance
+from distill.rewoo.plan import duplicate_steps
 from distill.store import dedupe, read_jsonl, replace_files, write_json
 from distill.verdict import headline, question_outcomes, read_measures, verdict
 from distill.viewer import VIEWER, write_viewer
@@ -147,6 +148,12 @@ def plan_steps_of(rec: dict) -> dict | None:
 def plan_valid_of(rec: dict) -> dict | None:
     """Whether a ReWOO plan parsed and checked valid (1.0 or 0.0); None for other kinds."""
     return {"valid": float(bool((rec.get("plan") or {}).get("valid")))} if rec["kind"] == "rewoo" else None
+
+
+def duplicate_steps_of(rec: dict) -> float | None:
+    """Steps of a ReWOO plan that repeat an earlier step's tool and input, counted from the plan's steps (not
+    the record's stored count, which records made before it lack); None for other kinds."""
+    return float(duplicate_steps((rec.get("plan") or {}).get("steps") or [])) if rec["kind"] == "rewoo" else None
 
 
 def judge_of(rec: dict) -> dict | None:
@@ -277,6 +284,7 @@ def method_metrics(records: list[dict], samples: int = 1000, seed: int = 0) -> d
         "plan_steps": {"mean": _mean(steps), "p50": float(np.percentile(steps, 50)), "max": max(steps)}
         if steps else None,
         "too_many_steps_rate": _mean(float(too_many_steps(r)) for r in records) if rewoo else None,
+        "duplicate_steps_mean": _mean(map(duplicate_steps_of, records)) if rewoo else None,
         "steps_mean": _mean(steps_of(r) for r in records),
         "hops_mean": _mean(hops_of(r) for r in records),
         "tool_calls_mean": _mean(len(r.get("evidence") or []) for r in records),
@@ -923,14 +931,17 @@ def render_markdown(results: dict, intro: str | None = None) -> str:
         "Evidence recall: the mean share of a question's gold supporting pages that the evidence holds; all gold "
         "pages: the share of questions with every one. Over the questions with gold pages (n gold); \"–\" where "
         "there are none (TriviaQA, Direct). Steps per plan count the steps kept (ReWOO); too many steps: the "
-        "share of plans cut at `max_plan_steps`.",
+        "share of plans cut at `max_plan_steps`; duplicate steps/plan: the mean count of steps repeating an "
+        "earlier step's tool and input (case and whitespace aside), Worker calls and Solver tokens spent on "
+        "nothing new.",
         "",
         *_table(
             ["method", "kind", "planner prompt", "n gold", "evidence recall [95% CI]", "all gold pages [95% CI]",
-             "plan valid", "steps/plan", "p50", "max", "too many steps", "planner prompt tok"],
+             "plan valid", "steps/plan", "p50", "max", "too many steps", "duplicate steps/plan", "planner prompt tok"],
             [[m, pm["kind"], pm["planner_prompt"] or "–", pm["n_evidence"], _ci_text(pm["evidence_recall"]),
               _ci_text(pm["evidence_all"]), pm["plan_valid_rate"], _f(steps.get("mean"), 2), _f(steps.get("p50"), 1),
-              _f(steps.get("max"), 0), pm["too_many_steps_rate"], _f(pm["planner_prompt_tokens_mean"], 0)]
+              _f(steps.get("max"), 0), pm["too_many_steps_rate"], _f(pm.get("duplicate_steps_mean"), 2),
+              _f(pm["planner_prompt_tokens_mean"], 0)]
              for m, pm in per_method.items() for steps in [pm["plan_steps"] or {}]],
         ),
         f"Paired against {reference} (method − reference, same questions):",

@@ -16,9 +16,11 @@ from distill.config import load_config, validate
 from distill.errors import DistillError
 from distill.evaluate import (
     EvalConfig,
+    EvalRecord,
     FailingTool,
     InjectedToolFailure,
     build_method,
+    evaluate,
     gold_hops,
     load_eval_examples,
     methods_of,
@@ -303,6 +305,39 @@ def test_more_questions_resume_and_fresh_sets_aside_only_the_methods_made_otherw
     assert not (out / "records" / "teacher.jsonl").exists()
     assert [p.read_text() for p in (out / "records").glob("teacher.jsonl.before-*")] == [kept]
     assert (out / "records" / "student.jsonl").exists() and (out / "records" / "direct.jsonl").exists()
+
+
+def test_each_rewoo_record_carries_its_plans_duplicate_steps_and_the_report_shows_their_mean(tmp_path, monkeypatch):
+    """A whole `evaluate` with a stand-in OpenAI server whose planner asks the Calculator the same sum twice (in
+    other spacing and tool case) and another once: each ReWOO record stores 1 duplicate step, the schema reads it
+    back, Direct's records have none to store, and the report's Planner table shows 1.00 for the row."""
+    from distill.report import write_report
+
+    monkeypatch.chdir(ROOT)
+    plan = ("Plan: add.\n#E1 = Calculator[2 + 2]\nPlan: add again.\n#E2 = calculator[ 2  +  2 ]\n"
+            "Plan: multiply.\n#E3 = Calculator[3 * 3]\n")
+    with chat_api(reply=plan) as api:
+        spec = {"backend": "openai", "base_url": api.url, "model": "base", "max_retries": 0}
+        out = tmp_path / "eval"
+        cfg = validate(EvalConfig, BASE | {"output_dir": str(out), "tools": ["Calculator"], "solver": spec,
+                                           "planners": [{"name": "student", "prompt": "compact", "spec": spec}]})
+        evaluate(cfg)
+    student = read_jsonl(out / "records" / "student.jsonl", EvalRecord)
+    direct = read_jsonl(out / "records" / "direct.jsonl", EvalRecord)
+    assert len(student) == 2 and [r["duplicate_steps"] for r in student] == [1, 1]
+    assert [e["status"] for e in student[0]["evidence"]] == ["ok", "ok", "ok"]  # the Worker ran the repeat too
+    assert all(r.get("duplicate_steps") is None for r in direct)
+    results = write_report(out)
+    assert results["per_method"]["student"]["duplicate_steps_mean"] == 1.0
+    assert results["per_method"]["direct"]["duplicate_steps_mean"] is None
+    assert "| 1.00 |" in (out / "report.md").read_text().split("## The Planner apart from the Solver")[1]
+
+
+def test_an_eval_record_written_before_duplicate_steps_existed_still_reads():
+    record = {"method": "student", "id": "mini-1", "kind": "rewoo", "planner": {"model": "m"}} | RECORD_REST
+    assert EvalRecord.model_validate(record).duplicate_steps is None
+    with pytest.raises(ValueError, match="duplicate_steps"):
+        EvalRecord.model_validate(record | {"duplicate_steps": -1})
 
 
 @contextlib.contextmanager

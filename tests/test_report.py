@@ -50,7 +50,7 @@ def rec(
 ) -> dict:
     """A record in the trajectory format with just what the report reads; scores and evidence recall as the
     agents store them. `gold`: the question's supporting pages; `titles`: the pages the first step retrieved."""
-    plan_steps = [{"id": f"#E{i}", "description": "", "tool": "Wikipedia", "input": "x", "deps": []} for i in
+    plan_steps = [{"id": f"#E{i}", "description": "", "tool": "Wikipedia", "input": f"x{i}", "deps": []} for i in
                   range(1, steps + 1)]
     found = "\n\n".join(f"{t}: a paragraph about {t}." for t in titles)
     evidence = [{"id": s["id"], "tool": "Wikipedia", "input": "x", "output": found if i == 0 and found else "y",
@@ -240,7 +240,41 @@ def test_steps_per_plan_and_the_share_cut_at_max_plan_steps():
     react = method_metrics([rec("react", "a", "x", "x", kind="react", steps=3)])
     assert react["plan_steps"] is None and react["too_many_steps_rate"] is None
     text = render_markdown(compute({"m": records}, samples=50))
-    assert "| 0.600 | 2.40 | 2.0 | 7 | 0.200 | 50 |" in text
+    assert "| 0.600 | 2.40 | 2.0 | 7 | 0.200 | 0.00 | 50 |" in text
+
+
+def repeating(r: dict, *inputs: str) -> dict:
+    """`r` with its plan's steps asking Wikipedia for `inputs`, as a planner that repeats itself writes them."""
+    steps = [{"id": f"#E{i}", "description": "", "tool": "Wikipedia", "input": text, "deps": []}
+             for i, text in enumerate(inputs, 1)]
+    return r | {"plan": r["plan"] | {"steps": steps}}
+
+
+def test_duplicate_steps_per_plan_are_counted_from_each_plan_and_shown_per_method(tmp_path):
+    """The served student's four `Wikipedia[Eiffel Tower]` are three duplicates; the mean is over every ReWOO
+    plan, counted from its steps, so records written before eval stored the count are counted too."""
+    eiffel = ("Eiffel Tower", "eiffel  tower", "Eiffel Tower ", "EIFFEL TOWER")
+    looping = [repeating(rec("looping", "a", "x", "x"), *eiffel),
+               repeating(rec("looping", "b", "x", "x"), "Paris", "Seine"),
+               repeating(rec("looping", "c", "x", "x"), "Louvre", "louvre", "Paris")]
+    clean = [repeating(rec("clean", q, "x", "x"), "Paris", "Seine") for q in "abc"]
+    react = [rec("react", q, "x", "x", kind="react", steps=3) for q in "abc"]
+    assert all("duplicate_steps" not in r for r in looping)  # as older records: no stored count
+    m = method_metrics(looping)
+    assert m["duplicate_steps_mean"] == pytest.approx((3 + 0 + 1) / 3)
+    assert method_metrics(clean)["duplicate_steps_mean"] == 0.0
+    assert method_metrics(react)["duplicate_steps_mean"] is None  # not a plan: "–", never 0
+    out = write_run(tmp_path, {"clean": clean, "looping": looping, "react": react})
+    results = write_report(out)
+    assert results["per_method"]["looping"]["duplicate_steps_mean"] == pytest.approx(4 / 3, abs=1e-6)
+    report = (out / "report.md").read_text()
+    planner = report.split("## The Planner apart from the Solver")[1].split("Paired against")[0].splitlines()
+    rows = {line.split(" | ")[0][2:]: line for line in planner if line.startswith("| ")}
+    assert rows["method"].endswith("| too many steps | duplicate steps/plan | planner prompt tok |")
+    assert rows["looping"].endswith("| 0.000 | 1.33 | 50 |") and rows["clean"].endswith("| 0.000 | 0.00 | 50 |")
+    assert rows["react"].endswith("| – | – | – |")
+    html = (out / "report.html").read_text()
+    assert "duplicate steps/plan" in html and "1.33" in html
 
 
 def write_run(tmp_path: Path, by_method: dict[str, list[dict]], manifest: dict | None = None) -> Path:
