@@ -31,7 +31,7 @@ from distill.config import AgentConfig, fill_server, read_json_model
 from distill.data import DatasetSource
 from distill.errors import DistillError
 from distill.merge import ADAPTER_INFO
-from distill.reward import RewardConfig
+from distill.reward import REWARD_PARTS, RewardConfig
 from distill.rewoo.record import TrajectoryRecord
 
 POLICY = "policy"  # the LoRA module name the round's adapter is served under
@@ -453,7 +453,7 @@ class PlannerReward:
                                          for t, ex in zip(texts, examples)))
         self.calls.append(len(texts))
         if log_metric is not None:
-            for part in ("valid", "ran", "recall", "answer_in_evidence", "extra_steps"):
+            for part in REWARD_PARTS:
                 values = [r.parts[part] for r in rewards if r.parts.get(part) is not None]
                 if values:
                     log_metric(f"reward/{part}", sum(values) / len(values))
@@ -500,7 +500,7 @@ def run_grpo(cfg: ImproveConfig, examples: list) -> dict:
     if info["main_process"]:
         inherit_record(cfg, cfg.adapter, out / layout.ADAPTER, "grpo")
     keys = ("step", "reward", "reward_std", "kl", "loss", "rewards/planner_reward/mean",
-            *(f"reward/{p}" for p in ("valid", "ran", "recall", "answer_in_evidence", "extra_steps")))
+            *(f"reward/{p}" for p in REWARD_PARTS))
     history = [{k: e[k] for k in keys if k in e} for e in info["log_history"] if "reward" in e]
     last = history[-1] if history else {}
     # each process scores its own equal share of a step's completions

@@ -13,9 +13,14 @@ normaliser), so a reward gain is a gain the report can show:
   appears in the evidence, else 0.
 - `extra_steps`: steps beyond what the question needs (its gold page count, else `free_steps`), each costing
   `step_cost`: the paper's point is few calls.
+- `duplicate_steps`: steps repeating an earlier step's call (`rewoo.plan.duplicate_steps`: same tool, same
+  input up to case and whitespace), each costing `duplicate_step_penalty` (off by default). A repeat adds no
+  evidence, so recall cannot see it, yet the Worker runs it and the Solver reads it again.
 
 `total = valid_weight + ran_weight * ran + (recall_weight * recall | answer_weight * answer_in_evidence)
-- step_cost * extra_steps`; every part is returned beside it, so a run logs what moved.
+- step_cost * extra_steps - duplicate_step_penalty * duplicate_steps`, where the duplicate penalty takes a plan
+down at most to 0, an invalid plan's reward: a valid plan that repeats a call must not pay less than text that
+does not parse. Every part is returned beside the total, so a run logs what moved.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from pydantic import Field
 from distill.config import Strict
 from distill.data import Example
 from distill.metrics import evidence_recall, gold_titles, trivia_normalize
-from distill.rewoo.plan import DEFAULT_MAX_PLAN_STEPS, parse_plan
+from distill.rewoo.plan import DEFAULT_MAX_PLAN_STEPS, duplicate_steps, parse_plan
 from distill.rewoo.worker import WorkerConfig, run_plan
 
 
@@ -51,6 +56,12 @@ class RewardConfig(Strict):
     """steps a question without gold pages may take for free"""
     max_plan_steps: int = Field(default=DEFAULT_MAX_PLAN_STEPS, ge=1, le=64)
     """steps a plan may have; more is invalid"""
+    duplicate_step_penalty: float = Field(default=0.0, ge=0, le=1)
+    """cost per step repeating an earlier step's tool and input (case and whitespace aside); never below 0"""
+
+
+# The reward's parts, in the order `score_plan` returns them: what a run logs per part.
+REWARD_PARTS = ("valid", "ran", "recall", "answer_in_evidence", "extra_steps", "duplicate_steps")
 
 
 @dataclass(frozen=True)
@@ -75,14 +86,15 @@ async def score_plan(output: str, example: Example, tools: Mapping[str, Any], cf
     golds = gold_titles(example.supporting_facts)
     if not plan.valid:
         parts = {"valid": 0.0, "ran": 0.0, "recall": 0.0 if golds else None,
-                 "answer_in_evidence": None if golds else 0.0, "extra_steps": 0.0}
+                 "answer_in_evidence": None if golds else 0.0, "extra_steps": 0.0, "duplicate_steps": 0.0}
         return Reward(0.0, parts)
     evidence = [e.to_dict() for e in await run_plan(plan, tools, worker)]
     ran = sum(e["status"] == "ok" for e in evidence) / len(evidence)
     needed = len(golds) or cfg.free_steps
     extra = float(max(0, len(plan.steps) - needed))
+    repeats = float(duplicate_steps(plan.steps))
     parts: dict[str, float | None] = {"valid": 1.0, "ran": ran, "recall": None, "answer_in_evidence": None,
-                                      "extra_steps": extra}
+                                      "extra_steps": extra, "duplicate_steps": repeats}
     total = cfg.valid_weight + cfg.ran_weight * ran - cfg.step_cost * extra
     if golds:
         parts["recall"] = evidence_recall(golds, evidence)["recall"]
@@ -90,6 +102,8 @@ async def score_plan(output: str, example: Example, tools: Mapping[str, Any], cf
     else:
         parts["answer_in_evidence"] = float(answer_in_evidence(example.answers, evidence))
         total += cfg.answer_weight * parts["answer_in_evidence"]
+    # down to 0 at most, never up: a total already below 0 (step costs) stays where it is
+    total -= min(cfg.duplicate_step_penalty * repeats, max(total, 0.0))
     return Reward(total, parts, evidence)
 
 

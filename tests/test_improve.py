@@ -177,7 +177,7 @@ def test_one_grpo_step_continues_the_adapter_and_scores_every_completion_of_the_
     summary = result["rounds"][0]
     assert summary["steps"] == 1 and summary["samples"] == 4  # one prompt's group of num_generations completions
     history = json.loads((tmp_path / "improve" / "grpo" / "reward_history.json").read_text())
-    assert history and {"reward", "reward/valid"} <= set(history[0])
+    assert history and {"reward", "reward/valid", "reward/duplicate_steps"} <= set(history[0])  # every part logged
     # the same adapter continued (its modules and rank), not a new one; a random model's plans all score 0, so
     # the group has no advantage to learn from and its weights need not move in one step
     out = tmp_path / "improve" / "grpo" / "adapter"

@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from distill.data import Example, load_examples
 from distill.reward import RewardConfig, score_group, score_plan
@@ -38,7 +39,8 @@ def reward(output: str, example: Example, tools: dict, **weights):
 
 def test_both_gold_pages_found(jaws, tools):
     r = reward(JAWS + SPIELBERG, jaws, tools)
-    assert r.parts == {"valid": 1.0, "ran": 1.0, "recall": 1.0, "answer_in_evidence": None, "extra_steps": 0.0}
+    assert r.parts == {"valid": 1.0, "ran": 1.0, "recall": 1.0, "answer_in_evidence": None, "extra_steps": 0.0,
+                       "duplicate_steps": 0.0}
     assert r.total == pytest.approx(0.2 + 0.2 + 1.0)
     assert [e["status"] for e in r.evidence] == ["ok", "ok"]
 
@@ -71,7 +73,8 @@ def test_without_gold_pages_an_answer_alias_in_the_evidence_counts(tools):
     berlin = Example("t2", "triviaqa", "dev", "What is the capital of Germany?", ["Berlin"])
     plan = "Plan: look up France.\n#E1 = Wikipedia[France]\n"
     hit, miss = reward(plan, paris, tools), reward(plan, berlin, tools)
-    assert hit.parts == {"valid": 1.0, "ran": 1.0, "recall": None, "answer_in_evidence": 1.0, "extra_steps": 0.0}
+    assert hit.parts == {"valid": 1.0, "ran": 1.0, "recall": None, "answer_in_evidence": 1.0, "extra_steps": 0.0,
+                         "duplicate_steps": 0.0}
     assert hit.total == pytest.approx(1.4) and miss.total == pytest.approx(0.4)
     three = plan + "Plan: more.\n#E2 = Wikipedia[Paris]\nPlan: more.\n#E3 = Wikipedia[Seine]\n"
     assert reward(three, paris, tools, free_steps=2).parts["extra_steps"] == 1.0
@@ -81,3 +84,33 @@ def test_a_group_is_scored_at_once_in_its_order(jaws, tools):
     outputs = [JAWS + SPIELBERG, "no plan", JAWS]
     rewards = asyncio.run(score_group(outputs, jaws, tools))
     assert [round(r.total, 6) for r in rewards] == [1.4, 0.0, 0.9]
+
+
+def test_a_repeated_call_costs_the_duplicate_penalty_only_when_it_is_on(jaws, tools):
+    """The third step asks Wikipedia for Jaws (film) again, in other case and spacing: it finds nothing new, so
+    recall cannot tell it from the two-step plan; only its extra-step cost and, when on, the penalty can."""
+    again = JAWS + SPIELBERG + "Plan: check the film again.\n#E3 = Wikipedia[  jaws   (FILM) ]\n"
+    off, on = reward(again, jaws, tools), reward(again, jaws, tools, duplicate_step_penalty=0.1)
+    assert off.parts == on.parts == {"valid": 1.0, "ran": 1.0, "recall": 1.0, "answer_in_evidence": None,
+                                     "extra_steps": 1.0, "duplicate_steps": 1.0}
+    assert off.total == pytest.approx(0.2 + 0.2 + 1.0 - 0.05)  # the default: as before the setting existed
+    assert on.total == pytest.approx(off.total - 0.1)
+    clean = reward(JAWS + SPIELBERG, jaws, tools, duplicate_step_penalty=0.1)
+    assert clean.parts["duplicate_steps"] == 0.0 and clean.total == pytest.approx(1.4)  # no repeat, no cost
+
+
+def test_the_duplicate_penalty_takes_a_plan_down_to_an_invalid_plans_zero_at_most(tools):
+    berlin = Example("t2", "triviaqa", "dev", "What is the capital of Germany?", ["Berlin"])
+    four = "".join(f"Plan: look up France.\n#E{i} = Wikipedia[France]\n" for i in range(1, 5))
+    plain = reward(four, berlin, tools)  # 0.2 + 0.2 - 0.05 * 2 extra steps, no answer
+    assert plain.parts["duplicate_steps"] == 3.0 and plain.total == pytest.approx(0.3)
+    assert reward(four, berlin, tools, duplicate_step_penalty=0.05).total == pytest.approx(0.3 - 0.15)
+    assert reward(four, berlin, tools, duplicate_step_penalty=1.0).total == 0.0  # not -2.7
+    costly = reward(four, berlin, tools, step_cost=1.0, duplicate_step_penalty=1.0)  # already below 0: left there
+    assert costly.total == pytest.approx(0.4 - 2.0)
+
+
+@pytest.mark.parametrize("penalty", [-0.1, 1.5])
+def test_the_duplicate_penalty_is_bounded(penalty):
+    with pytest.raises(ValidationError, match="duplicate_step_penalty"):
+        RewardConfig(duplicate_step_penalty=penalty)
