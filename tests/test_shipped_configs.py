@@ -61,3 +61,34 @@ def test_the_check_finds_only_what_the_header_names(path, tmp_path, capsys, monk
     assert rc == (2 if problems(text) else 0)
     if argv[0] == "pipeline":
         assert not (tmp_path / "run").exists()
+
+
+def test_configs_that_use_the_demo_student_ask_it_as_it_was_trained():
+    """The demo student is trained on one prompt kind and tool list (demo_smollm2_cpu.yaml); improve and eval refuse
+    to send it another once it exists, which an offline check before `make demo` cannot see. Each config that
+    samples from it (an improve `adapter`, an eval row on the `planner` module serve_planner.yaml serves it as)
+    asks the same, so its documented command runs after `make demo`."""
+    import yaml
+
+    from distill.evaluate import EvalConfig
+    from distill.improve import ImproveConfig
+    from distill.config import load_config
+
+    demo = yaml.safe_load((ROOT / "configs" / "demo_smollm2_cpu.yaml").read_text())
+    trained = (demo["students"]["student"]["student_prompt"], demo["sft_data"]["tools"])
+    served = yaml.safe_load((ROOT / "configs" / "serve_planner.yaml").read_text())
+    assert served["adapter"] == "runs/demo/train/student"
+    asked = {}
+    for path in CONFIGS:
+        data = yaml.safe_load(path.read_text())
+        if data.get("adapter") == "runs/demo/train/student" and "tools" in data:
+            cfg = load_config(ImproveConfig, str(path), [])
+            asked[path.name] = (cfg.planner_prompt, cfg.tools)
+        if path.name.startswith("eval_") and "smollm2" in path.name:
+            cfg = load_config(EvalConfig, str(path), [])
+            for row in cfg.planners:
+                if row.spec.model == served.get("lora_name", "planner"):
+                    asked[f"{path.name} {row.name}"] = (row.prompt, cfg.tools)
+    assert {"improve_smollm2_cpu.yaml", "improve_smollm2_grpo_cpu.yaml", "eval_smollm2_cpu.yaml student"} <= set(asked)
+    wrong = {name: got for name, got in asked.items() if got != trained}
+    assert not wrong, f"the demo student was trained on {trained}; these ask otherwise: {wrong}"
