@@ -140,13 +140,17 @@ def fill_server(obj: Any, url: str | None) -> Any:
     return obj
 
 
-def check_base_url(url: str) -> None:
-    """http(s)://host[:port][/path], or the @server placeholder; anything else raises ValueError in words. A URL
-    with credentials is refused before any other fault is named, so no message repeats its password."""
+def check_base_url(url: str, example: str | None = None) -> None:
+    """http(s)://host[:port][/path], or the @server placeholder of a model's base_url (not where `example`, an
+    address of another kind, is given); anything else raises ValueError in words. A URL with credentials is
+    refused before any other fault is named, so no message repeats its password."""
     from urllib.parse import urlsplit
 
     if url == SERVER_PLACEHOLDER:
-        return
+        if example is None:
+            return
+        raise ValueError(f"{SERVER_PLACEHOLDER!r} names a model server the pipeline starts, not this address; "
+                         f"e.g. {example}")
     what = url_credentials(url) or (USERINFO if "@" in url.split("//", 1)[-1].split("/", 1)[0] else None)
     if what:
         raise ValueError(credentials_refusal(what, IN_API_KEY_ENV))
@@ -156,6 +160,8 @@ def check_base_url(url: str) -> None:
     except ValueError as exc:
         raise ValueError(f"{url!r} is not a usable URL ({exc})") from None
     if parts.scheme not in ("http", "https"):
+        if example is not None:
+            raise ValueError(f"{url!r}: the scheme must be http or https, e.g. {example}")
         raise ValueError(f"{url!r}: the scheme must be http or https (or the value {SERVER_PLACEHOLDER!r} in a "
                          "pipeline config), e.g. http://127.0.0.1:8000/v1")
     if not parts.hostname:
@@ -216,6 +222,8 @@ class AgentConfig(Strict):
     """characters kept of each paragraph returned"""
     wikipedia_contact: str | None = None
     """online backend: a URL or email for the User-Agent (Wikimedia's policy asks for one)"""
+    wikipedia_api_url: str = "https://en.wikipedia.org/w/api.php"
+    """online backend: the MediaWiki API searched (another language's Wikipedia, a mirror)"""
     wikipedia_max_concurrency: int = Field(default=4, ge=1)
     """online backend: requests in flight"""
     wikipedia_max_retries: int = Field(default=5, ge=0)
@@ -246,6 +254,12 @@ class AgentConfig(Strict):
     prices: dict[str, dict[str, Annotated[float, Field(ge=0)]]] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
     """dollars per million tokens per model name ({model: {prompt_per_mtok, completion_per_mtok}}); gpt-4o-mini,
     gpt-4o, gpt-4.1(-mini) and gpt-3.5-turbo are built in"""
+
+    @field_validator("wikipedia_api_url")
+    @classmethod
+    def _api_url(cls, value: str) -> str:
+        check_base_url(value, example="https://en.wikipedia.org/w/api.php")
+        return value
 
     def endpoints(self) -> dict[str, ModelSpec]:
         """{setting: endpoint} of every model a run of this config calls: what a check of keys, servers and

@@ -118,9 +118,9 @@ CPU_TRAIN = ("--set max_steps=1 --set bf16=false --set dtype=float32 --set gradi
              "--set use_liger_kernel=false --set padding_free=false --set load_in_4bit=false")
 TINY_DATA = ("--set 'datasets=[{name: hotpotqa, source: data/demo/train.jsonl, split: train, n: 6}]' "
              "--set 'eval_sets=[{name: hotpotqa, source: data/demo/dev.jsonl, split: dev}]' "
-             "--set wikipedia_backend=local --set wikipedia_corpus=data/demo/corpus.jsonl")
+             "--set wikipedia_api_url={wiki}")
 TINY_EVAL = ("--set 'datasets=[{name: hotpotqa, source: data/demo/dev.jsonl, split: dev, n: 4}]' "
-             "--set wikipedia_backend=local --set wikipedia_corpus=data/demo/corpus.jsonl "
+             "--set wikipedia_api_url={wiki} "
              "--set robustness.n=2 --set bootstrap_samples=100")
 # `make demo` at a small scale, its vLLM teacher and the improve round's server replaced by the fake API ({api})
 DEMO_SMALL = ("--set \"teacher={backend: openai, base_url: '{api}', model: smollm2-135m-instruct}\" "
@@ -213,10 +213,8 @@ SUBSTITUTIONS: list[Rule] = [
     Rule(r"^distill score ", "run", "as written, on the predictions.jsonl the rehearsal writes (the demo dev "
          "answers, every other one wrong)"),
     Rule(r"configs/ask_openai\.yaml", "run", "the hosted Planner and Solver are the fake API; online Wikipedia is "
-         "BM25 over the demo corpus (the MediaWiki endpoint is fixed in the code, so a fake MediaWiki cannot stand in "
-         "without a setting; tests/test_wikipedia_online.py runs the online client against one)",
-         [(r"^OPENAI_API_KEY=\.\.\. ", ""),
-          (r"$", " --set wikipedia_backend=local --set wikipedia_corpus=data/demo/corpus.jsonl")]),
+         "the fake MediaWiki API over the demo corpus",
+         [(r"^OPENAI_API_KEY=\.\.\. ", ""), (r"$", " --set wikipedia_api_url={wiki}")]),
     Rule(r"^accelerate launch .*--num_processes 8 -m distill\.improve --config configs/improve_qwen2\.5-7b_grpo_gpu",
          "run", "GRPO of the tiny Qwen2 adapter the README's run trained: 8 GPUs -> 2 CPU processes (multi_cpu.yaml); "
          "the hosted LLM tool is the fake API; 4 demo questions, 2 completions of 32 tokens, 1 step, no colocated "
@@ -232,9 +230,9 @@ SUBSTITUTIONS: list[Rule] = [
     # --- run
     Rule(r"^distill generate --config configs/generate_teacher\.yaml --check", "run",
          "the hosted teacher is the fake API (OPENAI_BASE_URL); the Hub's HotpotQA and TriviaQA are 6 demo "
-         "questions and online Wikipedia the demo corpus (local BM25)", [(r"$", " --offline " + TINY_DATA)]),
+         "questions and online Wikipedia the fake MediaWiki API over the demo corpus", [(r"$", " --offline " + TINY_DATA)]),
     Rule(r"(^|\s)(distill generate|python scripts/generate_trajectories\.py) --config configs/generate_teacher\.yaml",
-         "run", "as its --check above: the fake teacher, 6 demo questions, the demo corpus",
+         "run", "as its --check above: the fake teacher, 6 demo questions, the fake MediaWiki API",
          [(r"^OPENAI_API_KEY=\.\.\. ", ""), (r"$", " " + TINY_DATA)]),
     Rule(r"^distill filter runs/teacher/", "run", "runs/teacher stands for any teacher run: it reads the "
          "generate_teacher.yaml run's records", [(r"runs/teacher/trajectories", "runs/teacher_gpt4o-mini/trajectories")]),
@@ -259,7 +257,7 @@ SUBSTITUTIONS: list[Rule] = [
          [(r"$", " --dry-run")]),
     Rule(r"^(OPENAI_API_KEY=\.\.\. )?distill eval --config configs/eval_hotpot_trivia_7b\.yaml", "run",
          "the hosted Solver, teacher and judge are the fake API; the served student and base its stand-in on "
-         ":8000; 4 demo dev questions, the demo corpus",
+         ":8000; 4 demo dev questions, the fake MediaWiki API over the demo corpus",
          [(r"^OPENAI_API_KEY=\.\.\. ", ""), (r"$", " " + TINY_EVAL)]),
     Rule(r"^distill report ", "run", "as written"),
     Rule(r"^(OPENAI_API_KEY=\.\.\. )?distill pipeline --config configs/pipeline_hotpot_trivia_7b\.yaml --check",
@@ -345,6 +343,15 @@ def known_questions() -> dict[str, tuple[list[str], list[str]]]:
     return known
 
 
+def demo_pages() -> dict[str, str]:
+    """The demo corpus as Wikipedia pages for the fake MediaWiki API: each title's paragraphs, in file order."""
+    pages: dict[str, list[str]] = {}
+    for line in (ROOT / "data" / "demo" / "corpus.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        pages.setdefault(row["title"], []).append(row["text"])
+    return {title: "\n".join(texts) for title, texts in pages.items()}
+
+
 def free(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
@@ -372,7 +379,7 @@ class Rehearsal:
         self.serving: dict[int, contextlib.ExitStack] = {}  # port -> what stops the server the rehearsal runs there
 
     def __enter__(self):
-        from fakes import rewoo_chat
+        from fakes import mediawiki, rewoo_chat
 
         for name in ("configs", "data", "scripts"):
             if not (self.work / name).exists():
@@ -384,6 +391,7 @@ class Rehearsal:
             json.dumps({"id": r["_id"], "prediction": r["answer"] if n % 2 == 0 else "no idea", "answers": [r["answer"]]})
             + "\n" for n, r in enumerate(predictions)))
         self.api = self.stack.enter_context(rewoo_chat(known=known_questions(), models={"gpt-4o-mini": None}))
+        self.wiki = self.stack.enter_context(mediawiki(demo_pages()))
         bin_dir = Path(sys.executable).parent
         self.env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
                     "OPENAI_BASE_URL": self.api.url, "OPENAI_API_KEY": "sk-rehearsal-not-a-key",
@@ -398,7 +406,7 @@ class Rehearsal:
         """The fake API on the port a `distill serve` config names, listing the names it would serve."""
         from distill.config import load_config
         from distill.serve import ServeConfig, served_name
-        from fakes import rewoo_chat
+        from fakes import mediawiki, rewoo_chat
 
         argv = shlex.split(command)
         sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
@@ -469,7 +477,7 @@ class Rehearsal:
             return
         if rule.before:
             self.run_command(where, rule.before)
-        actual = substituted(command, rule).replace("{api}", self.api.url)
+        actual = substituted(command, rule).replace("{api}", self.api.url).replace("{wiki}", self.wiki.url)
         if rule.action not in ("stand-in", "serve") and actual in self.ran:
             self.outcomes.append(Outcome(where, command, "ran above", why=f"the same command: {self.ran[actual]}"))
             self.log(f"  ran above  {command}")

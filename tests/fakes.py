@@ -1,16 +1,18 @@
-"""Stand-ins for servers the tests cannot use: hosted APIs and the Hub, which cannot be reached from here, and a
-vLLM server with a LoRA module loaded, too slow to start for a test that needs only what its /v1/models says.
-Each is a real HTTP server on 127.0.0.1, so the client under test (httpx, openai, huggingface_hub) runs as it does
-against the real one."""
+"""Stand-ins for servers the tests cannot use: hosted APIs, the MediaWiki API and the Hub, which cannot be reached
+from here, and a vLLM server with a LoRA module loaded, too slow to start for a test that needs only what its
+/v1/models says. Each is a real HTTP server on 127.0.0.1, so the client under test (httpx, openai,
+huggingface_hub) runs as it does against the real one."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
 
 
 @contextlib.contextmanager
@@ -170,3 +172,130 @@ class _ReWOOHandler(_ChatHandler):
         self._send(200, {"object": "list", "data": [
             {"id": name, "object": "model", "root": root or name, "parent": None if root is None else "base"}
             for name, root in self.api.models.items()]})
+
+
+class FakeMediaWiki(ThreadingHTTPServer):
+    """The remote MediaWiki API, answering the two calls `OnlineWikipedia` makes (list=search, then prop=extracts)
+    in the API's formatversion=2 JSON layout over `pages`, with scripted faults (tests/test_wikipedia_online.py).
+
+    `faults` are used up one per request, in order; when they run out, `always` (None: answer properly).
+    A fault is "429", "429:<Retry-After value>", "503", "500", "slow" (no answer until the test ends, so the
+    client's timeout fires however loaded the machine is), "drop" (close
+    the connection without answering), "html" (200 with an HTML page), "api:<code>" (the API's JSON error),
+    or "404". The server records every request, the connections used and the most requests in flight.
+    """
+
+    daemon_threads = True
+
+    def __init__(self, pages: dict[str, str], port: int = 0) -> None:
+        super().__init__(("127.0.0.1", port), _MediaWikiHandler)
+        self.pages = pages  # title -> its intro extract
+        self.faults: list[str] = []
+        self.always: str | None = None
+        self.delay_s = 0.0
+        self.release = threading.Event()  # set at teardown: held "slow" answers may go then
+        self.together = 0  # hold the first requests until this many are in flight at once (0: no hold)
+        self.all_in = threading.Event()
+        self.requests: list[dict] = []
+        self.connections: set[tuple[str, int]] = set()
+        self.inflight = 0
+        self.max_inflight = 0
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/w/api.php"
+
+    def next_fault(self) -> str | None:
+        with self.lock:
+            return self.faults.pop(0) if self.faults else self.always
+
+    def handle_error(self, request, client_address) -> None:
+        pass  # a client that gave up on a slow answer leaves a broken pipe: expected here
+
+
+class _MediaWikiHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, so the test can see whether the client pools connections
+    server: FakeMediaWiki
+
+    def log_message(self, format, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        fake = self.server
+        params = dict(parse_qsl(urlsplit(self.path).query))
+        with fake.lock:
+            path = urlsplit(self.path).path
+            fake.requests.append({"t": time.monotonic(), "path": path, "params": params, "headers": dict(self.headers)})
+            fake.connections.add(self.client_address)
+            fake.inflight += 1
+            fake.max_inflight = max(fake.max_inflight, fake.inflight)
+            if fake.inflight >= fake.together:
+                fake.all_in.set()
+        fake.all_in.wait(30)  # a client that never sends `together` at once fails the test below, late but surely
+        try:
+            self._answer(fake, params, fake.next_fault())
+        finally:
+            with fake.lock:
+                fake.inflight -= 1
+
+    def _answer(self, fake: FakeMediaWiki, params: dict, fault: str | None) -> None:
+        time.sleep(fake.delay_s)
+        if fault == "drop":
+            self.close_connection = True
+            return
+        if fault == "slow":
+            fake.release.wait(60)
+        if fault and fault.split(":")[0] in ("429", "500", "503", "404"):
+            code, _, retry_after = fault.partition(":")
+            headers = {"Retry-After": retry_after} if retry_after else {}
+            return self._send(int(code), b"<html>busy</html>", "text/html", headers)
+        if fault == "html":
+            return self._send(200, b"<!DOCTYPE html><html>Wikimedia Error</html>", "text/html")
+        if fault and fault.startswith("api:"):
+            code = fault[4:]
+            return self._json({"error": {"code": code, "info": f"fake {code}"}}, {"Retry-After": "0"})
+        self._json(self._query(fake.pages, params))
+
+    @staticmethod
+    def _query(pages: dict[str, str], params: dict) -> dict:
+        if params.get("list") == "search":
+            words = params["srsearch"].lower().split()
+            scored = [(sum(w in f"{t} {x}".lower() for w in words), t) for t, x in pages.items()]
+            hits = [t for score, t in sorted(scored, key=lambda s: (-s[0], s[1])) if score][: int(params["srlimit"])]
+            return {"batchcomplete": True, "query": {"search": [{"ns": 0, "title": t} for t in hits]}}
+        if params.get("prop") == "extracts":
+            asked = params["titles"].split("|")
+            # The real API does not keep the order of `titles`; answering in reverse checks the client re-ranks.
+            found = [{"ns": 0, "title": t, "extract": pages[t]} for t in reversed(asked) if t in pages]
+            missing = [{"ns": 0, "title": t, "missing": True} for t in asked if t not in pages]
+            return {"batchcomplete": True, "query": {"pages": found + missing}}
+        return {"error": {"code": "badparams", "info": "unexpected call"}}
+
+    def _json(self, obj: dict, headers: dict | None = None) -> None:
+        self._send(200, json.dumps(obj).encode(), "application/json", headers)
+
+    def _send(self, code: int, body: bytes, ctype: str, headers: dict | None = None) -> None:
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:
+            self.close_connection = True  # the client already gave up (a slow answer)
+
+
+@contextlib.contextmanager
+def mediawiki(pages: dict[str, str], port: int = 0) -> Iterator[FakeMediaWiki]:
+    """A `FakeMediaWiki` over `pages`, answering properly, for as long as the block runs."""
+    server = FakeMediaWiki(pages, port)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.release.set()
+        server.shutdown()
+        server.server_close()

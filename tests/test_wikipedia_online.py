@@ -14,10 +14,8 @@ import json
 import logging
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qsl, urlsplit
-
 import pytest
+from fakes import FakeMediaWiki
 
 from distill import __version__
 from distill.errors import DistillError
@@ -39,121 +37,9 @@ ANSWER = (
 )
 
 
-class FakeMediaWiki(ThreadingHTTPServer):
-    """A fake of the remote MediaWiki API (see the module docstring), with scripted faults.
-
-    `faults` are used up one per request, in order; when they run out, `always` (None: answer properly).
-    A fault is "429", "429:<Retry-After value>", "503", "500", "slow" (no answer until the test ends, so the
-    client's timeout fires however loaded the machine is), "drop" (close
-    the connection without answering), "html" (200 with an HTML page), "api:<code>" (the API's JSON error),
-    or "404". The server records every request, the connections used and the most requests in flight.
-    """
-
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.faults: list[str] = []
-        self.always: str | None = None
-        self.delay_s = 0.0
-        self.release = threading.Event()  # set at teardown: held "slow" answers may go then
-        self.together = 0  # hold the first requests until this many are in flight at once (0: no hold)
-        self.all_in = threading.Event()
-        self.requests: list[dict] = []
-        self.connections: set[tuple[str, int]] = set()
-        self.inflight = 0
-        self.max_inflight = 0
-        self.lock = threading.Lock()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/w/api.php"
-
-    def next_fault(self) -> str | None:
-        with self.lock:
-            return self.faults.pop(0) if self.faults else self.always
-
-    def handle_error(self, request, client_address) -> None:
-        pass  # a client that gave up on a slow answer leaves a broken pipe: expected here
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, so the test can see whether the client pools connections
-    server: FakeMediaWiki
-
-    def log_message(self, format, *args) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        fake = self.server
-        params = dict(parse_qsl(urlsplit(self.path).query))
-        with fake.lock:
-            path = urlsplit(self.path).path
-            fake.requests.append({"t": time.monotonic(), "path": path, "params": params, "headers": dict(self.headers)})
-            fake.connections.add(self.client_address)
-            fake.inflight += 1
-            fake.max_inflight = max(fake.max_inflight, fake.inflight)
-            if fake.inflight >= fake.together:
-                fake.all_in.set()
-        fake.all_in.wait(30)  # a client that never sends `together` at once fails the test below, late but surely
-        try:
-            self._answer(fake, params, fake.next_fault())
-        finally:
-            with fake.lock:
-                fake.inflight -= 1
-
-    def _answer(self, fake: FakeMediaWiki, params: dict, fault: str | None) -> None:
-        time.sleep(fake.delay_s)
-        if fault == "drop":
-            self.close_connection = True
-            return
-        if fault == "slow":
-            fake.release.wait(60)
-        if fault and fault.split(":")[0] in ("429", "500", "503", "404"):
-            code, _, retry_after = fault.partition(":")
-            headers = {"Retry-After": retry_after} if retry_after else {}
-            return self._send(int(code), b"<html>busy</html>", "text/html", headers)
-        if fault == "html":
-            return self._send(200, b"<!DOCTYPE html><html>Wikimedia Error</html>", "text/html")
-        if fault and fault.startswith("api:"):
-            code = fault[4:]
-            return self._json({"error": {"code": code, "info": f"fake {code}"}}, {"Retry-After": "0"})
-        self._json(self._query(params))
-
-    @staticmethod
-    def _query(params: dict) -> dict:
-        if params.get("list") == "search":
-            words = params["srsearch"].lower().split()
-            scored = [(sum(w in f"{t} {x}".lower() for w in words), t) for t, x in PAGES.items()]
-            hits = [t for score, t in sorted(scored, key=lambda s: (-s[0], s[1])) if score][: int(params["srlimit"])]
-            return {"batchcomplete": True, "query": {"search": [{"ns": 0, "title": t} for t in hits]}}
-        if params.get("prop") == "extracts":
-            asked = params["titles"].split("|")
-            # The real API does not keep the order of `titles`; answering in reverse checks the client re-ranks.
-            found = [{"ns": 0, "title": t, "extract": PAGES[t]} for t in reversed(asked) if t in PAGES]
-            missing = [{"ns": 0, "title": t, "missing": True} for t in asked if t not in PAGES]
-            return {"batchcomplete": True, "query": {"pages": found + missing}}
-        return {"error": {"code": "badparams", "info": "unexpected call"}}
-
-    def _json(self, obj: dict, headers: dict | None = None) -> None:
-        self._send(200, json.dumps(obj).encode(), "application/json", headers)
-
-    def _send(self, code: int, body: bytes, ctype: str, headers: dict | None = None) -> None:
-        try:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            for key, value in (headers or {}).items():
-                self.send_header(key, value)
-            self.end_headers()
-            self.wfile.write(body)
-        except OSError:
-            self.close_connection = True  # the client already gave up (a slow answer)
-
-
 @pytest.fixture()
 def fake():
-    server = FakeMediaWiki()
+    server = FakeMediaWiki(PAGES)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield server
@@ -348,3 +234,24 @@ def test_a_rate_limit_is_a_tool_error_the_filter_drops(fake: FakeMediaWiki, faul
     assert "Wikipedia API" in evidence.error and "HTTP 429" in evidence.error
     record = {"plan": plan.to_dict(), "evidence": [evidence.to_dict()], "scores": {"em": 1.0, "f1": 1.0}}
     assert first_failure(record, FilterConfig()) == "step_failed"
+
+
+def test_the_api_url_setting_reaches_the_client_and_bad_ones_are_refused(fake: FakeMediaWiki) -> None:
+    """`wikipedia_api_url` picks the MediaWiki API a run searches (another language, a mirror, or the rehearsal's
+    fake): the agent factory's client calls it, and a setting that is no http(s) address is one line at load."""
+    from distill.agents import build_wikipedia
+    from distill.config import AgentConfig, validate
+
+    cfg = validate(AgentConfig, {"wikipedia_backend": "online", "wikipedia_api_url": fake.url,
+                                 "wikipedia_contact": "https://example.org/distill-tests", "wikipedia_top_k": 2,
+                                 "wikipedia_max_chars": 1000}, "test")
+    wiki = build_wikipedia(cfg, {"Wikipedia": ""})
+    assert asyncio.run(wiki.run("Curie physicist")) == ANSWER
+    assert {r["path"] for r in fake.requests} == {"/w/api.php"}
+    assert AgentConfig().wikipedia_api_url == "https://en.wikipedia.org/w/api.php"
+    for bad, words in (("en.wikipedia.org/w/api.php", "scheme must be http or https"),
+                       ("https://me:secret@mirror.test/w/api.php", "must not carry credentials"),
+                       ("@server", "not this address")):
+        with pytest.raises(DistillError, match=words) as info:
+            validate(AgentConfig, {"wikipedia_api_url": bad}, "test")
+        assert "secret" not in str(info.value) and "\n" not in str(info.value)

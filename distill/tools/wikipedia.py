@@ -196,6 +196,7 @@ class OnlineWikipedia:
             contact=cfg.wikipedia_contact, timeout_s=cfg.wikipedia_timeout_s, max_retries=cfg.wikipedia_max_retries,
             max_concurrency=cfg.wikipedia_max_concurrency, max_wait_s=cfg.wikipedia_max_wait_s,
             budget_s=0.9 * cfg.tool_timeout_s, top_k=cfg.wikipedia_top_k, max_chars=cfg.wikipedia_max_chars,
+            api_url=cfg.wikipedia_api_url,
         )
 
     async def run(self, query: str) -> str:
