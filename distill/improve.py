@@ -358,9 +358,12 @@ def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh
     with serving(cfg, adapter_in, out) as server, CallCache.open("auto", layout.call_cache(out.parent)) as cache:
         round_cfg = with_server(cfg, server.base_url if server else None)
         sample_round(round_cfg, i, round_cfg.planner, examples, out, fp, cache)
+        binding = getattr(server, "binding", None)
     records = [r for r in read_jsonl(out / SAMPLES) if r.get("fingerprint") == fp]
     kept = best_plans(records, cfg.min_reward)
     summary = round_summary(records, kept, len(examples))
+    if binding:  # how the round's CPU server shared the machine while it sampled
+        summary["server_cpu_binding"] = binding
     if not kept:
         write_json(out / layout.SUMMARY, summary)
         raise DistillError(f"improve round {i}: no question's best plan reached min_reward {cfg.min_reward:g} "

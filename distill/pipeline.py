@@ -239,6 +239,12 @@ class PipelineConfig(Strict):
         return value
 
 
+def served_by(server) -> dict:
+    """What a stage's marker keeps of the vLLM server it ran against: on a CPU, how it shared the machine."""
+    binding = getattr(server, "binding", None)
+    return {"server_cpu_binding": binding} if binding else {}
+
+
 class StageMarker(BaseModel):
     """`DONE.json`: a finished stage, or one student's part of a per-student stage, with what it was made from:
     its settings (the resolved section, less distill.run's RUNTIME_KEYS), the digests of its inputs, and their
@@ -794,7 +800,7 @@ class Pipeline:
         """Records made with other settings are set aside: what the pipeline keeps is what it was told."""
         with self.server("teacher_server") as srv:
             cfg = self.generate_config(srv.base_url if srv else None)
-            return self.entry("generate")(cfg, self.config_path, fresh=True)
+            return self.entry("generate")(cfg, self.config_path, fresh=True) | served_by(srv)
 
     def filter(self) -> dict:
         from distill.filter import format_report
@@ -829,7 +835,7 @@ class Pipeline:
         with self.server("student_server") as srv:
             cfg = self.eval_config(srv.base_url if srv else None)
             manifest = self.entry("eval")(cfg, self.config_path, fresh=True)
-        return {"methods": [m["name"] for m in manifest["methods"]]}
+        return {"methods": [m["name"] for m in manifest["methods"]]} | served_by(srv)
 
     def report(self) -> dict:
         """The report from the evaluation's records, at the run folder's root, with the stage timings."""

@@ -105,7 +105,7 @@ RUNTIME_KEYS = frozenset({
     "output_dir", "cache", "concurrency", "worker_max_concurrency", "wikipedia_max_concurrency",
     "wikipedia_max_retries", "wikipedia_timeout_s", "wikipedia_max_wait_s", "wikipedia_contact", "tool_timeout_s",
     "max_concurrency", "timeout_s", "max_retries", "max_retry_after_s", "api_key_env", "host", "port",
-    "health_timeout_s", "log_file", "report_to", "max_cost_usd",
+    "health_timeout_s", "log_file", "report_to", "max_cost_usd", "cpu_reserved_cores",
 })
 
 

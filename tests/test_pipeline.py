@@ -138,7 +138,8 @@ class Recorder:
 
         @contextmanager
         def running():
-            yield SimpleNamespace(base_url=f"http://{'student' if cfg.adapters else 'teacher'}.test/v1")
+            yield SimpleNamespace(base_url=f"http://{'student' if cfg.adapters else 'teacher'}.test/v1",
+                                  binding={"cores": 2, "reserved_cores": 0, "omp_threads_bind": "auto"})
 
         return running()
 
@@ -194,6 +195,10 @@ def test_each_stage_gets_its_folders_and_settings_and_done_json_its_counts(tmp_p
     Pipeline(validate(PipelineConfig, wiring_config(tmp_path)), "p.yaml", recorder.entries()).run_all()
 
     assert [name for name, _ in recorder.calls] == ["server", "generate", "train", "server", "eval"]
+    for stage in ("generate", "eval"):  # how the CPU server it ran against shared the machine
+        done = json.loads((run / stage / "DONE.json").read_text())
+        assert done["server_cpu_binding"] == {"cores": 2, "reserved_cores": 0, "omp_threads_bind": "auto"}, stage
+    assert "server_cpu_binding" not in json.loads((run / "train" / "DONE.json").read_text())
     calls = dict(recorder.calls[1:3]) | {"eval": recorder.calls[4][1]}
     teacher_server, student_server = recorder.calls[0][1], recorder.calls[3][1]
     assert teacher_server.adapter is None and not teacher_server.adapters and teacher_server.port == 0

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -297,6 +298,58 @@ def test_extra_args_and_env_pass_through(base: Path, adapter: Path) -> None:
     argv, env = build_command(cfg, "cpu")
     assert argv[-4:] == ["--max-num-seqs", "64", "--seed", "1"]
     assert env["OMP_NUM_THREADS"] == "2"
+
+
+def test_a_small_idle_cpu_machine_gives_the_model_every_core(base: Path, adapter: Path, monkeypatch) -> None:
+    """vLLM's own rule keeps one core per engine process off the model: on 2 cores it serves on one. Up to
+    SMALL_MACHINE_CORES, on a machine no other process keeps busy, the server gets VLLM_CPU_NUM_OF_RESERVED_CPU=0
+    and passive OpenMP waiting; above, or beside busy processes, vLLM's rule stands; the setting and exported
+    variables win; a GPU server is left alone. What was chosen is what `binding` records."""
+    import distill.serve as serve
+
+    for name in ("VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(serve, "busy_cores", lambda: 0.1)
+    cfg = ServeConfig(base_model=str(base), adapter=str(adapter))
+    for cores, expected in ((1, "0"), (2, "0"), (4, "0"), (5, None), (64, None)):
+        monkeypatch.setattr(serve, "usable_cores", lambda cores=cores: cores)
+        env = build_command(cfg, "cpu")[1]
+        assert env.get("VLLM_CPU_NUM_OF_RESERVED_CPU") == expected, cores
+        assert env.get("OMP_WAIT_POLICY") == ("PASSIVE" if expected else None), cores
+        assert serve.cpu_binding(env, "cpu") == {
+            "cores": cores, "omp_threads_bind": "auto", "omp_wait_policy": "PASSIVE" if expected else "default",
+            "reserved_cores": int(expected) if expected else "vllm's rule"}
+        assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in build_command(cfg, "gpu")[1]
+    assert serve.cpu_binding({}, "gpu") is None
+    monkeypatch.setattr(serve, "usable_cores", lambda: 2)
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU=0" in format_command(*build_command(cfg, "cpu"))  # what --dry-run prints
+    monkeypatch.setattr(serve, "busy_cores", lambda: 1.5)  # two busy processes beside it: vLLM's rule
+    assert not {"VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_WAIT_POLICY"} & set(build_command(cfg, "cpu")[1])
+    pinned = ServeConfig(base_model=str(base), adapter=str(adapter), cpu_reserved_cores=1)
+    assert build_command(pinned, "cpu")[1]["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
+    monkeypatch.setattr(serve, "busy_cores", lambda: 0.0)
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")  # the user's own choice reaches vLLM untouched
+    env = build_command(cfg, "cpu")[1]
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in env and serve.cpu_binding(env, "cpu")["reserved_cores"] == 1
+    with pytest.raises(Exception, match="cpu_reserved_cores"):
+        ServeConfig(cpu_reserved_cores=-1)
+
+
+def test_busy_cores_sees_a_busy_process() -> None:
+    """The sample of /proc/stat counts what other processes keep busy: one spinning process is about a core."""
+    from distill.serve import busy_cores
+
+    if not Path("/proc/stat").exists():
+        pytest.skip("no /proc/stat on this platform")
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)  # past its start-up
+        busy = busy_cores(0.5)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert busy >= 0.6, busy
+    assert busy_cores(0.1, stat="/nonexistent") == 0.0
 
 
 def test_merged_mode_serves_weights_without_lora(tmp_path: Path) -> None:

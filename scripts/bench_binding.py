@@ -1,0 +1,128 @@
+#!/usr/bin/env python
+"""python scripts/bench_binding.py [--questions 32] [--eval 12] [--hogs 0] [--bindings default,all,all_nice,...]
+
+How the CPU model server should share the machine with the pipeline around it. For each binding, one vLLM CPU
+server (the demo's base model, served as the teacher) is started, and the pipeline's own stages run against it as
+subprocesses: `distill generate` (the few-shot teacher on the demo train questions, two samples each: the shape of
+generate and of an improve round's sampling) and `distill eval` (teacher ReWOO and the ReAct baseline on the demo
+dev questions). Their Worker, BM25 search and HTTP clients compete with the server's engine for the same cores,
+which a client-only benchmark does not see. Per stage: wall seconds and the model's generated tokens per second
+(vLLM's own counter). `--hogs N` adds N busy processes for the whole run (a machine that is doing something else).
+Prints a table, asserts nothing. As an AVX2 laptop would: `source scripts/avx2/env.sh` first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# name -> (cores vLLM reserves, more server environment, client nice level). vLLM's own rule reserves one core per
+# engine process for its scheduler and binds the model's OpenMP threads to the rest (1 here); 0 binds them to all.
+BINDINGS: dict[str, tuple[int | None, dict[str, str], int]] = {
+    "vllm_rule": (1, {}, 0),
+    "all": (0, {}, 0),
+    "all_nice": (0, {}, 10),
+    "all_passive": (0, {"OMP_WAIT_POLICY": "PASSIVE"}, 0),
+    "nobind": (None, {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}, 0),
+}
+
+
+def generated_tokens(url: str) -> float:
+    """vLLM's running count of generated tokens, from its Prometheus endpoint."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(float(m.group(1)) for m in re.finditer(r"^vllm:generation_tokens_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+def stage(argv: list[str], nice: int, url: str, log: Path) -> tuple[float, float]:
+    """(wall seconds, generated tokens/s) of one command against the server."""
+    before, t0 = generated_tokens(url), time.perf_counter()
+    with log.open("w") as out:
+        code = subprocess.call(["nice", "-n", str(nice), *argv], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if code != 0:
+        sys.exit(f"{' '.join(argv[:3])} exited {code}; see {log}")
+    return wall, (generated_tokens(url) - before) / wall
+
+
+def commands(base_url: str, work: Path, name: str, questions: int, dev: int) -> dict[str, list[str]]:
+    distill = [str(Path(sys.executable).parent / "distill")]
+    urls = [f"--set={part}.base_url={base_url}" for part in ("planner", "solver", "llm_tool")]
+    gen = distill + ["generate", "--config", "configs/generate_smollm2_vllm.yaml", *urls,
+                     f"--set=datasets.0.n={questions}", f"--set=output_dir={work / name / 'generate'}", "--set=cache=null"]
+    spec = f"{{backend: openai, base_url: '{base_url}', model: teacher, max_tokens: 256}}"
+    ev = distill + ["eval", "--config", "configs/eval_smollm2_cpu.yaml",
+                    f"--set=planners=[{{name: teacher, prompt: fewshot, spec: {spec}}}]", "--set=baselines=[react]",
+                    f"--set=solver={{backend: openai, base_url: '{base_url}', model: teacher, max_tokens: 48}}",
+                    f"--set=datasets.0.n={dev}", "--set=robustness=null", f"--set=output_dir={work / name / 'eval'}",
+                    "--set=cache=null", "--set=bootstrap_samples=100"]
+    return {"generate": gen, "eval": ev}
+
+
+def run_binding(name: str, work: Path, questions: int, dev: int) -> dict:
+    from distill.serve import ServeConfig, VLLMServer
+
+    reserved, env, nice = BINDINGS[name]
+    cfg = ServeConfig(served_model_name="teacher", port=0, env=env, max_model_len=2048, cpu_reserved_cores=reserved)
+    log = work / f"{name}.vllm.log"
+    t0 = time.perf_counter()
+    with VLLMServer(cfg, log_path=log) as server:
+        row = {"binding": name, "start_s": round(time.perf_counter() - t0, 1)}
+        for stage_name, argv in commands(server.base_url, work, name, questions, dev).items():
+            wall, rate = stage(argv, nice, server.url, work / f"{name}.{stage_name}.log")
+            row[stage_name] = {"wall_s": round(wall, 1), "tokens_per_s": round(rate, 1)}
+    binds = [line.strip() for line in log.read_text(errors="replace").splitlines()
+             if "reserve_cpu_num" in line or "core ids" in line.lower() or "reserved_cpus" in line]
+    row["vllm_says"] = binds[:3]
+    return row
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bindings", default=",".join(BINDINGS), help=f"comma-separated, of {', '.join(BINDINGS)}")
+    p.add_argument("--questions", type=int, default=32, help="generate: demo train questions (2 samples each)")
+    p.add_argument("--eval", type=int, default=12, help="eval: demo dev questions (teacher ReWOO and ReAct)")
+    p.add_argument("--hogs", type=int, default=0, help="busy processes beside the run (a machine doing other work)")
+    p.add_argument("--json", help="also write the rows to this file")
+    args = p.parse_args()
+    names = [n.strip() for n in args.bindings.split(",") if n.strip()]
+    if unknown := [n for n in names if n not in BINDINGS]:
+        sys.exit(f"--bindings: unknown {', '.join(unknown)} (known: {', '.join(BINDINGS)})")
+    if not 1 <= args.questions <= 50 or not 1 <= args.eval <= 24:
+        sys.exit("--questions must be in 1..50 and --eval in 1..24 (the demo's train and dev files)")
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-binding-") as tmp:
+            for name in names:
+                rows.append(run_binding(name, Path(tmp), args.questions, args.eval))
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        for hog in hogs:
+            hog.kill()
+    cpu = "AVX2 float32" if os.environ.get("ATEN_CPU_CAPABILITY") == "avx2" else "native"
+    print(f"\n{os.cpu_count()} cores, {cpu}, {args.hogs} hog(s); generate {args.questions} questions x 2 samples, "
+          f"eval {args.eval} dev questions x (teacher ReWOO, ReAct)\n")
+    print("| binding | server start s | generate s | generate tok/s | eval s | eval tok/s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        g, e = r["generate"], r["eval"]
+        print(f"| {r['binding']} | {r['start_s']} | {g['wall_s']} | {g['tokens_per_s']} | {e['wall_s']} | "
+              f"{e['tokens_per_s']} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
