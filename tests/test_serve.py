@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -343,7 +342,9 @@ def test_busy_cores_sees_a_busy_process() -> None:
         pytest.skip("no /proc/stat on this platform")
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        time.sleep(0.3)  # past its start-up
+        stat = Path(f"/proc/{hog.pid}/stat")
+        while int(stat.read_text().rsplit(")", 1)[1].split()[11]) < 10:  # past its start-up: 10 ticks of CPU spent
+            pass
         busy = busy_cores(0.5)
     finally:
         hog.kill()
