@@ -152,6 +152,14 @@ SUBSTITUTIONS: list[Rule] = [
          "tests/test_docs.py loads the config and checks the process count and batch against it"),
     Rule(r"^vllm serve", "skip", "vLLM's own CLI with 4 GPUs (tensor parallel): `distill serve --set "
          "tensor_parallel_size=4` beside it is rehearsed as a dry run"),
+    Rule(r"^distill flywheel --config configs/flywheel_smollm2_cpu\.yaml", "skip", "a flywheel round samples, "
+         "trains and evaluates two planners with a vLLM server of its own, and this table has no stand-in settings "
+         "for it (as the improve rows have for theirs): docs/flywheel.md's round is not rehearsed"),
+    Rule(r"^distill promote --config configs/flywheel_smollm2_cpu\.yaml", "skip", "it promotes a round the "
+         "flywheel row above would have written (loading it on the planner's vLLM server and switching the agents "
+         "of `service.agents`); with no round there is nothing to promote or roll back"),
+    Rule(r"^distill report runs/flywheel", "skip", "it reads the rounds the flywheel row above would have written; "
+         "tests/test_report_flywheel.py writes round files and builds this report from them"),
     Rule(r"^make demo$", "run", "what `make demo` runs (the Makefile's `distill pipeline --config "
          "configs/demo_smollm2_cpu.yaml`, its install already done) on 6 train and 4 dev questions, 1 training step "
          "per student and per improve round; the demo's vLLM teacher and the improve round's own server are the fake "
@@ -180,6 +188,8 @@ SUBSTITUTIONS: list[Rule] = [
          "as the page says), which lists the module afterwards",
          before="distill serve --config configs/serve_planner.yaml --set 'env={VLLM_ALLOW_RUNTIME_LORA_UPDATING: "
                 "\"1\"}'"),
+    Rule(r"^curl -sf http://127\.0\.0\.1:8080/v1/admin/planner$", "run", "as written, against the agent its block "
+         "serves (its planner the stand-in on :8000): it answers which model, adapter and round plan now"),
     Rule(r"^distill serve --config configs/serve_planner\.yaml --set 'env=", "stand-in", "as the other "
          "serve_planner.yaml rows", [(r"$", " --dry-run")]),
     Rule(r"^distill improve --config configs/improve_smollm2_cpu\.yaml", "run",
