@@ -8,7 +8,9 @@ in an extra `rewoo` field (and, with `stream: true`, as server-sent chunks while
 built by `distill.agents.build_agent`, the factory `distill eval` uses, so what is served is what was
 measured. Every request, answered or failed, is written to the traces folder (`distill.traces`) before its
 reply goes out, and `POST /v1/feedback` marks a served answer right or gives the right one: the traffic becomes
-the next round's training questions.
+the next round's training questions. `POST /v1/admin/planner` switches the planner to another model (a LoRA
+module: the next round's adapter, or back) while the server runs: requests in flight finish on the planner they
+started with, and every trace names the planner model, adapter and round that answered it.
 
 Guard rails, because the server faces clients it does not control: a bearer token (from the environment variable
 `auth_token_env` names; required off loopback), bounded body, question and message count, deadlines for a
@@ -86,6 +88,9 @@ class AgentServerConfig(AgentConfig):
     """append-only traces folder, one per server process"""
     traces_max_bytes: StrictInt = Field(default=64 * 1024 * 1024, ge=4096, le=1 << 40)
     """size at which a new trace file is started"""
+    planner_round: StrictInt | None = Field(default=None, ge=0, le=1_000_000)
+    """the flywheel round of the planner served at start (every trace says which round answered it); null:
+    not known. `POST /v1/admin/planner` changes it with the planner"""
 
     @model_validator(mode="after")
     def _check(self) -> "AgentServerConfig":
@@ -124,6 +129,17 @@ class ChatRequest(BaseModel):
     model: str
     messages: list[Message]
     stream: bool = False
+
+
+class PlannerSwap(BaseModel):
+    """`POST /v1/admin/planner`'s body: the LoRA module (or model) on the planner server to plan with from now
+    on, and what it is (its adapter folder, its flywheel round) for the traces and /metrics."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Annotated[str, Field(pattern=_NAME)]
+    adapter: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    round: Annotated[StrictInt, Field(ge=0, le=1_000_000)] | None = None
 
 
 class ApiError(Exception):
@@ -182,6 +198,8 @@ class Metrics:
         self.latency_n = 0
         self.in_flight = 0
         self.reading = 0  # requests whose body is arriving: they hold no slot
+        self.planner_round: int | None = None  # the flywheel round planning now (None: not known)
+        self.planner_swaps = 0
 
     def observe(self, path: str, status: int, seconds: float | None = None, code: str | None = None) -> None:
         self.requests[(path, str(status))] += 1
@@ -210,6 +228,11 @@ class Metrics:
                 f"{p}_in_flight {self.in_flight}"]
         out += [f"# HELP {p}_reading_body Requests whose body is still arriving (they hold no slot).",
                 f"# TYPE {p}_reading_body gauge", f"{p}_reading_body {self.reading}"]
+        out += [f"# HELP {p}_planner_round The flywheel round of the planner in service (-1: not known).",
+                f"# TYPE {p}_planner_round gauge",
+                f"{p}_planner_round {-1 if self.planner_round is None else self.planner_round}"]
+        out += [f"# HELP {p}_planner_swaps_total Planner switches made (POST /v1/admin/planner).",
+                f"# TYPE {p}_planner_swaps_total counter", f"{p}_planner_swaps_total {self.planner_swaps}"]
         out += [f"# HELP {p}_tokens_total Model tokens spent, by role.", f"# TYPE {p}_tokens_total counter"]
         out += [f'{p}_tokens_total{{role="{r}"}} {self.tokens[r]}' for r in ("planner", "solver", "tools")]
         out += [f"# HELP {p}_model_calls_total Model calls made.", f"# TYPE {p}_model_calls_total counter",
@@ -250,16 +273,22 @@ def rewoo_of(record: dict) -> dict:
 class AgentService:
     """One agent, its traces and its counters; the FastAPI app (`build_app`) is a thin layer over it."""
 
-    def __init__(self, cfg: AgentServerConfig, agent=None, token: str | None = None):
+    def __init__(self, cfg: AgentServerConfig, agent=None, token: str | None = None, adapter: str | None = None):
+        """`adapter`: the adapter folder the planner server says it serves as cfg.planner.model, where known
+        (`check_planner_as_trained` finds it at start)."""
         from distill.agents import build_agent
-        from distill.traces import TraceLog
+        from distill.traces import TraceLog, now
 
         self.cfg = cfg
         self.token = token
         # the factory `distill eval` builds its methods with: the served agent is the measured one
         self.agent = agent if agent is not None else build_agent(cfg, method=cfg.name)
+        # what plans now; `agent` and `planner` are replaced together, between two awaits, by `swap_planner`
+        self.planner = {"model": cfg.planner.model, "adapter": adapter, "round": cfg.planner_round, "since": now()}
+        self.swap_lock = asyncio.Lock()  # one swap at a time: each probes the server, then replaces both
         self.traces = TraceLog(cfg.traces_dir, cfg.traces_max_bytes)
         self.metrics = Metrics()
+        self.metrics.planner_round = cfg.planner_round
         self.tasks: set[asyncio.Task] = set()
         self.draining = False
         self.drain_deadline: float | None = None  # time.monotonic() by which a drain gives up waiting
@@ -267,8 +296,11 @@ class AgentService:
     # -- a request's work, in a task of its own: it finishes and writes its trace even if the client leaves
 
     def start(self, question: str, rid: str, stream: bool, emit) -> asyncio.Task:
-        """The request holds its `in_flight` slot (taken by the handler) until this task ends, trace written."""
-        task = asyncio.get_running_loop().create_task(self._answer(question, rid, stream, emit))
+        """The request holds its `in_flight` slot (taken by the handler) until this task ends, trace written.
+        The agent and its planner's description are taken here, when the request starts: a planner swap while
+        it runs leaves it on the planner it started with, and its trace names that one."""
+        agent, planner = self.agent, self.planner
+        task = asyncio.get_running_loop().create_task(self._answer(question, rid, stream, emit, agent, planner))
         self.tasks.add(task)
 
         def done(t: asyncio.Task) -> None:
@@ -278,17 +310,19 @@ class AgentService:
         task.add_done_callback(done)
         return task
 
-    async def _answer(self, question: str, rid: str, stream: bool, emit) -> tuple[dict, ApiError | None]:
+    async def _answer(self, question: str, rid: str, stream: bool, emit, agent,
+                      planner: dict) -> tuple[dict, ApiError | None]:
         from distill.rewoo.agent import Question
         from distill.rewoo.record import make_record
         from distill.traces import now
 
         t0 = time.perf_counter()
         example = Question(question, id=rid, dataset="served")
-        served = {"at": now(), "model": self.cfg.name, "stream": stream}
+        served = {"at": now(), "model": self.cfg.name, "stream": stream, "planner_model": planner["model"],
+                  "adapter": planner["adapter"], "round": planner["round"]}
         error = None
         try:
-            record = await asyncio.wait_for(self.agent.run(example, on_event=emit), self.cfg.request_timeout_s)
+            record = await asyncio.wait_for(agent.run(example, on_event=emit), self.cfg.request_timeout_s)
             record["served"] = served | {"status": 200}
         except asyncio.CancelledError:
             raise
@@ -325,6 +359,80 @@ class AgentService:
         log.error("request failed: %s", one_line(exc), exc_info=True)
         return ApiError(500, f"internal error ({type(exc).__name__}); the trace holds the request", "server_error",
                         "internal_error")
+
+    async def swap_planner(self, req: PlannerSwap) -> dict:
+        """Plan with another model of the planner server from the next request on, without a restart or a
+        dropped request: the server is asked first whether it serves the model (404 if not, 503 if it does not
+        answer) and, where its folder holds distill's record, whether it was trained on this agent's planner
+        prompt and tools (422 if not); then a copy of the agent with the new planner (Solver, tools and the
+        Wikipedia index shared) replaces the old one. Requests already running keep the agent they started
+        with. One swap at a time, so two promotions cannot interleave their check and their switch."""
+        from distill.agents import with_planner
+        from distill.merge import check_as_trained
+        from distill.tools.registry import tool_descriptions
+        from distill.traces import now
+
+        cfg = self.cfg
+        if cfg.planner.backend != "openai":
+            raise _bad_request(f"planner.backend is {cfg.planner.backend}: only a planner on a model server "
+                               "(backend: openai) can be switched while serving")
+        async with self.swap_lock:
+            folder = await self._served_adapter(req.model)
+            if folder is not None:
+                try:
+                    check_as_trained(folder, cfg.planner_prompt, tool_descriptions(cfg.tools), "the planner swap")
+                except DistillError as exc:
+                    raise ApiError(422, one_line(exc, 500), "invalid_request_error", "not_as_trained") from None
+                if req.adapter is not None and Path(req.adapter).resolve() != Path(folder).resolve():
+                    log.warning("planner: %s is served from %s, not %s as the swap says; the traces name %s",
+                                req.model, folder, req.adapter, folder)
+            try:
+                agent = with_planner(self.agent, cfg.planner.model_copy(update={"model": req.model}), cfg.prices)
+            except DistillError as exc:  # an agent kind without a planner, a key gone from the environment
+                raise _bad_request(one_line(exc, 300)) from None
+            previous = self.planner
+            # no await from here to the return: no request can start between the two assignments
+            self.agent = agent
+            self.planner = {"model": req.model, "adapter": folder or req.adapter, "round": req.round, "since": now()}
+            self.metrics.planner_round = req.round
+            self.metrics.planner_swaps += 1
+            log.info("planner: %s -> %s (adapter %s, round %s; was adapter %s, round %s)", previous["model"],
+                     req.model, self.planner["adapter"], req.round, previous["adapter"], previous["round"])
+            return {"object": "planner", **self.planner, "previous": previous}
+
+    async def _served_adapter(self, model: str) -> str | None:
+        """Whether every planner server lists `model` on /v1/models (404 `model_not_found` if one does not),
+        and the adapter folder holding distill's record it is served from, where readable here (else None).
+        Asked once per server within probe_timeout_s and without retries, as at start; by /v1/models alone,
+        not `spec_identity`, which also hashes the weights it finds there: a base model's gigabytes would
+        outlast the probe."""
+        from distill.llm.base import openai_urls
+        from distill.llm.openai_backend import OpenAIChat, ServerError
+        from distill.provenance import adapter_of
+
+        spec, wait = self.cfg.planner, self.cfg.probe_timeout_s
+        retry = {"Retry-After": str(self.cfg.retry_after_s)}
+        roots = []
+        try:
+            chat = OpenAIChat(model, spec.base_urls, spec.api_key_env, timeout_s=wait, max_retries=0)
+            async with asyncio.timeout(wait):
+                for i, url in enumerate(openai_urls(spec.base_urls)):
+                    listing = await chat.models(i)
+                    data = listing.get("data") if isinstance(listing, dict) else None
+                    found = [m for m in (data if isinstance(data, list) else [])
+                             if isinstance(m, dict) and m.get("id") == model]
+                    if not found:
+                        raise ApiError(404, f"the planner server {url} does not serve model {model!r} (its /v1/models "
+                                       "does not list it); load it there first", "invalid_request_error",
+                                       "model_not_found")
+                    roots.append(found[0].get("root"))
+        except (ServerError, ServerUnreachable) as exc:
+            raise ApiError(503, f"the planner server did not say what it serves ({one_line(exc, 300)}); the "
+                           "planner is unchanged", "server_error", "upstream_unavailable", retry) from None
+        except TimeoutError:
+            raise ApiError(503, f"the planner server did not say what it serves within probe_timeout_s ({wait:g} s); "
+                           "the planner is unchanged", "server_error", "upstream_unavailable", retry) from None
+        return adapter_of({"servers": [{"root": root} for root in roots]})
 
     def busy(self) -> bool:
         """Whether a request is being read or answered: a drain waits for these."""
@@ -460,6 +568,20 @@ def build_app(service: AgentService):
         authorize(request)
         metrics.observe("/v1/models", 200)
         return {"object": "list", "data": [{"id": cfg.name, "object": "model", "created": 0, "owned_by": "distill"}]}
+
+    @app.get("/v1/admin/planner")
+    async def planner(request: Request):
+        authorize(request)
+        metrics.observe("/v1/admin/planner", 200)
+        return {"object": "planner", **service.planner}
+
+    @app.post("/v1/admin/planner")
+    async def swap_planner(request: Request):
+        authorize(request)
+        data = await read_json(request)
+        swapped = await service.swap_planner(parse(PlannerSwap, data))
+        metrics.observe("/v1/admin/planner", 200)
+        return swapped
 
     @app.post("/v1/feedback")
     async def feedback(request: Request):
@@ -611,12 +733,13 @@ def token_of(cfg: AgentServerConfig) -> str | None:
     return token
 
 
-def check_planner_as_trained(cfg: AgentServerConfig) -> None:
+def check_planner_as_trained(cfg: AgentServerConfig) -> str | None:
     """A planner server serving a distill adapter (vLLM's /v1/models names its folder) must be sent the prompt
     kind and tools it was trained on, as its record says: refused in one line before any request is taken. A
     server not up yet, or one that does not answer within probe_timeout_s, is not checked (the agent starts,
     and its first request says so): asked once, without the request timeouts and retries, so a hung planner
-    delays the start by one probe at most."""
+    delays the start by one probe at most. Returns that adapter folder (None when none is found), which every
+    trace then names."""
     from distill.llm import spec_identity
     from distill.llm.openai_backend import ServerError
     from distill.merge import check_as_trained
@@ -624,7 +747,7 @@ def check_planner_as_trained(cfg: AgentServerConfig) -> None:
     from distill.tools.registry import tool_descriptions
 
     if cfg.planner.backend != "openai":
-        return
+        return None
     probe = cfg.planner.model_copy(update={"timeout_s": cfg.probe_timeout_s, "max_retries": 0})
 
     async def ask() -> dict:
@@ -634,13 +757,14 @@ def check_planner_as_trained(cfg: AgentServerConfig) -> None:
         identity = asyncio.run(ask())
     except (ServerError, ServerUnreachable) as exc:
         log.warning("planner: could not ask %s what it serves (%s)", cfg.planner.base_url, exc)
-        return
+        return None
     except (TimeoutError, asyncio.TimeoutError):
         log.warning("planner: %s did not say what it serves within probe_timeout_s (%g s); starting without "
                     "checking its adapter against planner_prompt and tools", cfg.planner.base_url, cfg.probe_timeout_s)
-        return
+        return None
     if folder := adapter_of(identity):
         check_as_trained(folder, cfg.planner_prompt, tool_descriptions(cfg.tools), "serve-agent")
+    return folder
 
 
 _HEADER_TIMEOUT_REPLY = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
@@ -731,8 +855,8 @@ def main(args: argparse.Namespace) -> int:
     if cfg.planner.backend != "openai":
         log.warning("planner: backend %s runs in this process; a served student is usually a LoRA module on a "
                     "vLLM server (backend: openai)", cfg.planner.backend)
-    check_planner_as_trained(cfg)
-    service = AgentService(cfg, token=token)
+    adapter = check_planner_as_trained(cfg)
+    service = AgentService(cfg, token=token, adapter=adapter)
     port = cfg.port or free_port(cfg.host)
     app = build_app(service)
     server = draining_server(uvicorn.Config(

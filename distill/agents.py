@@ -113,6 +113,25 @@ def build_agent(
     return _with_endpoints(agent, planner_model, solver, llm_tool_model, wiki)
 
 
+def with_planner(agent, spec, prices: dict | None = None):
+    """A copy of a ReWOO agent that plans with `spec`'s model, sharing everything else (Solver, tools, the
+    Wikipedia index, Worker settings): a served agent switches its planner in the time one model client takes
+    to build, and requests already running on the old agent finish on it untouched."""
+    import copy
+
+    from distill.llm import build_chat
+
+    if not isinstance(agent, ReWOOAgent):
+        raise DistillError(f"only a ReWOO agent has a planner to switch (this one is {type(agent).__name__})")
+    planner = build_chat(spec, prices)
+    new = copy.copy(agent)
+    new.planner = planner
+    new.planner_temperature, new.planner_max_tokens, new.planner_stop = spec.temperature, spec.max_tokens, spec.stop
+    old = getattr(agent, "endpoints", ())
+    # the old planner leaves the endpoints, unless the same object also serves as the Solver (one in-process model)
+    return _with_endpoints(new, planner, *(e for e in old if e is not agent.planner or e is agent.solver))
+
+
 def _with_endpoints(agent, *endpoints):
     """Remember the agent's models and tools once each, so a run can say how often they had to retry."""
     agent.endpoints = tuple({id(e): e for e in endpoints if e is not None}.values())

@@ -97,7 +97,7 @@ SLOW_FIXTURES = {"smollm2", "lora_adapter", "vllm_server", "trainer", "chat"}
 # The modules whose server tests form the second group (the rest: test_pipeline, test_crash_resume, test_faults,
 # test_generate, ...), by their measured times.
 SERVER_GROUP_B = {"test_improve", "test_evaluate", "test_eval_vllm", "test_serve", "test_traffic_loop",
-                  "test_agent_server"}
+                  "test_agent_server", "test_agent_swap"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks added here
