@@ -28,6 +28,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("sft-data",), "distill.sft_data", "turn kept trajectories into an SFT dataset"),
     (("train",), "distill.launch", "LoRA SFT of the student planner (prefer `accelerate launch -m distill.train`)"),
     (("improve",), "distill.improve", "improve the trained student on its own plans, scored by the Worker"),
+    (("flywheel",), "distill.flywheel", "turn served traffic into the next round, promoted only when it is better"),
+    (("promote",), "distill.promote", "swap the served agents' planner to a flywheel round's adapter, or roll back"),
     (("merge",), "distill.merge", "merge a LoRA adapter into full weights"),
     (("push",), "distill.push", "share a trained adapter on the Hugging Face Hub, with its model card"),
     (("serve",), "distill.serve", "serve the student planner with vLLM"),
@@ -67,6 +69,20 @@ GUIDE: dict[tuple[str, ...], tuple[str, str]] = {
                    "keep each question's best by the planner reward, train on them, round after round) and grpo "
                    "(GPUs: TRL's GRPOTrainer with the planner reward). A killed round resumes.",
                    "distill improve --config configs/improve_smollm2_cpu.yaml"),
+    ("flywheel",): ("One round of the loop from served traffic: the questions `serve-agent` got feedback with a "
+                    "right answer on since the last round (leak-guarded, deduplicated) are split by a hash into train "
+                    "and held-out; one expert-iteration round trains from the adapter in service on the train side; "
+                    "both adapters are evaluated on the held-out side with the same Solver and tools; the round is "
+                    "promoted only when the paired bootstrap interval of the gate's measure lies above 0 and no "
+                    "guard got worse, and with `service:` the running agents switch to it. Every decision is a line "
+                    "of promotions.jsonl; too few new questions is one line and exit 0. --check reads the traces "
+                    "and counts the round's questions, and runs nothing.",
+                    "distill flywheel --config configs/flywheel_smollm2_cpu.yaml --check"),
+    ("promote",): ("Loads a flywheel round's adapter into the planner's vLLM server (as LoRA module round_<R>) and "
+                   "switches each agent of `service:` to it (POST /v1/admin/planner, with the bearer token from "
+                   "service.token_env); --rollback serves again the adapter served before the last promotion. "
+                   "Each swap is a line of promotions.jsonl.",
+                   "distill promote --config configs/flywheel_smollm2_cpu.yaml --round 1"),
     ("merge",): ("Folds a LoRA adapter into its base model's weights, for serving without LoRA.",
                  "distill merge runs/demo/train/student --out runs/demo/merged"),
     ("push",): ("Uploads an adapter with a model card written from its run (the token is read from the "
