@@ -14,6 +14,7 @@ from distill.errors import DistillError
 from distill.evaluate import EvalConfig
 from distill.improve import ImproveConfig
 from distill.filter import FilterConfig
+from distill.flywheel import FlywheelConfig
 from distill.generate import GenerateConfig
 from distill.pipeline import Pipeline, PipelineConfig
 from distill.serve import ServeConfig
@@ -39,6 +40,7 @@ LOADERS = {  # file name prefix -> how the command that reads it loads it
     "ask_": lambda p: load_config(AgentConfig, p),
     "generate_": lambda p: load_config(GenerateConfig, p),
     "filter": lambda p: load_config(FilterConfig, p),
+    "flywheel_": lambda p: load_config(FlywheelConfig, p),
     "eval_": lambda p: load_config(EvalConfig, p),
     "improve_": lambda p: load_config(ImproveConfig, p),
     "serve_": lambda p: load_config(ServeConfig, p),
