@@ -35,6 +35,8 @@ def endpoint_urls(spec) -> list[str]:
 def is_local(url: str) -> bool:
     from urllib.parse import urlsplit
 
+    if url == "@server":  # distill.config's SERVER_PLACEHOLDER: a server the stage itself starts on this machine
+        return True
     host = (urlsplit(url).hostname or "").lower()
     return host in LOCAL_HOSTS or host.startswith("127.")
 
