@@ -35,6 +35,7 @@ def config_classes() -> list[tuple[str, type, str]]:
     from distill.data import DatasetSource
     from distill.evaluate import EvalConfig, PlannerEntry, PromptBudget, RobustnessSweep
     from distill.filter import FilterConfig
+    from distill.flywheel import FlywheelConfig, GateConfig, MaxWorse, ServiceConfig
     from distill.generate import GenerateConfig
     from distill.improve import ImproveConfig
     from distill.pipeline import PipelineConfig
@@ -55,6 +56,11 @@ def config_classes() -> list[tuple[str, type, str]]:
         ("SFT data", SftDataConfig, "`distill sft-data`, the pipeline's `sft_data` section and each student"),
         ("Improve", ImproveConfig, "`distill improve`, the pipeline's `improve` section"),
         ("Reward", RewardConfig, "improve's `reward`"),
+        ("Flywheel", FlywheelConfig, "`distill flywheel` and `distill promote`: improve's keys plus the split, the gate "
+                                     "and the service"),
+        ("Flywheel gate", GateConfig, "the flywheel's `gate`"),
+        ("Flywheel guards", MaxWorse, "the flywheel gate's `max_worse`"),
+        ("Flywheel service", ServiceConfig, "the flywheel's `service`: what a promotion switches"),
         ("Serve", ServeConfig, "`distill serve`, the pipeline's `teacher_server` and `student_server`, improve's "
                                "`server`"),
         ("Agent server", AgentServerConfig, "`distill serve-agent`: the agent's keys plus how it is served"),
