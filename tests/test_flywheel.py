@@ -525,3 +525,19 @@ def test_an_unreachable_vllm_is_one_line_after_bounded_retries(tmp_path, capsys,
     err = one_line_error(capsys)
     assert f"GET http://127.0.0.1:{port}/v1/models: cannot connect" in err and "after 2 attempts" in err
     assert not (tmp_path / "fw" / fw.PROMOTIONS).exists()
+
+
+def test_diversity_samples_each_module_through_the_openai_client(tmp_path):
+    """The diversity samples go through the real client against a local fake OpenAI server (one fixed reply, so
+    every module writes one distinct plan per question): the calls, their count and the tokens are what is checked."""
+    from fakes import chat_api
+
+    from distill.data import Example
+
+    cfg = load_config(fw.FlywheelConfig, config(tmp_path, diversity_samples=3))
+    questions = [Example(id=f"q{i}", dataset="served", split="heldout", question=f"Where is {i}?", answers=["x"])
+                 for i in range(4)]
+    with chat_api(reply="Plan: look it up.\n#E1 = Wikipedia[Paris]") as api:
+        got = fw.sample_diversity(cfg, api.url, ["round_0", "round_1"], questions)
+        assert api.calls == 2 * 4 * 3
+    assert got == {"round_0": 1.0, "round_1": 1.0, "tokens": 2 * 4 * 3 * 13, "cost_usd": 0.0}
