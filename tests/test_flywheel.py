@@ -541,3 +541,80 @@ def test_diversity_samples_each_module_through_the_openai_client(tmp_path):
         got = fw.sample_diversity(cfg, api.url, ["round_0", "round_1"], questions)
         assert api.calls == 2 * 4 * 3
     assert got == {"round_0": 1.0, "round_1": 1.0, "tokens": 2 * 4 * 3 * 13, "cost_usd": 0.0}
+
+
+class FakeOpenAIAndAgent(FakeServers):
+    """FakeServers plus chat completions, so the round's real evaluation and diversity samples run against it: the
+    planner module round_1 plans `Plan: the GOOD way. #E1 = Wikipedia[GOOD]`, any other the BAD way, and the Solver
+    (any other model) answers a question right only from a GOOD plan. A fake for the reasons FakeServers gives; what runs for real is
+    distill.evaluate with the flywheel's eval config, the gate on its records and the promotion."""
+
+    def __init__(self):
+        super().__init__()
+        post = self.handler.do_POST
+
+        def do_POST(handler):  # noqa: N802
+            if handler.path != "/v1/chat/completions":
+                return post(handler)
+            body = json.loads(handler.rfile.read(int(handler.headers["Content-Length"])))
+            model, text = body["model"], json.dumps(body["messages"])
+            if model.startswith("round_"):
+                way = "GOOD" if model == "round_1" else "BAD"
+                reply = f"Plan: the {way} way.\n#E1 = Wikipedia[{way}]"
+            else:
+                number = __import__("re").search(r"number (\d+)", text)
+                reply = f"answer x {number.group(1)}" if "GOOD" in text and number else "no idea"
+            handler.reply(200, {"id": "x", "object": "chat.completion", "created": 0, "model": model,
+                                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
+                                             "finish_reason": "stop"}],
+                                "usage": {"prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13}})
+
+        self.handler.do_POST = do_POST
+        self.loaded = {"round_0": "", "smollm2-135m-instruct": ""}
+
+
+def test_a_better_round_is_evaluated_for_real_gated_and_promoted_to_the_agents(tmp_path, monkeypatch, capsys):
+    """Training is stood in for (run_round is tested in test_improve) and so is the vLLM start; the evaluation
+    (distill.evaluate with the flywheel's EvalConfig), the diversity samples, the gate and the promotion run."""
+    import distill.improve
+
+    from fakes import serving
+
+    def run_round(icfg, i, adapter_in, examples, fresh):
+        adapter = Path(icfg.output_dir) / f"round_{i}" / "adapter"
+        adapter.mkdir(parents=True)
+        (adapter / "adapter_model.safetensors").write_bytes(b"stand-in")
+        return {"samples": len(examples), "kept": len(examples), "mean_reward": 0.5, "train": {"global_step": 1},
+                "adapter": str(adapter)}
+
+    monkeypatch.setattr(distill.improve, "run_round", run_round)
+    monkeypatch.setattr(fw, "check_adapter", lambda cfg, adapter: None)
+    monkeypatch.setenv("FLYWHEEL_AGENT_CREDENTIAL", TOKEN)
+    fake = FakeOpenAIAndAgent()
+    write_traces(tmp_path / "traces", served("x", 30))
+    with serving(fake.handler) as base:
+        @contextmanager
+        def server(cfg, adapters, log_path):
+            assert list(adapters) == ["round_0", "round_1"]
+            yield type("Server", (), {"base_url": f"{base}/v1"})()
+
+        monkeypatch.setattr(fw, "serving_both", server)
+        service = {"vllm_url": f"{base}/v1", "agents": [f"{base}/agent"], "token_env": "FLYWHEEL_AGENT_CREDENTIAL",
+                   "max_retries": 0}
+        assert main(["flywheel", "--config", str(config(tmp_path, diversity_samples=2, service=service))]) == 0
+    out = tmp_path / "fw"
+    report = fw.read_round_report(out / "round_1" / fw.REPORT)
+    held = report.questions.heldout
+    # (the Solver's reply "answer x 3" is read as "x 3": F1 0.8 against "answer x 3", the incumbent's 0)
+    assert report.decision == "promote" and report.verdict.n == held and report.verdict.incumbent == 0.0
+    assert report.verdict.lo == report.verdict.diff == report.verdict.candidate == pytest.approx(0.8)
+    assert report.promoted_to == [f"{base}/agent"] and report.diversity.candidate == 1.0
+    records = [json.loads(line) for line in (out / "round_1" / "eval" / "records" / "round_1.jsonl").read_text()
+               .splitlines()]
+    assert len(records) == held and all(r["plan"]["steps"][0]["input"] == "GOOD" for r in records)
+    assert ("POST", "/v1/load_lora_adapter", {"lora_name": "round_1",
+                                              "lora_path": str((out / "round_1" / "adapter").resolve())}, None) \
+        in fake.calls
+    (line,) = fw.read_promotions(out / fw.PROMOTIONS)
+    assert (line.action, line.round, line.agents, line.measure) == ("promote", 1, [f"{base}/agent"], "f1")
+    assert TOKEN not in capsys.readouterr().out and TOKEN not in (out / fw.PROMOTIONS).read_text()
