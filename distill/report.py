@@ -12,6 +12,10 @@ hop (every turn resends the history) while ReWOO's stays flat (the planner sees 
 
 Runs of eval's `robustness:` sweep (records with `robustness_of`) stay out of the main tables: they get their
 own table and plot, each swept method at each failure rate beside its main run on the same questions.
+
+`distill report` pointed at a flywheel's output folder (round_<r>/report.json, promotions.jsonl) shows its rounds
+side by side instead (distill.flywheel_report): a round's gate has already read its evaluation, so nothing is
+recomputed there.
 """
 
 from __future__ import annotations
@@ -1054,7 +1058,8 @@ def summary_lines(results: dict) -> list[str]:
 # ------------------------------------------------------------------------------------------ command line
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("eval_dir", metavar="EVAL_DIR", help="an evaluation's output_dir (holds records/)")
+    parser.add_argument("eval_dir", metavar="EVAL_DIR", help="an evaluation's output_dir (holds records/), or a "
+                        "flywheel's (holds round_<r>/ and promotions.jsonl: its rounds side by side)")
     parser.add_argument("--out", help="folder for report.md, results.json, report.html and the plots "
                         "(default: EVAL_DIR)")
     parser.add_argument("--intro", choices=list(INTROS),
@@ -1062,6 +1067,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from distill import flywheel_report
+
+    if flywheel_report.is_flywheel_dir(args.eval_dir):  # a flywheel's rounds: no records to recompute
+        if args.intro is not None:
+            raise DistillError("--intro opens an evaluation's report; a flywheel folder's report has none")
+        return flywheel_report.main(args.eval_dir, args.out)
     results = write_report(args.eval_dir, args.out, args.intro)
     out = Path(args.out or args.eval_dir)
     print("\n".join(summary_lines(results) + prompt_budget_summary(results)))
