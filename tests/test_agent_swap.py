@@ -92,11 +92,12 @@ def record(folder: Path, prompt: str, tools: list[str]) -> Path:
     return folder
 
 
-def ask_in_threads(base: str, questions: list[str], out: dict, headers: dict | None = None) -> list[threading.Thread]:
+def ask_in_threads(base: str, questions: list[str], out: dict, headers: dict | None = None,
+                   model: str = "swap-agent") -> list[threading.Thread]:
     """Each question posted from a thread of its own; `out[question]` = (status, body)."""
     def ask(q: str) -> None:
         r = httpx.post(f"{base}/v1/chat/completions", headers=headers or {}, timeout=LONG_S,
-                       json={"model": "swap-agent", "messages": [{"role": "user", "content": q}]})
+                       json={"model": model, "messages": [{"role": "user", "content": q}]})
         out[q] = (r.status_code, r.json())
 
     threads = [threading.Thread(target=ask, args=(q,)) for q in questions]
