@@ -96,6 +96,9 @@ def main() -> int:
     if not 8 <= args.questions <= 273 or not 1 <= args.in_flight <= 64:
         print("error: --questions must be in 8..273 and --in-flight in 1..64", file=sys.stderr)
         return 2
+    if not Path(args.config).is_file():
+        print(f"error: --config {args.config}: no such file", file=sys.stderr)
+        return 2
     if not (adapter / "adapter_config.json").is_file():
         print(f"error: --adapter {args.adapter}: no adapter_config.json there (run make demo first)", file=sys.stderr)
         return 2
