@@ -25,14 +25,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# name -> (cores vLLM reserves, more server environment, client nice level). vLLM's own rule reserves one core per
-# engine process for its scheduler and binds the model's OpenMP threads to the rest (1 here); 0 binds them to all.
-BINDINGS: dict[str, tuple[int | None, dict[str, str], int]] = {
-    "vllm_rule": (1, {}, 0),
-    "all": (0, {}, 0),
-    "all_nice": (0, {}, 10),
-    "all_passive": (0, {"OMP_WAIT_POLICY": "PASSIVE"}, 0),
-    "nobind": (None, {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}, 0),
+# name -> (cores vLLM reserves, more server environment, client nice level, more serve settings). vLLM's own rule
+# reserves one core per engine process for its scheduler and binds the model's OpenMP threads to the rest (1 here);
+# 0 binds them to all. The *_compiled rows let vLLM torch.compile the model (distill serves CPU models eager).
+BINDINGS: dict[str, tuple[int | None, dict[str, str], int, dict]] = {
+    "vllm_rule": (1, {}, 0, {}),
+    "all": (0, {}, 0, {}),
+    "all_nice": (0, {}, 10, {}),
+    "all_passive": (0, {"OMP_WAIT_POLICY": "PASSIVE"}, 0, {}),
+    "nobind": (None, {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}, 0, {}),
+    "all_passive_compiled": (0, {"OMP_WAIT_POLICY": "PASSIVE"}, 0, {"enforce_eager": False}),
+    "vllm_rule_compiled": (1, {}, 0, {"enforce_eager": False}),
 }
 
 
@@ -72,8 +75,9 @@ def commands(base_url: str, work: Path, name: str, questions: int, dev: int) -> 
 def run_binding(name: str, work: Path, questions: int, dev: int) -> dict:
     from distill.serve import ServeConfig, VLLMServer
 
-    reserved, env, nice = BINDINGS[name]
-    cfg = ServeConfig(served_model_name="teacher", port=0, env=env, max_model_len=2048, cpu_reserved_cores=reserved)
+    reserved, env, nice, serve = BINDINGS[name]
+    cfg = ServeConfig(served_model_name="teacher", port=0, env=env, max_model_len=2048, cpu_reserved_cores=reserved,
+                      **serve)
     log = work / f"{name}.vllm.log"
     t0 = time.perf_counter()
     with VLLMServer(cfg, log_path=log) as server:

@@ -1,12 +1,15 @@
 #!/usr/bin/env python
 """python scripts/bench_flywheel.py [--questions 200] [--adapter runs/demo/improve/student/round_1/adapter] [--json OUT]
+       [--traces DIR] [--set KEY=VALUE ...]
 
 What one flywheel round costs on this machine, from served traffic to the gate's decision. Starts the planner's vLLM
 server (the embedded SmolLM2 with the adapter as LoRA module `planner`, runtime LoRA loading on, as
 docs/flywheel.md serves it) and `distill serve-agent` with the shipped configs/agent_server.yaml in front of it;
 asks `--questions` demo train questions through the agent (16 in flight) and gives each its gold answer as
 feedback; then times `distill flywheel --config configs/flywheel_smollm2_cpu.yaml` on those traces, promotion to the
-running agent included. Prints the traffic's time, the round's time by part (questions, train: sampling and TRL,
+running agent included (`--set` passes more settings to it). `--traces` times the round on the traces of an earlier
+run (its work folder's `traces`, copied) instead of serving the questions again: one traffic run, a round timed on
+each kind of CPU. Prints the traffic's time, the round's time by part (questions, train: sampling and TRL,
 eval, diversity, total) from its report.json, its questions, kept plans, verdict and decision. Asserts nothing.
 Run `make demo` first (its improved student is the default adapter). As an AVX2 laptop would: `source
 scripts/avx2/env.sh` first.
@@ -18,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,7 +35,7 @@ LONG_S = 1800.0  # far above any answer: a stuck server shows as a failure, not 
 
 def start_agent(work: Path, vllm_base_url: str, in_flight: int) -> tuple[subprocess.Popen, str]:
     """The shipped agent config in a subprocess, pointed at this server and folder; returns once /health answers."""
-    import httpx
+    from bench_swap import spawn_agent  # this script's folder is on sys.path
 
     from distill.serve import free_port
 
@@ -39,23 +43,7 @@ def start_agent(work: Path, vllm_base_url: str, in_flight: int) -> tuple[subproc
     sets = [f"port={port}", f"planner.base_url={vllm_base_url}", f"solver.base_url={vllm_base_url}",
             f"traces_dir={work / 'traces'}", f"max_in_flight={in_flight + 4}", f"request_timeout_s={LONG_S:g}",
             f"planner.timeout_s={LONG_S:g}", f"solver.timeout_s={LONG_S:g}"]
-    argv = [sys.executable, "-m", "distill.cli", "serve-agent", "--config", "configs/agent_server.yaml",
-            *[f"--set={s}" for s in sets]]
-    with (work / "agent.log").open("w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env=os.environ | {"PYTHONPATH": str(ROOT)})
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(1200):  # at most about 10 minutes of polling
-        if proc.poll() is not None:
-            raise SystemExit(f"serve-agent exited with {proc.returncode}; see {work / 'agent.log'}")
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"serve-agent did not answer /health; see {work / 'agent.log'}")
+    return spawn_agent(["--config", "configs/agent_server.yaml", *[f"--set={s}" for s in sets]], port, work)
 
 
 async def traffic(base: str, rows: list[dict], in_flight: int) -> dict:
@@ -91,6 +79,9 @@ def main() -> int:
     p.add_argument("--in-flight", type=int, default=16, help="traffic requests in flight (1..64)")
     p.add_argument("--work-dir", help="keep the traces, the round and the logs here (default: a temporary folder)")
     p.add_argument("--json", help="also write the figures and the round's report to this file")
+    p.add_argument("--traces", help="time the round on these traces (an earlier run's WORK/traces) instead of traffic")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+                   help="one more flywheel setting (repeatable), e.g. --set samples=4")
     args = p.parse_args()
     adapter = Path(args.adapter).resolve()
     if not 8 <= args.questions <= 273 or not 1 <= args.in_flight <= 64:
@@ -98,6 +89,12 @@ def main() -> int:
         return 2
     if not Path(args.config).is_file():
         print(f"error: --config {args.config}: no such file", file=sys.stderr)
+        return 2
+    if args.traces and not any(Path(args.traces).glob("traces-*.jsonl")):
+        print(f"error: --traces {args.traces}: no traces-*.jsonl there", file=sys.stderr)
+        return 2
+    if bad := [s for s in args.sets if "=" not in s]:
+        print(f"error: --set {bad[0]}: expected KEY=VALUE", file=sys.stderr)
         return 2
     if not (adapter / "adapter_config.json").is_file():
         print(f"error: --adapter {args.adapter}: no adapter_config.json there (run make demo first)", file=sys.stderr)
@@ -116,13 +113,18 @@ def main() -> int:
             agent, base = start_agent(work, server.base_url, args.in_flight)
             try:
                 t0 = time.perf_counter()
-                served = asyncio.run(traffic(base, rows, args.in_flight))
+                if args.traces:
+                    shutil.copytree(args.traces, work / "traces", dirs_exist_ok=True)
+                    served = {"asked": None, "failed": [], "traces_from": str(Path(args.traces).resolve())}
+                    print(f"traffic: none, the traces of {args.traces}", flush=True)
+                else:
+                    served = asyncio.run(traffic(base, rows, args.in_flight))
+                    print(f"traffic: {served['asked']} questions with feedback in {time.perf_counter() - t0:.0f} s, "
+                          f"{len(served['failed'])} failed", flush=True)
                 traffic_s = time.perf_counter() - t0
-                print(f"traffic: {served['asked']} questions with feedback in {traffic_s:.0f} s, "
-                      f"{len(served['failed'])} failed", flush=True)
                 sets = [f"adapter={adapter}", f"output_dir={work / 'flywheel'}",
                         f"datasets.0.source={work / 'traces'}", f"service.vllm_url={server.base_url}",
-                        f"service.agents=[{base}]"]
+                        f"service.agents=[{base}]", *args.sets]
                 t0 = time.perf_counter()
                 with (work / "flywheel.log").open("w") as log:
                     code = subprocess.call([sys.executable, "-m", "distill.cli", "flywheel", "--config", args.config,
@@ -139,7 +141,7 @@ def main() -> int:
     cpu = "AVX2 float32" if os.environ.get("ATEN_CPU_CAPABILITY") == "avx2" else "native"
     q, t, v, wall = report["questions"], report["train"], report["verdict"], report["cost"]["wall_s"]
     print(f"\n{os.cpu_count()} cores, {cpu}; {args.questions} traced questions -> {q['train']} train, "
-          f"{q['heldout']} held-out; {args.config}\n")
+          f"{q['heldout']} held-out; {args.config} {' '.join('--set ' + s for s in args.sets)}\n")
     print("| traffic s | questions s | train s (sampling + TRL) | eval s | diversity s | round total s | "
           "distill flywheel s |")
     print("|---:|---:|---:|---:|---:|---:|---:|")

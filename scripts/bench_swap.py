@@ -65,8 +65,6 @@ def percentile(values: list[float], q: float) -> float | None:
 def start_agent(work: Path, vllm_base_url: str, in_flight: int) -> tuple[subprocess.Popen, str]:
     """`distill serve-agent` in a subprocess (its own interpreter: the load generator here does not share its
     event loop), on a free port; returns once /health answers."""
-    import httpx
-
     from distill.serve import free_port
 
     port = free_port("127.0.0.1")
@@ -76,10 +74,17 @@ def start_agent(work: Path, vllm_base_url: str, in_flight: int) -> tuple[subproc
         "name": AGENT, "planner_prompt": "full", "tools": ["Calculator"], "port": port, "planner_round": 0,
         "planner": spec | {"model": "round_0", "max_tokens": 64}, "solver": spec | {"model": BASE, "max_tokens": 16},
         "max_in_flight": in_flight + 4, "request_timeout_s": LONG_S, "traces_dir": str(work / "traces")}))
+    return spawn_agent(["--config", str(config)], port, work)
+
+
+def spawn_agent(args: list[str], port: int, work: Path) -> tuple[subprocess.Popen, str]:
+    """`distill serve-agent ARGS` in a subprocess logging to WORK/agent.log; returns once /health on PORT answers
+    (scripts/bench_flywheel.py starts its agent with this too)."""
+    import httpx
+
     with (work / "agent.log").open("w") as log:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen([sys.executable, "-m", "distill.cli", "serve-agent", "--config", str(config)],
-                                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env=os.environ | {"PYTHONPATH": str(ROOT)})
+        proc = subprocess.Popen([sys.executable, "-m", "distill.cli", "serve-agent", *args], stdout=log,
+                                stderr=subprocess.STDOUT, cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)})
     base = f"http://127.0.0.1:{port}"
     for _ in range(1200):  # at most about 10 minutes of polling
         if proc.poll() is not None:

@@ -144,6 +144,10 @@ def swap_under_load(base: str, service, questions: list[str], argv: list[str]) -
     return run, replies
 
 
+def traces_by_id(service) -> dict[str, dict]:
+    return {t["id"]: t for t in traces(service.cfg)}
+
+
 def planners_of(service, replies: dict) -> set[tuple]:
     by_id = traces_by_id(service)
     return {(by_id[body["id"]]["served"]["planner_model"], by_id[body["id"]]["served"]["round"])
@@ -193,8 +197,9 @@ def test_traffic_round_gate_refusal_promote_and_rollback_on_the_real_parts(tmp_p
             assert "round_1" in second.reason and "\n" not in second.reason
             consistent(second)
             assert service.planner["model"] == "round_1"  # still the promoted round
-            served_by = {t["id"]: t["served"] for t in traces(service.cfg)}
-            assert {(served_by[i]["planner_model"], served_by[i]["round"]) for i in after.values()} == {("round_1", 1)}
+            by_id = traces_by_id(service)
+            assert {(by_id[i]["served"]["planner_model"], by_id[i]["served"]["round"]) for i in after.values()} == {
+                ("round_1", 1)}
 
             # 3. roll back to round 0 under load
             loaded.append("round_0")
@@ -228,7 +233,3 @@ def test_traffic_round_gate_refusal_promote_and_rollback_on_the_real_parts(tmp_p
     written = "".join(p.read_text(errors="replace") for p in out.rglob("*") if p.is_file() and p.suffix in
                       {".json", ".jsonl", ".md", ".html", ".log", ".yaml"})
     assert TOKEN not in written and TOKEN not in shown.stdout + shown.stderr
-
-
-def traces_by_id(service) -> dict[str, dict]:
-    return {t["id"]: t for t in traces(service.cfg)}
