@@ -716,28 +716,28 @@ def sample_diversity(cfg: FlywheelConfig, url: str, names: Sequence[str], exampl
     async def run() -> dict:
         totals = {"tokens": 0, "cost_usd": 0.0}
         sem = asyncio.Semaphore(cfg.concurrency)
-        chats = {name: build_chat(spec, cfg.prices, None) for name, spec in spec_of.items()}
-
-        async def one(name, ex, k):
+        out: dict[str, Any] = {}
+        for name in names:
             spec = spec_of[name]
-            async with sem:
-                done = await chats[name].chat(planner_messages(ex.question, descriptions, cfg.planner_prompt),
-                                              temperature=spec.temperature, max_tokens=spec.max_tokens,
-                                              stop=spec.stop, seed=sample_seed(ex.id, k, cfg.seed))
-            totals["tokens"] += done.usage.total_tokens
-            totals["cost_usd"] += done.cost_usd
-            plan = parse_plan(done.text, tools=list(descriptions), max_plan_chars=cfg.max_plan_chars,
-                              max_plan_steps=cfg.max_plan_steps)
-            return name, ex.id, [{"tool": s.tool, "input": s.input} for s in plan.steps]
+            chat = build_chat(spec, cfg.prices, None)
 
-        # Both modules' requests interleaved: one server batches them together, and neither waits out the
-        # other's tail. Each request still carries its question's and sample's seed.
-        got = await asyncio.gather(*(one(name, ex, k) for ex in examples for k in range(cfg.diversity_samples)
-                                     for name in names))
-        plans: dict[str, dict[str, list]] = {name: {} for name in names}
-        for name, qid, steps in got:
-            plans[name].setdefault(qid, []).append(steps)
-        return {name: distinct_plans(plans[name]) for name in names} | totals
+            async def one(ex, k):
+                async with sem:
+                    done = await chat.chat(planner_messages(ex.question, descriptions, cfg.planner_prompt),
+                                           temperature=spec.temperature, max_tokens=spec.max_tokens, stop=spec.stop,
+                                           seed=sample_seed(ex.id, k, cfg.seed))
+                totals["tokens"] += done.usage.total_tokens
+                totals["cost_usd"] += done.cost_usd
+                plan = parse_plan(done.text, tools=list(descriptions), max_plan_chars=cfg.max_plan_chars,
+                                  max_plan_steps=cfg.max_plan_steps)
+                return ex.id, [{"tool": s.tool, "input": s.input} for s in plan.steps]
+
+            got = await asyncio.gather(*(one(ex, k) for ex in examples for k in range(cfg.diversity_samples)))
+            plans: dict[str, list] = {}
+            for qid, steps in got:
+                plans.setdefault(qid, []).append(steps)
+            out[name] = distinct_plans(plans)
+        return out | totals
 
     return asyncio.run(run())
 
