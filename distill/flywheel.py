@@ -8,8 +8,8 @@ finish): the questions `distill serve-agent` answered and got a right answer for
 traces folders), less those earlier rounds used, less the `eval_sets` questions, one per normalised question, are
 split into train and held-out by a hash of the question, so a question never changes side however much traffic
 comes. Round r trains one expert-iteration round (`distill.improve.run_round`) from the adapter in service on the
-train side; then one vLLM server serves both adapters (`round_<k>`, the one in service, and `round_<r>`), and
-`distill.evaluate` runs each as a ReWOO planner, with the same Solver, tools and Worker, on the held-out side,
+train side; then one vLLM server serves both adapters (`round_<k>`, the one in service, and `round_<r>`; on a CPU
+the server that sampled the round, given `round_<r>` at runtime), and `distill.evaluate` runs each as a ReWOO planner, with the same Solver, tools and Worker, on the held-out side,
 which training never saw. The gate promotes r only when the paired bootstrap interval of the chosen measure
 (candidate minus incumbent, per question) lies above 0 and no guard (valid plans, tokens, repeated steps) got worse
 past its margin: more traffic must not slowly make the service worse, so a round that is not shown better is kept
@@ -686,17 +686,30 @@ def eval_config(cfg: FlywheelConfig, url: str, rows_file: Path, out: Path, names
     return validate(EvalConfig, data, "flywheel (its evaluation)")
 
 
-def serving_both(cfg: FlywheelConfig, adapters: Mapping[str, str], log_path: Path):
-    """One vLLM server for the evaluation and the diversity samples, with each adapter as its round's module."""
+def round_server(cfg: FlywheelConfig, adapters: Mapping[str, str], log_path: Path, later: int = 0):
+    """The round's vLLM server with each adapter as its round's module; `later`: modules it will be given at
+    runtime (vLLM's runtime LoRA loading on, and room for them in a batch)."""
     from distill.config import validate
     from distill.improve import base_model_of
     from distill.serve import ServeConfig, VLLMServer
 
     first = next(iter(adapters.values()))
+    runtime = {"env": dict(cfg.server.get("env") or {}) | {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+               "max_loras": len(adapters) + later} if later else {}
     serve = validate(ServeConfig, {"port": 0, "base_model": base_model_of(first)} | cfg.server
-                     | {"adapter": None, "adapters": dict(adapters)}, "server")
+                     | {"adapter": None, "adapters": dict(adapters)} | runtime, "server")
     print(f"[flywheel] starting vLLM with {', '.join(adapters)} (log: {log_path})", flush=True)
     return VLLMServer(serve, log_path=log_path)
+
+
+def server_outlives_training(cfg: FlywheelConfig) -> bool:
+    """On a CPU one server samples the round, waits out its training and then evaluates it (a vLLM start is half
+    a minute there, and its memory is the machine's); on a GPU the sampling server stops before training, which
+    needs the GPU memory the server holds, and a second one evaluates."""
+    from distill.config import validate
+    from distill.serve import ServeConfig, platform_of
+
+    return platform_of(validate(ServeConfig, cfg.server, "server")) == "cpu"
 
 
 def sample_diversity(cfg: FlywheelConfig, url: str, names: Sequence[str], examples: Sequence[Any]) -> dict:
@@ -861,21 +874,34 @@ def flywheel(cfg: FlywheelConfig, config_path: str | None = None, fresh: bool = 
         wall["questions"] = time.perf_counter() - t0
         check_adapter(cfg, start.adapter_in)
 
-        t = time.perf_counter()
-        summary = run_round(improve_config(cfg, folder / QUESTIONS), r, start.adapter_in,
-                            examples_of(rows, "train", str(folder / QUESTIONS)), fresh)
-        wall["train"] = time.perf_counter() - t
-        adapter = summary["adapter"]
-
         names = [module_name(start.from_round), module_name(r)]
+        icfg, train = improve_config(cfg, folder / QUESTIONS), examples_of(rows, "train", str(folder / QUESTIONS))
         heldout = examples_of(rows, "heldout", str(folder / HELDOUT))
-        with serving_both(cfg, dict(zip(names, [start.adapter_in, adapter])), folder / "eval.vllm.log") as server:
+
+        def judge(server) -> dict:
+            """Both modules on the held-out side: the paired evaluation, then the diversity samples."""
             t = time.perf_counter()
             evaluate(eval_config(cfg, server.base_url, folder / HELDOUT, folder / EVAL, names), config_path, fresh)
             wall["eval"] = time.perf_counter() - t
             t = time.perf_counter()
             diversity = sample_diversity(cfg, server.base_url, names, heldout) if cfg.diversity_samples else {}
             wall["diversity"] = time.perf_counter() - t
+            return diversity
+
+        t = time.perf_counter()
+        if server_outlives_training(cfg):
+            with round_server(cfg, {names[0]: start.adapter_in}, folder / "vllm.log", later=1) as server:
+                summary = run_round(icfg, r, start.adapter_in, train, fresh, server, names[0])
+                wall["train"] = time.perf_counter() - t
+                adapter = summary["adapter"]
+                server.load_adapter(names[1], adapter)
+                diversity = judge(server)
+        else:
+            summary = run_round(icfg, r, start.adapter_in, train, fresh)
+            wall["train"] = time.perf_counter() - t
+            adapter = summary["adapter"]
+            with round_server(cfg, dict(zip(names, [start.adapter_in, adapter])), folder / "eval.vllm.log") as server:
+                diversity = judge(server)
         incumbent, candidate = (eval_records(folder / EVAL, n) for n in names)
         samples = read_jsonl(folder / "samples.jsonl") if (folder / "samples.jsonl").exists() else []
         tokens, cost = _usage([*incumbent, *candidate, *samples])

@@ -265,14 +265,14 @@ def serving(cfg: ImproveConfig, adapter_in: str, out: Path):
     return VLLMServer(serve, log_path=out / "vllm.log")
 
 
-def with_server(cfg: ImproveConfig, url: str | None) -> ImproveConfig:
-    """`@server` in any model entry is the round's server; the planner is its policy module."""
+def with_server(cfg: ImproveConfig, url: str | None, module: str = POLICY) -> ImproveConfig:
+    """`@server` in any model entry is the round's server; the planner is its LoRA module `module`."""
     from distill.config import validate
 
     if url is None:
         return cfg
     data = fill_server(cfg.model_dump(mode="json", exclude_unset=False), url)
-    data["planner"] |= {"backend": "openai", "base_url": url, "model": POLICY}
+    data["planner"] |= {"backend": "openai", "base_url": url, "model": module}
     return validate(ImproveConfig, data, "improve")
 
 
@@ -330,7 +330,13 @@ def check_run(cfg: ImproveConfig, check, prefix: str = "", started=(), base_mode
         print(f"{where}: hub datasets are not read by a check: {', '.join(hub)}")
 
 
-def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh: bool) -> dict:
+def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh: bool,
+              server=None, module: str = POLICY) -> dict:
+    """Round i: sample, keep each question's best, train. `server`: a running VLLMServer that serves adapter_in as
+    `module` and outlives the round (the flywheel's, which then evaluates on it); else the round starts its own
+    and stops it before training."""
+    from contextlib import nullcontext
+
     from distill.run import check_fingerprint, fingerprint, set_aside
     from distill.sft_data import SftDataConfig, build_sft_data
     from distill.store import CallCache, JsonlStore, read_jsonl, write_json, write_jsonl
@@ -355,8 +361,9 @@ def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh
         print(f"[improve] round {i}: its adapter was trained with other settings; set aside as {moved.name}",
               flush=True)
     write_json(out / "settings.json", {"fingerprint": fp, "settings": settings})
-    with serving(cfg, adapter_in, out) as server, CallCache.open("auto", layout.call_cache(out.parent)) as cache:
-        round_cfg = with_server(cfg, server.base_url if server else None)
+    own = serving(cfg, adapter_in, out) if server is None else nullcontext(server)
+    with own as server, CallCache.open("auto", layout.call_cache(out.parent)) as cache:
+        round_cfg = with_server(cfg, server.base_url if server else None, module)
         sample_round(round_cfg, i, round_cfg.planner, examples, out, fp, cache)
         binding = getattr(server, "binding", None)
     records = [r for r in read_jsonl(out / SAMPLES) if r.get("fingerprint") == fp]

@@ -69,6 +69,8 @@ class ServeConfig(Strict):
     """the LoRA module name of `adapter`: what clients ask for as the model"""
     max_lora_rank: int | None = Field(default=None, ge=1)
     """vLLM's max LoRA rank; null: the adapters' own"""
+    max_loras: int | None = Field(default=None, ge=1, le=256)
+    """LoRA modules one batch may hold; null: the adapters served (more where modules are loaded at runtime)"""
     served_model_name: str | None = None
     """the name the base (or merged) model is served as; null: the base model's name, or lora_name for merged weights"""
     chat_template: str | None = None
@@ -418,7 +420,7 @@ def build_command(cfg: ServeConfig, platform: Platform) -> tuple[list[str], dict
     if adapters:
         rank = lora_rank_for(max(a.rank for a in adapters.values()), cfg.max_lora_rank)
         argv += ["--enable-lora", "--lora-modules", *(_lora_module_arg(n, a.path) for n, a in adapters.items()),
-                 "--max-lora-rank", str(rank), "--max-loras", str(len(adapters))]
+                 "--max-lora-rank", str(rank), "--max-loras", str(cfg.max_loras or len(adapters))]
     template = choose_chat_template(cfg, adapters, model)
     if template:
         argv += ["--chat-template", template]
@@ -719,6 +721,45 @@ class VLLMServer:
 
     def wait(self) -> int:
         return self._proc.wait()
+
+    def load_adapter(self, name: str, path: str | Path, timeout_s: float = 120.0) -> None:
+        """Add a LoRA module to the running server (vLLM's runtime loading: started with
+        VLLM_ALLOW_RUNTIME_LORA_UPDATING in `env`), refusing what a restart would refuse: another base, a rank
+        above the served one, a chat template other than the one served."""
+        import httpx
+
+        if not MODULE_NAME.fullmatch(name) or name in self.cfg.adapters:
+            raise DistillError(f"LoRA module {name!r}: not a module name, or one this server already serves")
+        served = {n: _checked_adapter(self.cfg, n, p) for n, p in self.cfg.adapters.items()}
+        new = _checked_adapter(self.cfg, name, str(path))
+        rank = lora_rank_for(max(a.rank for a in served.values()), self.cfg.max_lora_rank) if served else 0
+        if new.rank > rank:
+            raise DistillError(f"LoRA module {name}: rank r={new.rank} is above the rank this server was started "
+                               f"with ({rank}); serve it from a server started with it")
+        model = model_dir(self.cfg)
+        if choose_chat_template(self.cfg, served | {name: new}, model) != choose_chat_template(self.cfg, served, model):
+            raise DistillError(f"LoRA module {name}: its chat template is not the one this server applies")
+        if self._proc is None:
+            raise DistillError("the vLLM server has not been started")
+        body = {"lora_name": name, "lora_path": str(new.path)}
+        for attempt in range(3):  # a refused connection is retried; anything else may have loaded it
+            try:
+                reply = httpx.post(f"{self.base_url}/load_lora_adapter", json=body, timeout=timeout_s,
+                                   trust_env=False)
+                break
+            except httpx.ConnectError:
+                if attempt == 2:
+                    raise DistillError(f"loading LoRA module {name}: {self.base_url} refused 3 connections") from None
+                time.sleep(1.0)
+            except httpx.HTTPError as exc:
+                raise DistillError(f"loading LoRA module {name} into {self.base_url}: {type(exc).__name__}") from None
+        if reply.status_code == 404:
+            raise DistillError(f"{self.base_url} has no runtime LoRA loading: start it with "
+                               "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its env")
+        if reply.status_code != 200:
+            raise DistillError(f"loading LoRA module {name} into {self.base_url}: HTTP {reply.status_code} "
+                               f"{mask(reply.text[:200], self._secrets)}")
+        self.cfg = self.cfg.model_copy(update={"adapters": {**self.cfg.adapters, name: str(new.path)}})
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM the whole process group, SIGKILL whatever is left after timeout_s. Idempotent. A second

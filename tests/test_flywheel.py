@@ -309,21 +309,25 @@ def test_check_counts_the_rounds_questions_and_writes_nothing(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------ a round, stood in for
 
+@pytest.mark.parametrize("outlives", [True, False], ids=["cpu-one-server", "gpu-server-per-side"])
 def test_a_round_trains_from_the_adapter_in_service_evaluates_both_and_logs_the_decision(tmp_path, monkeypatch,
-                                                                                          capsys):
+                                                                                          capsys, outlives):
     """run_round, the vLLM server, evaluate and the diversity samples are stood in for (each is tested on its own,
     and the lead's end-to-end test runs them for real): what is checked is what the flywheel hands them and does
-    with what they return."""
+    with what they return. On a CPU one server samples, waits out training and is given the new round at runtime;
+    on a GPU training needs the server's memory, so a second server evaluates."""
     import distill.evaluate
     import distill.improve
 
-    calls: dict[str, list] = {"train": [], "eval": []}
+    calls: dict[str, list] = {"train": [], "eval": [], "servers": []}
 
-    def run_round(icfg, i, adapter_in, examples, fresh):
+    def run_round(icfg, i, adapter_in, examples, fresh, server=None, module="policy"):
         adapter = Path(icfg.output_dir) / f"round_{i}" / "adapter"
         adapter.mkdir(parents=True)
         (adapter / "adapter_model.safetensors").write_bytes(b"stand-in")
-        calls["train"].append((i, adapter_in, sorted(ex.id for ex in examples), icfg.datasets[0].source))
+        assert server is None or dict(server.served) == {module: adapter_in}  # it samples the adapter in service
+        calls["train"].append((i, adapter_in, sorted(ex.id for ex in examples), icfg.datasets[0].source,
+                               module if server else None))
         return {"samples": 2 * len(examples), "kept": len(examples), "mean_reward": 0.5,
                 "train": {"global_step": 1}, "adapter": str(adapter)}
 
@@ -339,14 +343,25 @@ def test_a_round_trains_from_the_adapter_in_service_evaluates_both_and_logs_the_
                 json.dumps(rec(r["id"], r["answers"][0] if right else "no idea", r["answers"][0], method=name)) + "\n"
                 for r in rows))
 
+    class Server:
+        base_url = "http://127.0.0.1:1/v1"
+
+        def __init__(self, adapters, later):
+            self.served, self.later = dict(adapters), later
+            calls["servers"].append(self.served)
+
+        def load_adapter(self, name, path):
+            assert self.later and name not in self.served
+            self.served[name], self.later = str(path), self.later - 1
+
     @contextmanager
-    def server(cfg, adapters, log_path):
-        calls["served"] = dict(adapters)
-        yield type("Server", (), {"base_url": "http://127.0.0.1:1/v1"})()
+    def server(cfg, adapters, log_path, later=0):
+        yield Server(adapters, later)
 
     monkeypatch.setattr(distill.improve, "run_round", run_round)
     monkeypatch.setattr(distill.evaluate, "evaluate", evaluate)
-    monkeypatch.setattr(fw, "serving_both", server)
+    monkeypatch.setattr(fw, "round_server", server)
+    monkeypatch.setattr(fw, "server_outlives_training", lambda cfg: outlives)
     monkeypatch.setattr(fw, "check_adapter", lambda cfg, adapter: None)
     monkeypatch.setattr(fw, "sample_diversity", lambda cfg, url, names, ex: {names[0]: 1.0, names[1]: 2.5,
                                                                              "tokens": 10, "cost_usd": 0.0})
@@ -357,9 +372,11 @@ def test_a_round_trains_from_the_adapter_in_service_evaluates_both_and_logs_the_
     report = fw.read_round_report(out / "round_1" / fw.REPORT)
     rows = [json.loads(line) for line in (out / "round_1" / fw.QUESTIONS).read_text().splitlines()]
     train = sorted(r["id"] for r in rows if r["split"] == "train")
-    assert calls["train"] == [(1, str(tmp_path / "adapter0"), train, str(out / "round_1" / fw.QUESTIONS))]
+    assert calls["train"] == [(1, str(tmp_path / "adapter0"), train, str(out / "round_1" / fw.QUESTIONS),
+                               "round_0" if outlives else None)]
     assert calls["eval"] == [(["round_0", "round_1"], str(out / "round_1" / fw.HELDOUT), 0.0)]
-    assert calls["served"] == {"round_0": str(tmp_path / "adapter0"), "round_1": str(out / "round_1" / "adapter")}
+    # one server in all (sampling, then both modules) on a CPU; on a GPU run_round's own, then one for both
+    assert calls["servers"] == [{"round_0": str(tmp_path / "adapter0"), "round_1": str(out / "round_1" / "adapter")}]
     assert report.decision == "promote" and report.promoted_to == [] and report.verdict.diff == 1.0
     assert report.questions.train == len(train) and report.questions.heldout == 30 - len(train)
     assert report.diversity.incumbent == 1.0 and report.diversity.candidate == 2.5
@@ -580,7 +597,7 @@ def test_a_better_round_is_evaluated_for_real_gated_and_promoted_to_the_agents(t
 
     from fakes import serving
 
-    def run_round(icfg, i, adapter_in, examples, fresh):
+    def run_round(icfg, i, adapter_in, examples, fresh, server=None, module="policy"):
         adapter = Path(icfg.output_dir) / f"round_{i}" / "adapter"
         adapter.mkdir(parents=True)
         (adapter / "adapter_model.safetensors").write_bytes(b"stand-in")
@@ -594,11 +611,12 @@ def test_a_better_round_is_evaluated_for_real_gated_and_promoted_to_the_agents(t
     write_traces(tmp_path / "traces", served("x", 30))
     with serving(fake.handler) as base:
         @contextmanager
-        def server(cfg, adapters, log_path):
-            assert list(adapters) == ["round_0", "round_1"]
+        def server(cfg, adapters, log_path, later=0):
+            assert list(adapters) == ["round_0", "round_1"] and not later
             yield type("Server", (), {"base_url": f"{base}/v1"})()
 
-        monkeypatch.setattr(fw, "serving_both", server)
+        monkeypatch.setattr(fw, "round_server", server)
+        monkeypatch.setattr(fw, "server_outlives_training", lambda cfg: False)
         service = {"vllm_url": f"{base}/v1", "agents": [f"{base}/agent"], "token_env": "FLYWHEEL_AGENT_CREDENTIAL",
                    "max_retries": 0}
         assert main(["flywheel", "--config", str(config(tmp_path, diversity_samples=2, service=service))]) == 0

@@ -118,6 +118,34 @@ def test_several_adapters_are_lora_modules_of_one_server_at_the_largest_rank(tmp
     assert flag(build_command(ServeConfig(base_model=str(base), adapter=str(adapter)), "cpu")[0], "--max-loras") == "1"
 
 
+def test_max_loras_makes_room_for_modules_loaded_at_runtime(base: Path, adapter: Path) -> None:
+    argv, _ = build_command(ServeConfig(base_model=str(base), adapter=str(adapter), max_loras=2), "cpu")
+    assert flag(argv, "--max-loras") == "2"
+
+
+def test_a_module_loaded_at_runtime_is_refused_what_a_restart_would_refuse(tmp_path: Path, base: Path,
+                                                                           adapter: Path) -> None:
+    """Checked before any HTTP: the server is not started here (the flywheel's end-to-end test loads a module
+    into a real vLLM)."""
+    server = VLLMServer(ServeConfig(base_model=str(base), adapters={"round_0": str(adapter)}))
+    wider = make_adapter(tmp_path / "wider", str(base), r=32)
+    with pytest.raises(DistillError, match="LoRA module round_1: rank r=32 is above the rank this server was "
+                                           "started with"):
+        server.load_adapter("round_1", wider)
+    other = make_adapter(tmp_path / "other", str(base), r=8, template="{{ other }}")
+    with pytest.raises(DistillError, match="carry different chat templates"):
+        server.load_adapter("round_1", other)
+    with pytest.raises(DistillError, match="already serves"):
+        server.load_adapter("round_0", adapter)
+    alien = make_adapter(tmp_path / "alien", str(make_model(tmp_path / "big", hidden_size=1024)))
+    with pytest.raises(DistillError, match="hidden_size"):
+        server.load_adapter("round_1", alien)
+    same = make_adapter(tmp_path / "same", str(base), r=8)
+    with pytest.raises(DistillError, match="has not been started"):  # every check passed
+        server.load_adapter("round_1", same)
+    assert list(server.cfg.adapters) == ["round_0"]
+
+
 def test_a_module_path_with_a_comma_is_passed_as_json(tmp_path: Path, base: Path) -> None:
     odd = make_adapter(tmp_path / "a,b", str(base))
     argv, _ = build_command(ServeConfig(base_model=str(base), adapters={"s": str(odd)}), "cpu")
