@@ -9,9 +9,10 @@ traces folders), less those earlier rounds used, less the `eval_sets` questions,
 split into train and held-out by a hash of the question, so a question never changes side however much traffic
 comes. Round r trains one expert-iteration round (`distill.improve.run_round`) from the adapter in service on the
 train side; then one vLLM server serves both adapters (`round_<k>`, the one in service, and `round_<r>`; on a CPU
-the server that sampled the round, given `round_<r>` at runtime), and `distill.evaluate` runs each as a ReWOO planner, with the same Solver, tools and Worker, on the held-out side,
-which training never saw. The gate promotes r only when the paired bootstrap interval of the chosen measure
-(candidate minus incumbent, per question) lies above 0 and no guard (valid plans, tokens, repeated steps) got worse
+the server that sampled the round, given `round_<r>` at runtime), and `distill.evaluate` runs each as a ReWOO
+planner, with the same Solver, tools and Worker, on the held-out side, which training never saw. The gate
+promotes r only when the paired bootstrap interval of the chosen measure (candidate minus incumbent, per question)
+lies above 0 and no guard (valid plans, tokens, repeated steps) got worse
 past its margin: more traffic must not slowly make the service worse, so a round that is not shown better is kept
 out. Every decision is a line of `promotions.jsonl` (append-only; the adapter in service is its last promote or
 rollback), every round's numbers are `round_<r>/report.json`, and with `service:` a promotion swaps the running
