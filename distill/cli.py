@@ -15,25 +15,25 @@ import sys
 import traceback
 from typing import Callable
 
-from distill.errors import DistillError, is_environment_failure, one_line
-from distill.secrets import MaskingFormatter, mask, mask_log_record
+from distill.core.errors import DistillError, is_environment_failure, one_line
+from distill.core.secrets import MaskingFormatter, mask, mask_log_record
 
 # (argv words, module, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
-    (("ask",), "distill.agents", "answer one question with the ReWOO agent"),
+    (("ask",), "distill.agent.factory", "answer one question with the ReWOO agent"),
     (("plan", "check"), "distill.rewoo.plan", "parse and validate a plan"),
     (("generate",), "distill.generate", "record teacher trajectories (resumable)"),
     (("filter",), "distill.filter", "keep correct, well-formed trajectories"),
-    (("score",), "distill.metrics", "score predictions with EM/F1 (official HotpotQA/TriviaQA or plain rules)"),
+    (("score",), "distill.core.metrics", "score predictions with EM/F1 (official HotpotQA/TriviaQA or plain rules)"),
     (("sft-data",), "distill.sft_data", "turn kept trajectories into an SFT dataset"),
-    (("train",), "distill.launch", "LoRA SFT of the student planner (prefer `accelerate launch -m distill.train`)"),
+    (("train",), "distill.training.launch", "LoRA SFT of the student planner (prefer `accelerate launch -m distill.train`)"),
     (("improve",), "distill.improve", "improve the trained student on its own plans, scored by the Worker"),
     (("flywheel",), "distill.flywheel", "turn served traffic into the next round, promoted only when it is better"),
-    (("promote",), "distill.promote", "swap the served agents' planner to a flywheel round's adapter, or roll back"),
-    (("merge",), "distill.merge", "merge a LoRA adapter into full weights"),
-    (("push",), "distill.push", "share a trained adapter on the Hugging Face Hub, with its model card"),
-    (("serve",), "distill.serve", "serve the student planner with vLLM"),
-    (("serve-agent",), "distill.agent_server", "serve the whole agent as an OpenAI-compatible chat endpoint, traced"),
+    (("promote",), "distill.serving.promote", "swap the served agents' planner to a flywheel round's adapter, or roll back"),
+    (("merge",), "distill.training.merge", "merge a LoRA adapter into full weights"),
+    (("push",), "distill.training.push", "share a trained adapter on the Hugging Face Hub, with its model card"),
+    (("serve",), "distill.serving.serve", "serve the student planner with vLLM"),
+    (("serve-agent",), "distill.serving.agent_server", "serve the whole agent as an OpenAI-compatible chat endpoint, traced"),
     (("eval",), "distill.evaluate", "evaluate planners and baselines"),
     (("report",), "distill.report", "write report.md, results.json and plots from evaluation records"),
     (("pipeline",), "distill.pipeline", "run the whole distillation end to end"),
@@ -111,11 +111,11 @@ GUIDE: dict[tuple[str, ...], tuple[str, str]] = {
 
 
 def command(module: str) -> tuple[Callable, Callable]:
-    """A command module's (configure_parser, main): a stage's from its `STAGE` (distill.stage, the one shape of
+    """A command module's (configure_parser, main): a stage's from its `STAGE` (distill.core.stage, the one shape of
     a config-driven command), any other module's its own."""
     mod = importlib.import_module(module)
     if (declared := getattr(mod, "STAGE", None)) is not None:
-        from distill import stage
+        from distill.core import stage
 
         return stage.configure_parser, functools.partial(stage.main, declared)
     return mod.configure_parser, mod.main

@@ -5,7 +5,7 @@
 Every method answers the same questions with the same Solver and per-question tools, so between ReWOO rows
 only the Planner changes (teacher few-shot, distilled student and untuned base zero-shot; `replan: true` rows
 re-plan on surprise), and between ReWOO and the baselines only how the Solver model is driven. Evaluation
-writes records only, to `<output_dir>/records/<method>.jsonl` (resumable, see distill.run): `distill report`
+writes records only, to `<output_dir>/records/<method>.jsonl` (resumable, see distill.core.run): `distill report`
 recomputes every number from them.
 
 Questions: the first `n` distinct questions of each dataset in file order, not a sample, so every method and
@@ -30,17 +30,17 @@ from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from distill import layout, stage
-from distill.config import AgentConfig, ModelSpec, PlannerPrompt, Strict
-from distill.data import DatasetSource
-from distill.errors import DistillError
+from distill.core import layout, stage
+from distill.core.config import AgentConfig, ModelSpec, PlannerPrompt, Strict
+from distill.core.data import DatasetSource
+from distill.core.errors import DistillError
 from distill.rewoo.plan import duplicate_steps
 from distill.rewoo.record import CallShape, Count, Seconds, Shape, TokensShape, TrajectoryRecord
 from distill.rewoo.worker import InjectedToolFailure
-from distill.run import MAX_BOOTSTRAP_SAMPLES
-from distill.tracking import ReportTo, open_tracker, require
+from distill.core.run import MAX_BOOTSTRAP_SAMPLES
+from distill.core.tracking import ReportTo, open_tracker, require
 
-# An evaluation's output: one JSONL of records per method under RECORDS_DIR (distill.layout), a record keyed by
+# An evaluation's output: one JSONL of records per method under RECORDS_DIR (distill.core.layout), a record keyed by
 # `record_key`; the report reads them back through these two names.
 RECORDS_DIR = layout.RECORDS_DIR
 ERRORS = "errors.jsonl"  # failed attempts of every method, keyed (method, id); a rerun retries them
@@ -332,7 +332,7 @@ def gold_hops(example) -> int | None:
 
 def load_eval_examples(cfg: EvalConfig) -> list:
     """The first n distinct questions of each dataset, in file order; an id may occur only once overall."""
-    from distill.data import check_unique_ids, load_source
+    from distill.core.data import check_unique_ids, load_source
 
     if not cfg.datasets:
         raise DistillError("no datasets configured: add a `datasets:` list with name, source, split and n")
@@ -362,7 +362,7 @@ def examples_for(cfg: EvalConfig, method: Method, examples: list) -> list:
 def build_method(cfg: EvalConfig, method: Method, cache=None):
     """A fresh agent for one method. Built per method because each method runs under its own event loop,
     and HTTP clients belong to the loop they were first used in (in-process weights are shared anyway)."""
-    from distill.agents import build_agent
+    from distill.agent.factory import build_agent
 
     return build_agent(
         cfg, cache, kind=method.kind, planner=method.spec, planner_prompt=method.prompt, method=method.name,
@@ -385,7 +385,7 @@ def method_settings(cfg: EvalConfig, method: Method, identities: Mapping[str, An
     """What one method's records depend on: its own row, the shared settings it uses (seed, tools, plan limits,
     the Wikipedia scope and corpus, the judge...), each model by what its server serves (a LoRA module by its
     adapter's weights), and the input files. Not `n`: asking for more questions only adds records."""
-    from distill.run import settings_of, source_digests, with_identity
+    from distill.core.run import settings_of, source_digests, with_identity
 
     data = settings_of(cfg.model_dump(mode="json", exclude=_NOT_SHARED))
     for ds in data["datasets"]:
@@ -406,7 +406,7 @@ def method_settings(cfg: EvalConfig, method: Method, identities: Mapping[str, An
 
 def run_fingerprints(cfg: EvalConfig, methods: list[Method]) -> dict[str, dict]:
     """{method: {"fingerprint", "settings"}}; every endpoint is asked once what it serves."""
-    from distill.run import fingerprint, model_identities
+    from distill.core.run import fingerprint, model_identities
 
     specs = {"solver": cfg.solver, "llm_tool": cfg.llm_tool, "judge": cfg.judge}
     identities = model_identities(specs | {m.name: m.spec for m in methods if m.spec is not None})
@@ -424,8 +424,8 @@ def records_path(out: Path, method: Method) -> Path:
 def preflight(cfg: EvalConfig, methods: list[Method], out: Path, runs: dict[str, dict], fresh: bool) -> None:
     """Before any model is loaded: repair torn last lines, and check every existing record file was made with
     this config (its fingerprint), so a mismatch fails at once rather than after the first methods have run."""
-    from distill.run import check_fingerprint, read_manifest
-    from distill.store import JsonlStore
+    from distill.core.run import check_fingerprint, read_manifest
+    from distill.core.store import JsonlStore
 
     old = read_manifest(layout.manifest(out))
     for method in methods:
@@ -442,8 +442,8 @@ def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, error
                fp: str | None = None, tracker=None, cap=None) -> None:
     """Run (or resume) one method over every example; `runs[method]` gets how it ended, even when it stops.
     `cap` is the run's CostCap, shared by its methods."""
-    from distill.run import add_judgement, build_judge, run_records
-    from distill.store import CallCache
+    from distill.core.run import add_judgement, build_judge, run_records
+    from distill.core.store import CallCache
 
     # cache auto: one file per method, so no method is served another's tool or LLM-tool calls from the cache
     # (which would flatter its latency); reruns of a method still never repeat a call
@@ -472,8 +472,8 @@ def check_students_as_trained(cfg: EvalConfig, methods: list[Method], fingerprin
     """A row whose server serves a distill adapter must send it the prompt kind and tools it was trained on (its
     distill_adapter.json says which): otherwise the student is measured on a prompt it never saw, and nothing in
     the numbers would say so."""
-    from distill.merge import check_as_trained
-    from distill.provenance import served_adapters
+    from distill.training.merge import check_as_trained
+    from distill.reporting.provenance import served_adapters
     from distill.tools.registry import tool_descriptions
 
     served = served_adapters(fingerprints)
@@ -488,8 +488,8 @@ def evaluate(cfg: EvalConfig, config_path: str | None = None, fresh: bool = Fals
     next stage's job, so it can be rebuilt without running any model). `fresh` sets a method's records made
     with other settings aside instead of refusing them; the methods whose settings match still resume."""
     from distill.llm import check_prices
-    from distill.run import CostCap, manifest_header, run_lifecycle
-    from distill.store import JsonlStore
+    from distill.core.run import CostCap, manifest_header, run_lifecycle
+    from distill.core.store import JsonlStore
 
     check_prices(cfg)
     out = Path(cfg.output_dir)
@@ -526,9 +526,9 @@ def evaluate(cfg: EvalConfig, config_path: str | None = None, fresh: bool = Fals
 def check_run(cfg: EvalConfig, check, counter, prefix: str = "", started=()):
     """`--check` of evaluation (the pipeline's too): its config, endpoints and prices, and its estimate, every
     method over its own questions."""
-    from distill.baselines import direct_messages, react_messages
-    from distill.check import CallKind, estimate_stage, show_config
-    from distill.metrics import JUDGE_MAX_TOKENS, judge_messages
+    from distill.agent.baselines import direct_messages, react_messages
+    from distill.core.check import CallKind, estimate_stage, show_config
+    from distill.core.metrics import JUDGE_MAX_TOKENS, judge_messages
     from distill.rewoo.prompts import planner_messages, solver_messages
     from distill.tools.registry import tool_descriptions
 
@@ -584,7 +584,7 @@ def check_run(cfg: EvalConfig, check, counter, prefix: str = "", started=()):
 # ------------------------------------------------------------------------------------------ command line
 
 def _check(cfg: EvalConfig, check):
-    from distill.check import TokenCounter
+    from distill.core.check import TokenCounter
 
     return check_run(cfg, check, TokenCounter())
 

@@ -22,9 +22,9 @@ from typing import Any, Iterable, Literal, NamedTuple, get_args
 
 from pydantic import Field, field_validator, model_validator
 
-from distill.config import Strict, add_config_args, load_config
-from distill.data import _bad_characters
-from distill.errors import DistillError
+from distill.core.config import Strict, add_config_args, load_config
+from distill.core.data import _bad_characters
+from distill.core.errors import DistillError
 from distill.rewoo.record import TrajectoryRecord
 
 REASONS = (
@@ -36,7 +36,7 @@ Criterion = Literal["answer", "evidence", "answer_and_evidence"]
 
 class FilterInput(TrajectoryRecord):
     """A trajectory as the filter reads it. Its question becomes a training prompt and its answers judge it, so
-    a hand-made file is held to the rule a dataset row is (`distill.data`): no control characters, which
+    a hand-made file is held to the rule a dataset row is (`distill.core.data`): no control characters, which
     generate and eval never send a model either."""
 
     @field_validator("question")
@@ -96,7 +96,7 @@ def is_correct(rec: dict, cfg: FilterConfig) -> bool:
 
 def contains_answer(rec: dict) -> bool:
     """Lenient correctness for small teachers that answer in a sentence ("The Volga is longer than the Rhine")."""
-    from distill.metrics import hotpot_normalize
+    from distill.core.metrics import hotpot_normalize
 
     pred = f" {hotpot_normalize(rec.get('prediction') or '')} "
     return any(f" {a} " in pred for a in map(hotpot_normalize, rec.get("answers") or []) if a)
@@ -278,7 +278,7 @@ def format_report(report: dict) -> str:
 def run_filter(inp: str | Path, out: str | Path, cfg: FilterConfig) -> dict:
     """Two passes over `inp`, so memory does not grow with the file: the first checks every line (nothing is
     written when one is bad) and keeps a `Row` per record to choose by; the second writes the chosen lines."""
-    from distill.store import FirstPerKey, iter_jsonl, write_json, write_jsonl
+    from distill.core.store import FirstPerKey, iter_jsonl, write_json, write_jsonl
 
     selection = Selection(cfg, criteria=True)
     # Two files joined by hand can hold a (question, sample) twice: the first is judged, the copies are counted.

@@ -43,11 +43,11 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from distill import layout, stage
-from distill.config import Strict, check_base_url
-from distill.errors import DistillError, clip
+from distill.core import layout, stage
+from distill.core.config import Strict, check_base_url
+from distill.core.errors import DistillError, clip
 from distill.improve import ImproveConfig
-from distill.run import MAX_BOOTSTRAP_SAMPLES
+from distill.core.run import MAX_BOOTSTRAP_SAMPLES
 
 PROMOTIONS = "promotions.jsonl"
 QUESTIONS = "questions.jsonl"  # a round's questions, both sides
@@ -311,7 +311,7 @@ class RoundReport(_OneLineReason):
 
 def read_round_report(path: str | Path) -> RoundReport:
     """A round's report.json, checked: one line naming the file and the first bad field otherwise."""
-    from distill.config import read_json_model
+    from distill.core.config import read_json_model
 
     found = read_json_model(Path(path), RoundReport, "flywheel round report", "rerun distill flywheel to remake it")
     if found is None:
@@ -322,7 +322,7 @@ def read_round_report(path: str | Path) -> RoundReport:
 def read_promotions(path: str | Path) -> list[Promotion]:
     """Every line of promotions.jsonl, each checked; the first bad one is one line naming file:line. None yet:
     an empty log (round 0 in service)."""
-    from distill.store import iter_jsonl
+    from distill.core.store import iter_jsonl
 
     path = Path(path)
     if not path.exists():
@@ -332,7 +332,7 @@ def read_promotions(path: str | Path) -> list[Promotion]:
 
 def append_promotion(path: Path, line: Promotion) -> None:
     """One durable line (the store's append: written whole and fsynced, or not at all)."""
-    from distill.store import JsonlStore
+    from distill.core.store import JsonlStore
 
     with JsonlStore(path, schema=Promotion) as log:
         log.append(line.model_dump(mode="json"))
@@ -379,7 +379,7 @@ def round_adapter(cfg: FlywheelConfig, round_: int) -> str:
 def split_of(question: str, seed: int, holdout_fraction: float) -> Literal["train", "heldout"]:
     """A question's side: a hash of its normalised text and the seed, never of the traffic around it, so adding
     traffic never moves a question from one side to the other."""
-    from distill.data import normalize_question
+    from distill.core.data import normalize_question
 
     digest = hashlib.blake2b(f"{seed}\x1f{normalize_question(question)}".encode(), digest_size=8).digest()
     return "heldout" if int.from_bytes(digest, "big") / 2**64 < holdout_fraction else "train"
@@ -410,7 +410,7 @@ def build_questions(candidates: Iterable[tuple[str, Any]], used: set[str], eval_
     """The round's questions from (where, Example) pairs in reading order: the first of each normalised question,
     those earlier rounds used (`used`, normalised) left out, those of the eval sets (`eval_keys`) left out (or
     refused, leak_policy refuse), each given its side by `split_of`."""
-    from distill.data import normalize_question
+    from distill.core.data import normalize_question
 
     first: dict[str, tuple[str, Any]] = {}
     for where, ex in candidates:
@@ -432,9 +432,9 @@ def build_questions(candidates: Iterable[tuple[str, Any]], used: set[str], eval_
 
 def traced_questions(datasets: Sequence[Any]) -> list[tuple[str, Any]]:
     """(traces-file:line, Example) of every served question whose feedback gives a right answer, in the datasets'
-    order, read by the loaders improve reads traces with (distill.traces, distill.data's row checks)."""
-    from distill import traces
-    from distill.data import rows_to_examples
+    order, read by the loaders improve reads traces with (distill.core.traces, distill.core.data's row checks)."""
+    from distill.core import traces
+    from distill.core.data import rows_to_examples
 
     out = []
     for ds in datasets:
@@ -456,8 +456,8 @@ def traced_questions(datasets: Sequence[Any]) -> list[tuple[str, Any]]:
 def used_questions(out: Path, before: int) -> set[str]:
     """The normalised questions of every round before `before` (both sides): a question trains or judges one
     round only."""
-    from distill.data import normalize_question
-    from distill.store import iter_jsonl
+    from distill.core.data import normalize_question
+    from distill.core.store import iter_jsonl
 
     used: set[str] = set()
     for n in round_numbers(out):
@@ -467,7 +467,7 @@ def used_questions(out: Path, before: int) -> set[str]:
 
 
 def eval_questions(cfg: FlywheelConfig) -> set[str]:
-    from distill.data import load_source, question_set
+    from distill.core.data import load_source, question_set
 
     return question_set(ex for ds in cfg.eval_sets for ex in load_source(ds))
 
@@ -481,7 +481,7 @@ def next_round(out: Path) -> tuple[int, RoundStart | None]:
     """The round to run and, when it is resumed, how it started: the last round again when it has no report (with
     its own questions and starting adapter when its round.json says they were written; made anew when a run
     stopped before), else the next number."""
-    from distill.config import read_json_model
+    from distill.core.config import read_json_model
 
     numbers = round_numbers(out)
     if not numbers:
@@ -512,7 +512,7 @@ def too_few(cfg: FlywheelConfig, qs: RoundQuestions) -> str | None:
 
 
 def examples_of(rows: Iterable[dict], split: str, origin: str) -> list:
-    from distill.data import rows_to_examples
+    from distill.core.data import rows_to_examples
 
     mine = [{k: r[k] for k in ("id", "question", "answers")} for r in rows if r["split"] == split]
     return rows_to_examples(mine, SERVED, split, origin=origin, metric=SERVED_METRIC) if mine else []
@@ -529,10 +529,10 @@ def _gold_pages(rec: Mapping[str, Any]) -> list[str]:
 
 
 def record_reward(rec: Mapping[str, Any], cfg) -> float:
-    """The planner reward (distill.reward's formula, `cfg` its RewardConfig) of an eval record, from the evidence the
+    """The planner reward (distill.agent.reward's formula, `cfg` its RewardConfig) of an eval record, from the evidence the
     eval's Worker found: no tool is called again."""
-    from distill.metrics import evidence_recall
-    from distill.reward import answer_in_evidence
+    from distill.core.metrics import evidence_recall
+    from distill.agent.reward import answer_in_evidence
     from distill.rewoo.plan import duplicate_steps
 
     plan = rec.get("plan") or {}
@@ -553,7 +553,7 @@ def record_reward(rec: Mapping[str, Any], cfg) -> float:
 
 def measure_of(rec: Mapping[str, Any], measure: str, reward_cfg=None) -> float | None:
     """One record's value of the gate's measure; None where it cannot be measured (recall without gold pages)."""
-    from distill.metrics import answer_in_text, evidence_recall, metric_of, score
+    from distill.core.metrics import answer_in_text, evidence_recall, metric_of, score
 
     if measure in ("f1", "em"):
         return float(score(metric_of(rec), rec.get("prediction"), rec["answers"])[measure])
@@ -564,7 +564,7 @@ def measure_of(rec: Mapping[str, Any], measure: str, reward_cfg=None) -> float |
         golds = _gold_pages(rec)
         return float(evidence_recall(golds, rec.get("evidence") or [])["recall"]) if golds else None
     if measure == "reward":
-        from distill.reward import RewardConfig
+        from distill.agent.reward import RewardConfig
 
         return record_reward(rec, reward_cfg or RewardConfig())
     raise DistillError(f"unknown measure {measure!r}; expected one of {', '.join(MEASURES)}")
@@ -615,7 +615,7 @@ def decide(incumbent: Sequence[Mapping[str, Any]], candidate: Sequence[Mapping[s
     """The gate over two adapters' eval records of the same held-out questions (paired by id; a question only one
     of them answered is left out): promote when the paired bootstrap interval of the measure (candidate minus
     incumbent) at `gate.confidence` lies above 0 and every guard that is on is within its margin."""
-    from distill.metrics import paired_bootstrap
+    from distill.core.metrics import paired_bootstrap
 
     incumbent_by = {r["id"]: r for r in incumbent}
     pairs = [(incumbent_by[r["id"]], r) for r in candidate if r["id"] in incumbent_by]
@@ -662,7 +662,7 @@ def distinct_plans(plans: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]]) -
 def improve_config(cfg: FlywheelConfig, questions: Path) -> ImproveConfig:
     """The round's ImproveConfig: improve's keys of the flywheel config, its questions file as the dataset (whose
     digest is part of the round's fingerprint), so run_round trains as `distill improve` would."""
-    from distill.config import validate
+    from distill.core.config import validate
 
     data = cfg.model_dump(mode="json", exclude=set(FLYWHEEL_KEYS))
     data["datasets"] = [{"name": SERVED, "source": str(questions), "metric": SERVED_METRIC}]
@@ -672,7 +672,7 @@ def improve_config(cfg: FlywheelConfig, questions: Path) -> ImproveConfig:
 def eval_config(cfg: FlywheelConfig, url: str, rows_file: Path, out: Path, names: Sequence[str]) -> Any:
     """An EvalConfig of the held-out side: one ReWOO row per module (the first, in service, is the reference),
     greedy as an agent serves, with the round's Solver, tools, Wikipedia and Worker settings."""
-    from distill.config import AgentConfig, fill_server, validate
+    from distill.core.config import AgentConfig, fill_server, validate
     from distill.evaluate import EvalConfig
 
     shared = cfg.model_dump(mode="json", include=set(AgentConfig.model_fields) -
@@ -690,9 +690,9 @@ def eval_config(cfg: FlywheelConfig, url: str, rows_file: Path, out: Path, names
 def round_server(cfg: FlywheelConfig, adapters: Mapping[str, str], log_path: Path, later: int = 0):
     """The round's vLLM server with each adapter as its round's module; `later`: modules it will be given at
     runtime (vLLM's runtime LoRA loading on, and room for them in a batch)."""
-    from distill.config import validate
+    from distill.core.config import validate
     from distill.improve import base_model_of
-    from distill.serve import ServeConfig, VLLMServer
+    from distill.serving.serve import ServeConfig, VLLMServer
 
     first = next(iter(adapters.values()))
     runtime = {"env": dict(cfg.server.get("env") or {}) | {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
@@ -707,8 +707,8 @@ def server_outlives_training(cfg: FlywheelConfig) -> bool:
     """On a CPU one server samples the round, waits out its training and then evaluates it (a vLLM start is half
     a minute there, and its memory is the machine's); on a GPU the sampling server stops before training, which
     needs the GPU memory the server holds, and a second one evaluates."""
-    from distill.config import validate
-    from distill.serve import ServeConfig, platform_of
+    from distill.core.config import validate
+    from distill.serving.serve import ServeConfig, platform_of
 
     return platform_of(validate(ServeConfig, cfg.server, "server")) == "cpu"
 
@@ -716,7 +716,7 @@ def server_outlives_training(cfg: FlywheelConfig) -> bool:
 def sample_diversity(cfg: FlywheelConfig, url: str, names: Sequence[str], examples: Sequence[Any]) -> dict:
     """`diversity_samples` plans per held-out question from each module, at the planner's own sampling settings:
     {name: distinct plans per question, "tokens": int, "cost_usd": float}."""
-    from distill.config import ModelSpec
+    from distill.core.config import ModelSpec
     from distill.llm import build_chat
     from distill.rewoo.plan import parse_plan
     from distill.rewoo.prompts import planner_messages
@@ -759,7 +759,7 @@ def sample_diversity(cfg: FlywheelConfig, url: str, names: Sequence[str], exampl
 def eval_records(out: Path, name: str) -> list[dict]:
     """One method's eval records, the first per question (as the eval's own store keeps them)."""
     from distill.evaluate import EvalRecord
-    from distill.store import read_jsonl
+    from distill.core.store import read_jsonl
 
     path = layout.records(out, name)
     first: dict[str, dict] = {}
@@ -812,7 +812,7 @@ def _numbers(v: Verdict | None) -> dict:
 
 
 def write_report(out: Path, report: RoundReport) -> None:
-    from distill.store import write_json
+    from distill.core.store import write_json
 
     write_json(layout.round_dir(out, report.round) / REPORT, report.model_dump(mode="json"))
 
@@ -820,7 +820,7 @@ def write_report(out: Path, report: RoundReport) -> None:
 def start_round(cfg: FlywheelConfig, out: Path, r: int, qs: RoundQuestions) -> RoundStart:
     """Write the round's questions (both sides), its held-out dataset file and round.json, in that order: a round
     with round.json has all of them."""
-    from distill.store import write_json, write_jsonl
+    from distill.core.store import write_json, write_jsonl
 
     k, adapter_in = in_service(cfg.adapter, read_promotions(out / PROMOTIONS))
     folder = layout.round_dir(out, r)
@@ -835,7 +835,7 @@ def start_round(cfg: FlywheelConfig, out: Path, r: int, qs: RoundQuestions) -> R
 def check_adapter(cfg: FlywheelConfig, adapter: str) -> None:
     """The adapter a round starts from must exist and have been trained on the config's prompt and tools."""
     from distill.improve import base_model_of
-    from distill.merge import check_as_trained
+    from distill.training.merge import check_as_trained
     from distill.tools.registry import tool_descriptions
 
     base_model_of(adapter)
@@ -846,8 +846,8 @@ def flywheel(cfg: FlywheelConfig, config_path: str | None = None, fresh: bool = 
     """One round (see the module's docstring); None when there are too few new questions (one line said so)."""
     from distill.evaluate import evaluate
     from distill.improve import run_round
-    from distill.run import folder_lock
-    from distill.store import read_jsonl
+    from distill.core.run import folder_lock
+    from distill.core.store import read_jsonl
 
     out = Path(cfg.output_dir)
     t0 = time.perf_counter()
@@ -922,7 +922,7 @@ def flywheel(cfg: FlywheelConfig, config_path: str | None = None, fresh: bool = 
 # ------------------------------------------------------------------------------------------ promote, rollback
 
 class _Settings:
-    """What distill.retry's loop reads of a client: its retry settings and the counts it keeps."""
+    """What distill.core.retry's loop reads of a client: its retry settings and the counts it keeps."""
 
     def __init__(self, service: ServiceConfig):
         self.max_retries, self.backoff_s, self.max_wait_s, self.budget_s = service.max_retries, 0.5, 10.0, None
@@ -949,8 +949,8 @@ async def _call(http, settings: _Settings, method: str, url: str, body: dict | N
     it is not JSON (vLLM's load answers in words). A failure is one DistillError naming the URL."""
     import httpx
 
-    from distill.retry import Fault, retry_after_s, with_retries
-    from distill.secrets import mask
+    from distill.core.retry import Fault, retry_after_s, with_retries
+    from distill.core.secrets import mask
 
     async def attempt():
         try:
@@ -978,7 +978,7 @@ async def _call(http, settings: _Settings, method: str, url: str, body: dict | N
 
 def _token(service: ServiceConfig) -> str | None:
     """The agents' bearer token from the environment (remembered, so every message masks it); never in a file."""
-    from distill.secrets import remember
+    from distill.core.secrets import remember
 
     if service.token_env is None:
         return None
@@ -1057,7 +1057,7 @@ def _promote(cfg: FlywheelConfig, round_: int, reason: str, report: RoundReport 
 
 def promote(cfg: FlywheelConfig, round_: int) -> Promotion:
     """`distill promote --round R`: serve round R (0: the config's adapter) whatever its gate said, and log it."""
-    from distill.run import folder_lock
+    from distill.core.run import folder_lock
 
     out = Path(cfg.output_dir)
     adapter = round_adapter(cfg, round_)  # before the folder is made: a round never trained is one line
@@ -1070,7 +1070,7 @@ def promote(cfg: FlywheelConfig, round_: int) -> Promotion:
 
 def rollback(cfg: FlywheelConfig) -> Promotion:
     """`distill promote --rollback`: back to the adapter served before the last promotion (promotions.jsonl)."""
-    from distill.run import folder_lock
+    from distill.core.run import folder_lock
 
     out = Path(cfg.output_dir)
     with folder_lock(out):
@@ -1137,8 +1137,8 @@ STAGE = stage.Stage("flywheel", FlywheelConfig, "configs/flywheel_smollm2_cpu.ya
 
 
 def configure_promote_parser(parser: argparse.ArgumentParser) -> None:
-    """`distill promote` (its module, distill.promote, hands its command line to these two)."""
-    from distill.config import add_config_args
+    """`distill promote` (its module, distill.serving.promote, hands its command line to these two)."""
+    from distill.core.config import add_config_args
 
     add_config_args(parser)
     which = parser.add_mutually_exclusive_group()
@@ -1148,7 +1148,7 @@ def configure_promote_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def promote_main(args: argparse.Namespace) -> int:
-    from distill.config import load_config
+    from distill.core.config import load_config
 
     if not args.config:
         raise DistillError("--config is required (e.g. configs/flywheel_smollm2_cpu.yaml)")

@@ -6,8 +6,8 @@
 A teacher run costs real money and hours, so: one record per (example, sample) appended and fsynced as soon
 as it exists, a rerun of the same command finishes what is missing, and every model and tool call goes
 through a content-addressed cache, so even a deleted output is rebuilt without paying again. A rerun resumes only
-into records made with the same settings (their fingerprint, see distill.run); `--fresh` sets other records
-aside. The lock, the manifest, error records and what stops a run are distill.run's.
+into records made with the same settings (their fingerprint, see distill.core.run); `--fresh` sets other records
+aside. The lock, the manifest, error records and what stops a run are distill.core.run's.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from distill import layout, stage
-from distill.config import AgentConfig, ModelSpec
-from distill.data import DatasetSource
-from distill.errors import DistillError
-from distill.tracking import ReportTo, open_tracker, require
+from distill.core import layout, stage
+from distill.core.config import AgentConfig, ModelSpec
+from distill.core.data import DatasetSource
+from distill.core.errors import DistillError
+from distill.core.tracking import ReportTo, open_tracker, require
 
 TRAJECTORIES = layout.TRAJECTORIES
 ERRORS = "errors.jsonl"  # one line per failed attempt at a record; a rerun retries them
@@ -70,7 +70,7 @@ class GenerateConfig(AgentConfig):
 
 
 def load_questions(cfg: GenerateConfig):
-    from distill.data import check_no_leak, check_unique_ids, load_source, question_set, sample_mix
+    from distill.core.data import check_no_leak, check_unique_ids, load_source, question_set, sample_mix
 
     if not cfg.datasets:
         raise DistillError("no datasets configured: add a `datasets:` list with name, source and n")
@@ -96,7 +96,7 @@ def record_key(rec: dict) -> tuple[str, int]:
 def run_settings(cfg: GenerateConfig) -> dict:
     """What a trajectory depends on: the settings but which questions are drawn (`n`, the samples, the leak
     guard: more questions only add records), each model by what its server serves, and the input files."""
-    from distill.run import model_identities, settings_of, source_digests, with_identity
+    from distill.core.run import model_identities, settings_of, source_digests, with_identity
 
     data = settings_of(cfg.model_dump(mode="json", exclude={"eval_sets", "leak_policy", "samples_per_question"}))
     for ds in data["datasets"]:
@@ -110,8 +110,8 @@ def run_settings(cfg: GenerateConfig) -> dict:
 def check_resumable(out: Path, fp: str, settings: dict, fresh: bool) -> set:
     """Before the manifest is rewritten: the records already in `out` must be made with these settings. Returns
     the keys of the records a resumed run keeps (none when they were set aside)."""
-    from distill.run import check_fingerprint, read_manifest
-    from distill.store import JsonlStore
+    from distill.core.run import check_fingerprint, read_manifest
+    from distill.core.store import JsonlStore
 
     if not (path := out / TRAJECTORIES).exists():
         return set()
@@ -126,12 +126,12 @@ def check_resumable(out: Path, fp: str, settings: dict, fresh: bool) -> set:
 def generate(cfg: GenerateConfig, config_path: str | None = None, fresh: bool = False) -> dict:
     """Run (or resume) generation; returns the summary that is also written to summary.json. `fresh` sets
     records made with other settings aside instead of refusing them."""
-    from distill.agents import build_agent, retries_of
+    from distill.agent.factory import build_agent, retries_of
     from distill.llm import check_prices
     from distill.rewoo.record import TrajectoryRecord
-    from distill.run import (CostCap, add_judgement, build_judge, fingerprint, manifest_header, run_lifecycle,
+    from distill.core.run import (CostCap, add_judgement, build_judge, fingerprint, manifest_header, run_lifecycle,
                              run_records)
-    from distill.store import CallCache, JsonlStore, write_json
+    from distill.core.store import CallCache, JsonlStore, write_json
 
     check_prices(cfg)
     out = Path(cfg.output_dir)
@@ -196,8 +196,8 @@ def check_questions(cfg: GenerateConfig, check) -> list:
 
 def check_run(cfg: GenerateConfig, check, counter, prefix: str = "", started=()):
     """`--check` of generation (the pipeline's too): its config, endpoints and prices, and its estimate."""
-    from distill.check import CallKind, estimate_stage, show_config
-    from distill.metrics import judge_messages
+    from distill.core.check import CallKind, estimate_stage, show_config
+    from distill.core.metrics import judge_messages
     from distill.rewoo.prompts import planner_messages, solver_messages
     from distill.tools.registry import tool_descriptions
 
@@ -221,7 +221,7 @@ def check_run(cfg: GenerateConfig, check, counter, prefix: str = "", started=())
         kinds.append(CallKind("re-plans (at most)", cfg.planner, items, cfg.max_replans, plans,
                               cfg.planner.max_tokens, grows_by=cfg.planner.max_tokens))
     if cfg.judge is not None:
-        from distill.metrics import JUDGE_MAX_TOKENS
+        from distill.core.metrics import JUDGE_MAX_TOKENS
 
         answers = [ex.answers for ex in examples] or [[""]]
         kinds.append(CallKind("judge", cfg.judge, items, 1, [judge_messages(q, a, "") for q, a in zip(questions, answers)],
@@ -236,7 +236,7 @@ def check_run(cfg: GenerateConfig, check, counter, prefix: str = "", started=())
 # ------------------------------------------------------------------------------------------ command line
 
 def _check(cfg: GenerateConfig, check):
-    from distill.check import TokenCounter
+    from distill.core.check import TokenCounter
 
     return check_run(cfg, check, TokenCounter())
 

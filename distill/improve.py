@@ -4,7 +4,7 @@
 
 Imitation of filtered teacher plans is the weakest way to train a planner (Search-R1, AgentFlow); a ReWOO
 Planner writes its whole plan in one generation, so improving it is a single-turn problem the Worker can score
-without a Solver call (`distill.reward`). Each round serves the current adapter as the vLLM LoRA module
+without a Solver call (`distill.agent.reward`). Each round serves the current adapter as the vLLM LoRA module
 `policy`, samples `samples` plans per training question from the student's own prompt, scores each with the
 planner reward, keeps the best plan of each question whose reward reaches `min_reward`, builds SFT examples
 from them with the one prompt builder (`distill sft-data`'s own code) and continues training the same adapter
@@ -26,12 +26,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from distill import layout, stage
-from distill.config import AgentConfig, fill_server, read_json_model
-from distill.data import DatasetSource
-from distill.errors import DistillError
-from distill.merge import ADAPTER_INFO
-from distill.reward import REWARD_PARTS, RewardConfig
+from distill.core import layout, stage
+from distill.core.config import AgentConfig, fill_server, read_json_model
+from distill.core.data import DatasetSource
+from distill.core.errors import DistillError
+from distill.training.merge import ADAPTER_INFO
+from distill.agent.reward import REWARD_PARTS, RewardConfig
 from distill.rewoo.record import TrajectoryRecord
 
 POLICY = "policy"  # the LoRA module name the round's adapter is served under
@@ -133,7 +133,7 @@ NO_ADAPTER = "improve continues the SFT student's adapter: train one with `disti
 def check_prompt_as_trained(cfg: ImproveConfig) -> None:
     """improve samples the student's plans: from the prompt kind and tool list it was trained on, as its own
     distill_adapter.json says, or every round learns from plans to a prompt it will never be served."""
-    from distill.merge import check_as_trained
+    from distill.training.merge import check_as_trained
     from distill.tools.registry import tool_descriptions
 
     check_as_trained(cfg.adapter, cfg.planner_prompt, tool_descriptions(cfg.tools), "improve")
@@ -145,8 +145,8 @@ def inherit_record(cfg: ImproveConfig, adapter_in: str | Path, adapter_out: Path
     training size kept, and where it came from: the report and the card still say which teacher it was
     distilled from, and how many examples in all it learnt from."""
     from distill import code_version
-    from distill.merge import training_record
-    from distill.store import write_json
+    from distill.training.merge import training_record
+    from distill.core.store import write_json
     from distill.tools.registry import tool_descriptions
 
     before, own = training_record(adapter_in), training_record(adapter_out)
@@ -163,7 +163,7 @@ def inherit_record(cfg: ImproveConfig, adapter_in: str | Path, adapter_out: Path
 
 
 def base_model_of(adapter: str) -> str:
-    from distill.serve import read_adapter
+    from distill.serving.serve import read_adapter
 
     info = read_adapter(adapter, NO_ADAPTER)
     if not info.base_model:
@@ -175,7 +175,7 @@ def round_settings(cfg: ImproveConfig, adapter_in: str) -> dict:
     """What a round is made from: the settings but the round count and folders, the starting adapter's
     weights, the input files."""
     from distill.llm.base import weights_fingerprint
-    from distill.run import settings_of, source_digests
+    from distill.core.run import settings_of, source_digests
 
     data = settings_of(cfg.model_dump(mode="json", exclude={"rounds", "eval_sets", "leak_policy", "adapter"}))
     return data | {"adapter_weights": weights_fingerprint(adapter_in),
@@ -184,15 +184,15 @@ def round_settings(cfg: ImproveConfig, adapter_in: str) -> dict:
 
 def sample_round(cfg: ImproveConfig, i: int, spec, examples: list, out: Path, fp: str, cache) -> Any:
     """Sample and score every (question, k) missing from the round's samples file."""
-    from distill.agents import make_tools_for
+    from distill.agent.factory import make_tools_for
     from distill.llm import build_chat
     from distill.rewoo.plan import parse_plan
     from distill.rewoo.prompts import planner_messages
     from distill.rewoo.record import call_record, sample_seed
-    from distill.reward import score_plan
+    from distill.agent.reward import score_plan
     from distill.rewoo.worker import WorkerConfig
-    from distill.run import run_records
-    from distill.store import JsonlStore
+    from distill.core.run import run_records
+    from distill.core.store import JsonlStore
     from distill.tools.registry import tool_descriptions
 
     descriptions = tool_descriptions(cfg.tools)
@@ -254,8 +254,8 @@ def serving(cfg: ImproveConfig, adapter_in: str, out: Path):
     tool and Solver may use through `@server`), or the configured planner's own endpoint."""
     from contextlib import nullcontext
 
-    from distill.config import validate
-    from distill.serve import ServeConfig, VLLMServer
+    from distill.core.config import validate
+    from distill.serving.serve import ServeConfig, VLLMServer
 
     if cfg.server is None:
         return nullcontext(None)
@@ -267,7 +267,7 @@ def serving(cfg: ImproveConfig, adapter_in: str, out: Path):
 
 def with_server(cfg: ImproveConfig, url: str | None, module: str = POLICY) -> ImproveConfig:
     """`@server` in any model entry is the round's server; the planner is its LoRA module `module`."""
-    from distill.config import validate
+    from distill.core.config import validate
 
     if url is None:
         return cfg
@@ -280,7 +280,7 @@ def round_train_config(cfg: ImproveConfig, adapter_in: str, out: Path, base_mode
     """The round's TrainConfig, parsed once by TRL's parser and handed to its check or its launch: the adapter's
     base (`base_model` where the adapter is not trained yet), `train`, the round's folders and the adapter it
     continues."""
-    from distill.config import validate
+    from distill.core.config import validate
     from distill.train import TrainConfig
 
     return validate(TrainConfig, {"model_name_or_path": base_model or base_model_of(adapter_in)} | cfg.train | {
@@ -294,8 +294,8 @@ def check_run(cfg: ImproveConfig, check, prefix: str = "", started=(), base_mode
     `base_model`: the adapter's base where the adapter is not trained yet."""
     import shlex
 
-    from distill.check import show_config
-    from distill.launch import launch_command
+    from distill.core.check import show_config
+    from distill.training.launch import launch_command
 
     where = prefix.rstrip(".") or "improve"
     show_config(f"{where}: resolved config", cfg.model_dump(mode="json"))
@@ -337,9 +337,9 @@ def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh
     and stops it before training."""
     from contextlib import nullcontext
 
-    from distill.run import check_fingerprint, fingerprint, set_aside
+    from distill.core.run import check_fingerprint, fingerprint, set_aside
     from distill.sft_data import SftDataConfig, build_sft_data
-    from distill.store import CallCache, JsonlStore, read_jsonl, write_json, write_jsonl
+    from distill.core.store import CallCache, JsonlStore, read_jsonl, write_json, write_jsonl
 
     out = layout.round_dir(Path(cfg.output_dir), i)
     settings = round_settings(cfg, adapter_in)
@@ -379,7 +379,7 @@ def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh
     build_sft_data(SftDataConfig(kept=str(out / KEPT), out=str(out / layout.SFT_DATA), tools=cfg.tools,
                                  student_prompt=cfg.planner_prompt, val_fraction=cfg.val_fraction, seed=cfg.seed,
                                  tokenizer=None))
-    from distill.launch import launch
+    from distill.training.launch import launch
 
     info = launch(round_train_config(cfg, adapter_in, out))
     inherit_record(cfg, adapter_in, out / layout.ADAPTER, f"expert_iteration round {i}")
@@ -397,8 +397,8 @@ def improve(cfg: ImproveConfig, config_path: str | None = None, fresh: bool = Fa
     from contextlib import nullcontext
 
     from distill.generate import load_questions
-    from distill.run import folder_lock
-    from distill.store import write_json
+    from distill.core.run import folder_lock
+    from distill.core.store import write_json
     from distill.train import is_main_process, world_size
 
     if cfg.method == "expert_iteration" and world_size() > 1:
@@ -440,7 +440,7 @@ class PlannerReward:
     __name__ = "planner_reward"
 
     def __init__(self, cfg: ImproveConfig, examples: list, cache=None):
-        from distill.agents import make_tools_for
+        from distill.agent.factory import make_tools_for
         from distill.llm import build_chat
         from distill.rewoo.worker import WorkerConfig
 
@@ -455,7 +455,7 @@ class PlannerReward:
     async def __call__(self, prompts, completions, id, log_metric=None, **_) -> list[float]:  # noqa: A002 (TRL's column)
         import asyncio
 
-        from distill.reward import score_plan
+        from distill.agent.reward import score_plan
 
         texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
         examples = [self.by_id[i] for i in id]
@@ -494,7 +494,7 @@ def run_grpo(cfg: ImproveConfig, examples: list) -> dict:
     from datasets import Dataset
 
     from distill.rewoo.prompts import planner_messages
-    from distill.store import CallCache, write_json
+    from distill.core.store import CallCache, write_json
     from distill.tools.registry import tool_descriptions
     from distill.train import GRPORun, train, world_size
 
@@ -528,7 +528,7 @@ def run_grpo(cfg: ImproveConfig, examples: list) -> dict:
 # ------------------------------------------------------------------------------------------ command line
 
 def _check(cfg: ImproveConfig, check) -> None:
-    from distill.check import gpu_count
+    from distill.core.check import gpu_count
 
     check_run(cfg, check, gpus=gpu_count())  # prints what it would launch; no token estimate of its own
 

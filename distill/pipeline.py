@@ -30,11 +30,11 @@ generation, the students', base model plus LoRA adapters, for evaluation) and fi
 otherwise repeat it takes it (PipelineConfig says which, `with_teacher` what wins), and `--check` and the run's
 start warn in one line when an eval teacher row asks another model than generate's planner. `config: FILE` in a
 pipeline config is read from that file's folder; `train: {config: auto}` picks the training config by the visible
-GPUs' memory (distill.launch.config_for_gpus).
+GPUs' memory (distill.training.launch.config_for_gpus).
 
 `--check` runs no stage and writes nothing: every section validated, each stage's resolved config and the
 commands it would launch, what the run needs (keys, endpoints, integrations, GPUs, disk: one line per problem,
-exit 2) and its estimated calls, tokens and dollars (see distill.check).
+exit 2) and its estimated calls, tokens and dollars (see distill.core.check).
 """
 
 from __future__ import annotations
@@ -54,19 +54,19 @@ from typing import Any, Callable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from distill import layout
-from distill.config import (ENDPOINT_IDENTITY, SERVER_PLACEHOLDER, AgentConfig, ModelSpec, Strict, _merge,
+from distill.core import layout
+from distill.core.config import (ENDPOINT_IDENTITY, SERVER_PLACEHOLDER, AgentConfig, ModelSpec, Strict, _merge,
                             add_config_args, fill_server, load_config, read_json_model, read_yaml, validate)
-from distill.errors import DistillError
-from distill.layout import STAGES
-from distill.run import describe_changes, fingerprint, folder_lock, set_aside, settings_of, source_digests
-from distill.store import content_digest, write_json
-from distill.tracking import PACKAGES
+from distill.core.errors import DistillError
+from distill.core.layout import STAGES
+from distill.core.run import describe_changes, fingerprint, folder_lock, set_aside, settings_of, source_digests
+from distill.core.store import content_digest, write_json
+from distill.core.tracking import PACKAGES
 
 IMPROVED = "{}_improved"  # the LoRA module (and eval row model) of a student's improved adapter
 SERVER = SERVER_PLACEHOLDER  # the pipeline fills in the address of the stage's own server
 STAGE_CONFIG = "config"
-AUTO = "auto"  # `train.config: auto`: the training config for the visible GPUs (distill.launch.GPU_CONFIGS)
+AUTO = "auto"  # `train.config: auto`: the training config for the visible GPUs (distill.training.launch.GPU_CONFIGS)
 # The sections that are a stage's config (or a server's): each may name its stage config file (`config: FILE`).
 SECTIONS = ("generate", "teacher_server", "filter", "sft_data", "train", "improve", "student_server", "eval")
 # The endpoints that take the pipeline's `teacher:` by default, per stage, beside eval's teacher rows (`is_teacher_row`).
@@ -79,15 +79,15 @@ SFT_DATA_NOT_INPUT = (layout.DONE, "cache-*.arrow", "tmp*")
 # The library function behind each stage, and the server class; `Pipeline(entries=...)` swaps some of them so
 # a test can check what every stage is handed without running a model.
 ENTRIES = {
-    "server": "distill.serve:VLLMServer",
+    "server": "distill.serving.serve:VLLMServer",
     "generate": "distill.generate:generate",
     "filter": "distill.filter:run_filter",
     "sft-data": "distill.sft_data:build_sft_data",
-    "train": "distill.launch:launch",
+    "train": "distill.training.launch:launch",
     "improve": "distill.improve:improve",
     "eval": "distill.evaluate:evaluate",
     "report": "distill.report:write_report",
-    "gpus": "distill.check:gpu_memory",  # the visible GPUs' memory: a test without a GPU passes made-up sizes
+    "gpus": "distill.core.check:gpu_memory",  # the visible GPUs' memory: a test without a GPU passes made-up sizes
 }
 
 
@@ -155,7 +155,7 @@ class PipelineConfig(Strict):
     it by default; see `with_teacher` for what wins where. It becomes part of those sections, so their
     fingerprints hold it as they hold any endpoint: a new teacher redoes generation and everything after.
 
-    `train: {config: auto}` picks the training config by the visible GPUs' memory (distill.launch.config_for_gpus),
+    `train: {config: auto}` picks the training config by the visible GPUs' memory (distill.training.launch.config_for_gpus),
     when the pipeline starts, saying which and why."""
 
     run_dir: str = "runs/demo"
@@ -217,7 +217,7 @@ class PipelineConfig(Strict):
 
     @classmethod
     def relative_to_file(cls, data: dict, folder: Path) -> dict:
-        """The `config: FILE` paths of a pipeline config file, read from its folder (distill.config.load_config)."""
+        """The `config: FILE` paths of a pipeline config file, read from its folder (distill.core.config.load_config)."""
         out = dict(data)
         for name in SECTIONS:
             section = out.get(name)
@@ -230,7 +230,7 @@ class PipelineConfig(Strict):
     @classmethod
     def _student_names(cls, value: dict | None) -> dict | None:
         """A student's name is its folder and the model name clients ask the server for."""
-        from distill.serve import MODULE_NAME
+        from distill.serving.serve import MODULE_NAME
 
         if value is not None and not value:
             raise ValueError("name at least one student, or leave `students` out for one")
@@ -247,7 +247,7 @@ def served_by(server) -> dict:
 
 class StageMarker(BaseModel):
     """`DONE.json`: a finished stage, or one student's part of a per-student stage, with what it was made from:
-    its settings (the resolved section, less distill.run's RUNTIME_KEYS), the digests of its inputs, and their
+    its settings (the resolved section, less distill.core.run's RUNTIME_KEYS), the digests of its inputs, and their
     fingerprint. A rerun compares the fingerprint to decide, and the settings and inputs to say why."""
 
     model_config = ConfigDict(extra="allow")
@@ -331,7 +331,7 @@ class Pipeline:
         return self.entries.get(name) or pkgutil.resolve_name(ENTRIES[name])
 
     def gpu_memory(self) -> list[int]:
-        """The visible GPUs' total memory in bytes, asked once (distill.check.gpu_memory, or the `gpus` entry)."""
+        """The visible GPUs' total memory in bytes, asked once (distill.core.check.gpu_memory, or the `gpus` entry)."""
         if self._gpus is None:
             self._gpus = list(self.entry("gpus")())
         return self._gpus
@@ -343,7 +343,7 @@ class Pipeline:
         if self._train is None:
             section = self.cfg.train
             if section.get(STAGE_CONFIG) == AUTO:
-                from distill.launch import config_for_gpus
+                from distill.training.launch import config_for_gpus
 
                 path, why = config_for_gpus(self.gpu_memory())
                 shown = os.path.relpath(path)
@@ -464,7 +464,7 @@ class Pipeline:
         """{name: sft_data overrides}; without `students`, one student named as its LoRA module always was."""
         if self.cfg.students is not None:
             return self.cfg.students
-        from distill.serve import ServeConfig
+        from distill.serving.serve import ServeConfig
 
         return {self.cfg.student_server.get("lora_name") or ServeConfig.model_fields["lora_name"].default: {}}
 
@@ -511,7 +511,7 @@ class Pipeline:
 
     def server_config(self, name: str):
         """`teacher_server`, or `student_server` loading every student's adapter as the LoRA module of its name."""
-        from distill.serve import ServeConfig
+        from distill.serving.serve import ServeConfig
 
         adapters = {n: str(layout.adapter(self.run, n)) for n in self.students()} | self.improved_adapters()
         students = {"adapter": None, "adapters": adapters}
@@ -572,10 +572,10 @@ class Pipeline:
 
     def check(self, world=None, start: str | None = None) -> None:
         """Validate every stage's section before the first one runs: a typo in `eval` should not wait an hour, nor
-        a paid endpoint without a price run up a bill no cap sees. With `world` (a distill.check.Check: `--check`)
+        a paid endpoint without a price run up a bill no cap sees. With `world` (a distill.core.check.Check: `--check`)
         every problem is collected rather than raised, and each stage's config, commands, prerequisites and
         estimate are printed (see `check_world`)."""
-        from distill.serve import served_name
+        from distill.serving.serve import served_name
 
         attempt, url = partial(collect, world), "http://127.0.0.1:1/v1"
         made = {label(step.name, *student): attempt(step.config, self, url, *student)
@@ -598,7 +598,7 @@ class Pipeline:
         if world is not None:
             self.check_world(world, url, start)
             return
-        from distill.check import Check
+        from distill.core.check import Check
 
         prices = Check(offline=True, shared_prices=self.teacher_priced())  # the same lines as `--check`'s
         if imp is not None:
@@ -612,7 +612,7 @@ class Pipeline:
     def check_world(self, world, url: str, start: str | None = None) -> None:
         """`--check`: each stage's resolved config and the commands it would launch, what the run needs of this
         machine and the endpoints (one line per problem in `world`), and the estimate; nothing is written."""
-        from distill.check import TokenCounter, print_estimates
+        from distill.core.check import TokenCounter, print_estimates
 
         counter, attempt = TokenCounter(), partial(collect, world)
         world.shared_prices |= self.teacher_priced()
@@ -636,20 +636,20 @@ class Pipeline:
                          "generate.", {c.url})
 
     def check_filter(self, c: CheckContext) -> None:
-        from distill.check import show_config
+        from distill.core.check import show_config
 
         show_config("filter: resolved config", self.filter_config().model_dump(mode="json"))
 
     def check_sft_data(self, c: CheckContext, name: str) -> None:
-        from distill.check import show_config
+        from distill.core.check import show_config
 
         show_config(f"sft-data {name}: resolved config", self.sft_data_config(name).model_dump(mode="json"))
 
     def check_train(self, c: CheckContext, name: str) -> None:
         """A student's train section and the launch command launch.launch would run, its report_to integrations
         and its GPUs."""
-        from distill.check import show_config
-        from distill.launch import launch_command
+        from distill.core.check import show_config
+        from distill.training.launch import launch_command
 
         cfg = self.train_config(name)
         show_config(f"train {name}: resolved section", cfg.data)
@@ -701,7 +701,7 @@ class Pipeline:
     def check_server(self, world, name: str, gpus: int | None) -> None:
         """The vLLM command line VLLMServer would run (its port is picked at start; the students' adapters are
         added once trained), and whether the config wants GPUs this machine lacks."""
-        from distill.serve import build_command, format_command, platform_of
+        from distill.serving.serve import build_command, format_command, platform_of
 
         try:
             cfg = self.server_config(name)
@@ -870,7 +870,7 @@ class Pipeline:
 
 @dataclass(frozen=True)
 class CheckContext:
-    """What every stage's `--check` reads: the problems so far (a distill.check.Check), the address standing for
+    """What every stage's `--check` reads: the problems so far (a distill.core.check.Check), the address standing for
     the servers the pipeline starts, the visible GPUs (None: unknown) and the token counter of the estimates."""
 
     world: Any
@@ -881,13 +881,13 @@ class CheckContext:
 
 @dataclass(frozen=True)
 class Step:
-    """One stage as the pipeline runs it (a command's own shape is distill.stage.Stage): its config (`config`:
+    """One stage as the pipeline runs it (a command's own shape is distill.core.stage.Stage): its config (`config`:
     resolved and checked before any stage runs), what `--check` prints of it (`check`: its config, commands and
     prerequisites; an estimate or None), what its markers are made from (`unit`: the settings and input digests of
     one unit), the work (`run`: what its marker keeps), and the stages it reads (`after`), which are what decides,
     on a rerun, what follows a redone unit."""
 
-    name: str  # its folder (distill.layout)
+    name: str  # its folder (distill.core.layout)
     config: Callable[..., Any]  # (pipeline, url[, student]) -> its config
     check: Callable[..., Any]  # (pipeline, CheckContext[, student]) -> a StageEstimate or None
     unit: Callable[..., Unit]  # (pipeline[, student]) -> Unit
@@ -920,7 +920,7 @@ assert tuple(s.name for s in PIPELINE) == STAGES
 
 
 def collect(world, step: Callable, *args) -> Any:
-    """`step(*args)`; under `--check` (a distill.check.Check as `world`) its error is one more problem line, and
+    """`step(*args)`; under `--check` (a distill.core.check.Check as `world`) its error is one more problem line, and
     None, so that every problem is said at once."""
     try:
         return step(*args)
@@ -1009,7 +1009,7 @@ def check_students_served_as_trained(sft: Mapping[str, Any], ev: Any, url: str, 
 # ------------------------------------------------------------------------------------------ command line
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from distill.check import add_check_args
+    from distill.core.check import add_check_args
 
     add_config_args(parser)
     add_check_args(parser)
@@ -1018,7 +1018,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from distill.check import Check, wants_check
+    from distill.core.check import Check, wants_check
 
     if not args.config:
         raise DistillError("--config is required (e.g. configs/demo_smollm2_cpu.yaml)")

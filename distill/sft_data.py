@@ -22,17 +22,17 @@ from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from distill import layout
-from distill.config import PlannerPrompt, Strict, add_config_args, parse_overrides, read_yaml, validate
-from distill.data import normalize_question
-from distill.errors import DistillError
+from distill.core import layout
+from distill.core.config import PlannerPrompt, Strict, add_config_args, parse_overrides, read_yaml, validate
+from distill.core.data import normalize_question
+from distill.core.errors import DistillError
 from distill.filter import KeptRecord
 from distill.rewoo.plan import parse_plan, render_plan
 from distill import code_version
 from distill.rewoo.prompts import PromptKind, planner_messages, prompt_kind_of
-from distill.store import describe, iter_jsonl, replace_folder, write_json, write_jsonl
+from distill.core.store import describe, iter_jsonl, replace_folder, write_json, write_jsonl
 from distill.tools.registry import DEFAULT_TOOLS, tool_descriptions
-from distill.verdict import small_training_set
+from distill.reporting.verdict import small_training_set
 
 PREVIEW_ROWS = 20
 

@@ -10,7 +10,7 @@ Rerunning after an interruption resumes from the last checkpoint in `output_dir`
 
 improve's GRPO goes through the same parser (TRL's `GRPOConfig`) and the same `train()`, so both methods resume,
 train and save one way; its reward and prompts are improve's. Which config fits the GPUs and how the processes
-are started is `distill.launch`'s, which imports this module and never the reverse.
+are started is `distill.training.launch`'s, which imports this module and never the reverse.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from typing import Any, Mapping
 
 import yaml
 
-from distill import layout
-from distill.config import add_config_args
-from distill.config import load_config
-from distill.errors import DistillError
-from distill.merge import ADAPTER_INFO
-from distill.secrets import MaskingFormatter, is_secret_name, mask, mask_log_record, masked_mapping, remember
-from distill.tracking import require as require_trackers
+from distill.core import layout
+from distill.core.config import add_config_args
+from distill.core.config import load_config
+from distill.core.errors import DistillError
+from distill.training.merge import ADAPTER_INFO
+from distill.core.secrets import MaskingFormatter, is_secret_name, mask, mask_log_record, masked_mapping, remember
+from distill.core.tracking import require as require_trackers
 
 log = logging.getLogger("distill.train")
 
@@ -78,7 +78,7 @@ DEFAULTS: dict[str, Any] = {
 @dataclass
 class TrainConfig:
     """The three argument classes with the flat dict they came from (which alone decides equality);
-    `model_validate` lets `distill.config.load_config` and the pipeline treat it like the other stages' configs.
+    `model_validate` lets `distill.core.config.load_config` and the pipeline treat it like the other stages' configs.
     `resolved` is the parsed objects as flat keys, flags included: what `train_config.yaml` records."""
 
     data: dict
@@ -201,7 +201,7 @@ def _parse(classes: tuple, keys: dict, given: dict, argv: list[str] | None, keys
     set, whose bounds are checked before TRL's own checks could fail on them less clearly."""
     parser = _parser(classes, where)
     if unknown := parser.set_defaults_with_config(**keys):
-        from distill.config import suggestion
+        from distill.core.config import suggestion
 
         names = [u[2:] for u in unknown[::2]]
         known = [f.name for cls in classes for f in dataclasses.fields(cls)]
@@ -512,7 +512,7 @@ def build_trainer(cfg: TrainConfig | GRPORun, callbacks: list | None = None, res
         raise DistillError(f"{cfg.model.model_name_or_path}: the tokenizer has no chat template; the planner prompt "
                            "is a chat")
     check_prompt_lengths({"train": train, "validation": val}, tokenizer, args.max_length, cfg.distill.dataset_dir)
-    from distill.verdict import small_training_set
+    from distill.reporting.verdict import small_training_set
 
     if not cfg.distill.init_adapter and (warning := small_training_set(len(train))):  # improve's rounds are small
         log.warning("%s: %s", cfg.distill.dataset_dir, warning)
@@ -582,9 +582,9 @@ def write_outputs(trainer, cfg: TrainConfig | GRPORun, started: float) -> dict:
         return {"global_step": trainer.state.global_step, "log_history": trainer.state.log_history,
                 "main_process": trainer.is_world_process_zero()}
     from distill.llm.embedded import resolve_model_path
-    from distill.store import write_json
+    from distill.core.store import write_json
 
-    from distill.store import replace_files
+    from distill.core.store import replace_files
 
     # staged, then renamed over the old adapter: a full disk mid-save keeps the last adapter whole and names the
     # file that failed (every rank stages; only the main process writes files, ZeRO-3 gathers on all of them)
@@ -621,7 +621,7 @@ def write_outputs(trainer, cfg: TrainConfig | GRPORun, started: float) -> dict:
     } | trained_on(cfg.distill.dataset_dir, len(trainer.train_dataset),
                    len(trainer.eval_dataset) if trainer.eval_dataset is not None else 0)
     write_json(out / ADAPTER_INFO, info)
-    from distill.push import model_card_problem, write_model_card
+    from distill.training.push import model_card_problem, write_model_card
 
     if problem := model_card_problem(out):
         log.warning("no model card written: %s", problem)
@@ -636,7 +636,7 @@ def trained_on(dataset_dir: str, train_examples: int, validation_examples: int) 
     improve, eval and the report must know the prompt and tools it was trained on without it. The counts are
     the rows training read."""
     from distill import code_version
-    from distill.provenance import read_json as read_optional
+    from distill.reporting.provenance import read_json as read_optional
 
     summary = read_optional(Path(dataset_dir) / layout.SUMMARY) or {}
     splits = summary.get("splits") if isinstance(summary.get("splits"), dict) else {}
@@ -728,7 +728,7 @@ def launcher_main(argv: list[str] | None = None) -> int:
         handler.addFilter(mask_log_record)
         handler.setFormatter(MaskingFormatter("%(levelname)s %(name)s: %(message)s"))
     try:
-        if "--check" in rest:  # it knows the launch command, which is distill.launch's, so the CLI owns it
+        if "--check" in rest:  # it knows the launch command, which is distill.training.launch's, so the CLI owns it
             raise DistillError("run --check as `distill train --check --config ...`: a check launches nothing")
         return main(args, rest)
     except DistillError as exc:

@@ -73,7 +73,7 @@ def commands(base_url: str, work: Path, name: str, questions: int, dev: int) -> 
 
 
 def run_binding(name: str, work: Path, questions: int, dev: int) -> dict:
-    from distill.serve import ServeConfig, VLLMServer
+    from distill.serving.serve import ServeConfig, VLLMServer
 
     reserved, env, nice, serve = BINDINGS[name]
     cfg = ServeConfig(served_model_name="teacher", port=0, env=env, max_model_len=2048, cpu_reserved_cores=reserved,

@@ -37,7 +37,7 @@ def start_agent(work: Path, vllm_base_url: str, in_flight: int) -> tuple[subproc
     """The shipped agent config in a subprocess, pointed at this server and folder; returns once /health answers."""
     from bench_swap import spawn_agent  # this script's folder is on sys.path
 
-    from distill.serve import free_port
+    from distill.serving.serve import free_port
 
     port = free_port("127.0.0.1")
     sets = [f"port={port}", f"planner.base_url={vllm_base_url}", f"solver.base_url={vllm_base_url}",
@@ -100,7 +100,7 @@ def main() -> int:
         print(f"error: --adapter {args.adapter}: no adapter_config.json there (run make demo first)", file=sys.stderr)
         return 2
     sys.path.insert(0, str(ROOT))
-    from distill.serve import ServeConfig, VLLMServer
+    from distill.serving.serve import ServeConfig, VLLMServer
 
     rows = [json.loads(line) for line in (ROOT / "data/demo/train.jsonl").read_text().splitlines() if line.strip()]
     rows = rows[:args.questions]

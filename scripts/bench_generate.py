@@ -26,7 +26,7 @@ def main() -> int:
     p.add_argument("--questions", default=str(ROOT / "data" / "demo" / "train.jsonl"))
     p.add_argument("--corpus", default=str(ROOT / "data" / "demo" / "corpus.jsonl"))
     args = p.parse_args()
-    from distill.config import validate
+    from distill.core.config import validate
     from distill.generate import GenerateConfig, generate
 
     spec = {"backend": "openai", "model": args.model, "base_url": args.base_url, "max_concurrency": 64}

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from distill.metrics import retrieved_titles  # noqa: E402
+from distill.core.metrics import retrieved_titles  # noqa: E402
 from distill.rewoo.plan import parse_plan  # noqa: E402
 from distill.rewoo.worker import dependency_indices  # noqa: E402
 from scaling import FACTOR, cpu_seconds  # noqa: E402

@@ -42,7 +42,7 @@ def main() -> int:
     p.add_argument("--backends", default="transformers,vllm")
     p.add_argument("--dtype", default=None, help="vLLM --dtype (default: distill serve's choice for this machine)")
     args = p.parse_args()
-    from distill.data import load_examples
+    from distill.core.data import load_examples
     from distill.rewoo.prompts import planner_messages
     from distill.tools.registry import tool_descriptions
 
@@ -57,7 +57,7 @@ def main() -> int:
             rows[backend] = measure(TransformersChat(args.model), prompts, args.max_tokens)
         elif backend == "vllm":
             from distill.llm.openai_backend import OpenAIChat
-            from distill.serve import ServeConfig, VLLMServer
+            from distill.serving.serve import ServeConfig, VLLMServer
 
             cfg = ServeConfig(base_model=args.model, served_model_name="bench", port=0, max_model_len=4096,
                               dtype=args.dtype)

@@ -160,7 +160,7 @@ def take(pool: list[dict], n: int, id_key: str) -> list[dict]:
 
 
 def distinct(pool: list[dict], seed: int) -> list[dict]:
-    from distill.data import normalize_question
+    from distill.core.data import normalize_question
 
     seen, out = set(), []
     for row in pool:

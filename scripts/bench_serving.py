@@ -63,7 +63,7 @@ def make_adapter(out: Path) -> Path:
 
 def shapes(n: int) -> dict[str, tuple[list[list[dict]], int]]:
     """Each request shape of the pipeline: (messages for n distinct questions, max_tokens as the demo sets it)."""
-    from distill.data import load_examples
+    from distill.core.data import load_examples
     from distill.rewoo.plan import parse_plan
     from distill.rewoo.prompts import planner_messages, solver_messages
     from distill.tools.registry import tool_descriptions
@@ -134,7 +134,7 @@ def main() -> int:
     p.add_argument("--shapes", help="comma-separated shape names (default: all)")
     args = p.parse_args()
     from distill.llm.openai_backend import OpenAIChat
-    from distill.serve import ServeConfig, VLLMServer, cpu_dtype
+    from distill.serving.serve import ServeConfig, VLLMServer, cpu_dtype
 
     threads = len(os.sched_getaffinity(0))
     gflops = matmul_gflops(threads)

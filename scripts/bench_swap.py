@@ -65,7 +65,7 @@ def percentile(values: list[float], q: float) -> float | None:
 def start_agent(work: Path, vllm_base_url: str, in_flight: int) -> tuple[subprocess.Popen, str]:
     """`distill serve-agent` in a subprocess (its own interpreter: the load generator here does not share its
     event loop), on a free port; returns once /health answers."""
-    from distill.serve import free_port
+    from distill.serving.serve import free_port
 
     port = free_port("127.0.0.1")
     config = work / "agent.yaml"
@@ -165,8 +165,8 @@ def phase_table(run: dict, traces: dict[str, dict]) -> list[dict]:
 def read_traces(folder: Path) -> dict[str, dict]:
     """{request id: its trace}, read as `distill improve` reads a traces folder."""
     from distill.rewoo.record import TrajectoryRecord
-    from distill.store import read_jsonl
-    from distill.traces import trace_files
+    from distill.core.store import read_jsonl
+    from distill.core.traces import trace_files
 
     return {r["id"]: r for path in trace_files(folder) for r in read_jsonl(path, TrajectoryRecord)}
 
@@ -195,7 +195,7 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     import httpx
 
-    from distill.serve import ServeConfig, VLLMServer
+    from distill.serving.serve import ServeConfig, VLLMServer
 
     with tempfile.TemporaryDirectory(prefix="bench-swap-") as tmp:
         work = Path(args.work_dir or tmp)

@@ -298,7 +298,7 @@ def run_grpo_step(args: argparse.Namespace) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
-    from distill.config import validate
+    from distill.core.config import validate
     from distill.generate import load_questions
     from distill.improve import ImproveConfig, PlannerReward, grpo_args
     from distill.llm.embedded import resolve_model_path

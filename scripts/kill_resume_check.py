@@ -222,11 +222,11 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[])
     args = p.parse_args()
-    from distill.config import load_config
+    from distill.core.config import load_config
     from distill.evaluate import EvalConfig
     from distill.generate import GenerateConfig
 
-    from distill.errors import DistillError
+    from distill.core.errors import DistillError
 
     try:
         cfg = load_config(GenerateConfig if args.command == "generate" else EvalConfig, args.config, args.set)

@@ -414,8 +414,8 @@ class Rehearsal:
 
     def stand_in(self, command: str) -> None:
         """The fake API on the port a `distill serve` config names, listing the names it would serve."""
-        from distill.config import load_config
-        from distill.serve import ServeConfig, served_name
+        from distill.core.config import load_config
+        from distill.serving.serve import ServeConfig, served_name
         from fakes import mediawiki, rewoo_chat
 
         argv = shlex.split(command)

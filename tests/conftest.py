@@ -29,7 +29,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def smollm2():
     """The real SmolLM2-135M-Instruct, in process (converted once from the packaged GGUF)."""
-    from distill.config import ModelSpec
+    from distill.core.config import ModelSpec
     from distill.llm import build_chat
 
     return build_chat(ModelSpec(backend="transformers", model=BASE_NAME))
@@ -81,7 +81,7 @@ def vllm_server(tmp_path_factory, lora_adapter):
     took 7 GiB of the machine's 24 beside the tests that train or start servers of their own. Runtime LoRA
     loading is on (loopback only), so a test can serve an adapter it trained without a second server start; such a
     test unloads its module again."""
-    from distill.serve import ServeConfig, VLLMServer
+    from distill.serving.serve import ServeConfig, VLLMServer
 
     cfg = ServeConfig(base_model=BASE_NAME, served_model_name=BASE_NAME, adapters={"planner": str(lora_adapter)},
                       port=0, max_model_len=4096, health_timeout_s=600, cpu_kvcache_space_gb=1,

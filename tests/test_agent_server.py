@@ -28,11 +28,11 @@ import httpx
 import openai
 import pytest
 
-from distill.agent_server import AgentServerConfig, AgentService, build_app, token_of
-from distill.errors import DistillError
+from distill.serving.agent_server import AgentServerConfig, AgentService, build_app, token_of
+from distill.core.errors import DistillError
 from distill.rewoo.record import TrajectoryRecord
-from distill.store import read_jsonl
-from distill.traces import TraceLog, trace_files
+from distill.core.store import read_jsonl
+from distill.core.traces import TraceLog, trace_files
 from fakes import chat_api
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -329,7 +329,7 @@ def test_dead_or_slow_model_endpoint_is_503_and_traced(tmp_path, upstream):
 
 
 def test_feedback_and_traces_as_training_questions(tmp_path, upstream):
-    from distill.data import DatasetSource, load_source
+    from distill.core.data import DatasetSource, load_source
 
     cfg = agent_config(tmp_path, upstream.url)
     with agent_server(cfg) as (base, _):
@@ -365,7 +365,7 @@ def test_feedback_and_traces_as_training_questions(tmp_path, upstream):
 
 
 def test_a_folder_without_traces_or_feedback_is_one_line(tmp_path):
-    from distill.data import DatasetSource, load_source
+    from distill.core.data import DatasetSource, load_source
     from distill.rewoo.agent import Question
     from distill.rewoo.record import make_record
 
@@ -451,7 +451,7 @@ def test_sigterm_drains_the_request_in_flight_and_keeps_its_trace(tmp_path, upst
 
 
 def test_factory_is_the_one_eval_uses(tmp_path, upstream, monkeypatch):
-    import distill.agents as agent_module
+    import distill.agent.factory as agent_module
 
     calls = []
     real = agent_module.build_agent
@@ -551,7 +551,7 @@ def test_real_vllm_auth_and_sigterm_mid_request_in_a_subprocess(tmp_path, vllm_s
 def test_serve_agent_refuses_a_prompt_its_planner_adapter_was_not_trained_on(tmp_path):
     """The planner server names the LoRA module's folder (vLLM's /v1/models root); the adapter's own record says
     it was trained on the compact prompt with Wikipedia and LLM: another prompt or tool list is one line."""
-    from distill.agent_server import check_planner_as_trained
+    from distill.serving.agent_server import check_planner_as_trained
     from distill.tools.registry import tool_descriptions
     from test_openai_backend import _save_adapter
 

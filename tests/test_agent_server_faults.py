@@ -27,8 +27,8 @@ import httpx
 import pytest
 
 from distill.rewoo.record import TrajectoryRecord
-from distill.store import read_jsonl
-from distill.traces import trace_files
+from distill.core.store import read_jsonl
+from distill.core.traces import trace_files
 from test_agent_server import WAIT_S, FakeUpstream, client, free_port, uvicorn_thread, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]

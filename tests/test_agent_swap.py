@@ -17,7 +17,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from distill.agent_server import AgentServerConfig, check_planner_as_trained, token_of
+from distill.serving.agent_server import AgentServerConfig, check_planner_as_trained, token_of
 from distill.tools.registry import tool_descriptions
 from test_agent_server import PLAN, WAIT_S, agent_server, free_port, traces, uvicorn_thread, wait_for
 
@@ -247,7 +247,7 @@ def test_the_admin_routes_need_the_bearer_token(tmp_path, models, monkeypatch):
 
 
 def test_planner_round_is_bounded_and_the_start_names_the_served_adapter(tmp_path):
-    from distill.agent_server import AgentService
+    from distill.serving.agent_server import AgentService
     from fakes import chat_api
 
     for bad in (-1, 1_000_001, True, "2"):

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from distill import cli
-from distill.store import read_jsonl
+from distill.core.store import read_jsonl
 
 GOOD = json.dumps({"id": "q1", "prediction": "Paris", "answers": ["Paris"]}).encode()
 

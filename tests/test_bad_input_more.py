@@ -21,12 +21,12 @@ import pytest
 import yaml
 
 from distill.cli import main
-from distill.config import ModelSpec, validate
-from distill.errors import DistillError
+from distill.core.config import ModelSpec, validate
+from distill.core.errors import DistillError
 from distill.generate import GenerateConfig
 from distill.llm.embedded import EMBEDDED_NAME
-from distill.serve import ServeConfig
-from distill.store import read_jsonl
+from distill.serving.serve import ServeConfig
+from distill.core.store import read_jsonl
 from fakes import chat_api
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from distill.agents import make_tools_for
-from distill.baselines import (
+from distill.agent.factory import make_tools_for
+from distill.agent.baselines import (
     FINISH,
     Action,
     DirectAgent,
@@ -18,10 +18,10 @@ from distill.baselines import (
     react_messages,
     react_system_prompt,
 )
-from distill.config import AgentConfig
-from distill.data import load_examples
-from distill.errors import DistillError
-from distill.metrics import score
+from distill.core.config import AgentConfig
+from distill.core.data import load_examples
+from distill.core.errors import DistillError
+from distill.core.metrics import score
 from distill.rewoo.prompts import extract_answer
 from distill.tools.registry import TOOL_DESCRIPTIONS, tool_descriptions
 

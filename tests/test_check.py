@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from distill import cli
-from distill.check import Check, importable
+from distill.core.check import Check, importable
 from test_generate import MINI, write_config
 from test_pipeline import ROOT, wiring_config
 
@@ -72,7 +72,7 @@ def test_the_estimate_follows_from_the_config_and_the_real_prompts(tmp_path, cap
     assert line.startswith("generate: 8 questions, 24 model calls, ") and "+ 944 completion tokens, $944.00" in line
     assert "smollm2-135m-instruct's tokenizer" in line  # counted with the local tokenizer, not chars/4
 
-    from distill.config import load_config
+    from distill.core.config import load_config
     from distill.generate import GenerateConfig, load_questions
     from distill.llm.embedded import resolve_model_path
     from distill.rewoo.prompts import planner_messages
@@ -122,7 +122,7 @@ def test_pipeline_check_finds_a_missing_report_to_integration_and_writes_nothing
 def test_an_integration_is_checked_by_the_module_it_imports(monkeypatch):
     """wandb's absence, or tensorboard's, as the check sees it: by the module name it would import; a single
     name is the one-item list, as TRL reads it."""
-    from distill.tracking import INTEGRATIONS
+    from distill.core.tracking import INTEGRATIONS
 
     check = Check()
     check.report_to(["none", "tensorboard"], "train")
@@ -138,7 +138,7 @@ def test_an_integration_is_checked_by_the_module_it_imports(monkeypatch):
 def test_every_command_that_spends_checks_its_trackers(tmp_path, monkeypatch, capsys):
     """generate, eval, train and improve --check each find a tracker whose package is not installed (a name TRL
     knows, its module made absent here), and an estimate above max_cost_usd is a problem line."""
-    from distill.tracking import INTEGRATIONS
+    from distill.core.tracking import INTEGRATIONS
     from test_improve import recorded_adapter
     from test_sft_data import kept_records, write_kept
     from distill.sft_data import SftDataConfig, build_sft_data
@@ -187,12 +187,12 @@ def test_every_command_that_spends_checks_its_trackers(tmp_path, monkeypatch, ca
 
 
 def test_pipeline_check_sizes_train_config_auto_and_the_launch_by_the_same_gpu_query(tmp_path, monkeypatch, capsys):
-    """One query of the GPUs (distill.check.gpu_memory) both counts them for the launch and sizes the training
+    """One query of the GPUs (distill.core.check.gpu_memory) both counts them for the launch and sizes the training
     config `auto` picks. This machine has no GPU: two H100s are made up, and nothing else is."""
-    import distill.check
+    import distill.core.check
 
     monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(distill.check, "gpu_memory", lambda: [81559 << 20] * 2)
+    monkeypatch.setattr(distill.core.check, "gpu_memory", lambda: [81559 << 20] * 2)
     cfg = wiring_config(tmp_path)
     cfg["train"] = {"config": "auto", "max_steps": 2}
     path = tmp_path / "p.yaml"
@@ -279,8 +279,8 @@ def test_a_self_hosted_teacher_without_a_price_is_one_line_naming_teacher(tmp_pa
     assert "an unknown price (no price for big-teacher)" in line and "$0.00" not in line
     assert "total: " in out and "an unknown price (no price for big-teacher, other-judge)" in out
 
-    from distill.config import load_config
-    from distill.errors import DistillError
+    from distill.core.config import load_config
+    from distill.core.errors import DistillError
     from distill.pipeline import Pipeline, PipelineConfig
 
     with pytest.raises(DistillError) as exc:  # a run stops before any stage, with the same lines

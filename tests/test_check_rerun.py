@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from distill.cli import main
-from distill.config import load_config
+from distill.core.config import load_config
 from distill.pipeline import Pipeline, PipelineConfig, Unit
-from distill.store import write_json
+from distill.core.store import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "demo_smollm2_cpu.yaml"

@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distill.agent_server import AgentServerConfig
-from distill.config import AgentConfig, load_config, read_yaml
-from distill.errors import DistillError
+from distill.serving.agent_server import AgentServerConfig
+from distill.core.config import AgentConfig, load_config, read_yaml
+from distill.core.errors import DistillError
 from distill.evaluate import EvalConfig
 from distill.improve import ImproveConfig
 from distill.filter import FilterConfig
 from distill.flywheel import FlywheelConfig
 from distill.generate import GenerateConfig
 from distill.pipeline import Pipeline, PipelineConfig
-from distill.serve import ServeConfig
+from distill.serving.serve import ServeConfig
 from distill.train import parse_train_config
 
 ROOT = Path(__file__).resolve().parents[1]

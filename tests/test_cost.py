@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from distill import cli
-from distill.store import read_jsonl
+from distill.core.store import read_jsonl
 from fakes import chat_api
 from test_generate import MINI, write_config
 
@@ -67,7 +67,7 @@ def test_a_paid_model_without_a_price_is_refused_naming_the_setting(tmp_path, mo
     assert not (tmp_path / "run").exists()
 
     # a price for it, or 0 for a free one, on the endpoint or in `prices:`, lets it through the check
-    from distill.config import load_config
+    from distill.core.config import load_config
     from distill.generate import GenerateConfig
     from distill.llm import unpriced_endpoints
 
@@ -80,8 +80,8 @@ def test_a_paid_model_without_a_price_is_refused_naming_the_setting(tmp_path, mo
 
 
 def test_the_pipeline_refuses_a_price_less_paid_planner_before_any_stage(tmp_path, monkeypatch):
-    from distill.config import validate
-    from distill.errors import DistillError
+    from distill.core.config import validate
+    from distill.core.errors import DistillError
     from distill.pipeline import Pipeline, PipelineConfig
     from test_pipeline import ROOT, wiring_config
 

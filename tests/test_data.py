@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from distill.data import (
+from distill.core.data import (
     Example,
     check_no_leak,
     detect_layout,
@@ -17,7 +17,7 @@ from distill.data import (
     rows_to_examples,
     sample_mix,
 )
-from distill.errors import DistillError
+from distill.core.errors import DistillError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from distill.data import check_no_leak, load_examples
-from distill.metrics import hotpot_normalize
-from distill.store import read_jsonl
+from distill.core.data import check_no_leak, load_examples
+from distill.core.metrics import hotpot_normalize
+from distill.core.store import read_jsonl
 
 DEMO = Path(__file__).resolve().parents[1] / "data" / "demo"
 SPLITS = ("train", "dev")

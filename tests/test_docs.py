@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distill.config import load_config
-from distill.launch import GPU_CONFIGS
+from distill.core.config import load_config
+from distill.training.launch import GPU_CONFIGS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -83,7 +83,7 @@ class Chain:
             self.needs(section["dataset_dir"], command)
             self.written.add(norm(section["output_dir"]))
         elif argv[:2] == ["distill", "serve"]:
-            from distill.serve import ServeConfig, served_name
+            from distill.serving.serve import ServeConfig, served_name
 
             cfg = load_config(ServeConfig, ROOT / option(argv, "--config"), sets(argv))
             for adapter in ([cfg.adapter] if cfg.adapter else []) + list(cfg.adapters.values()):
@@ -97,7 +97,7 @@ class Chain:
             self.written |= {norm(demo.run / "train" / name) for name in demo.students()}
             self.written |= {norm(path) for path in demo.improved_adapters().values()}
         elif argv[:2] == ["distill", "serve-agent"]:
-            from distill.agent_server import AgentServerConfig
+            from distill.serving.agent_server import AgentServerConfig
 
             cfg = load_config(AgentServerConfig, ROOT / option(argv, "--config"), sets(argv))
             for role, spec in (("planner", cfg.planner), ("solver", cfg.solver)):
@@ -190,7 +190,7 @@ def test_each_gpu_training_config_fits_the_readme_recipe_and_the_improve_config(
 def test_the_readme_says_which_endpoint_keys_the_teacher_replaces_and_which_stay():
     """The teacher replaces exactly the keys that say which model an endpoint is; the GPU recipe page names each,
     and a stage config file's other keys (max_concurrency, temperature) stay over the teacher's, as it says."""
-    from distill.config import ENDPOINT_IDENTITY, validate
+    from distill.core.config import ENDPOINT_IDENTITY, validate
     from distill.pipeline import PipelineConfig
 
     text = " ".join(ROOT.joinpath("docs", "gpu-recipe.md").read_text().split())

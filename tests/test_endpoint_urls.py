@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from distill.cli import main
-from distill.config import ModelSpec, validate
-from distill.errors import DistillError
+from distill.core.config import ModelSpec, validate
+from distill.core.errors import DistillError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -30,7 +30,7 @@ SCRIPTS = sorted(named(NAMED_SCRIPT))
 
 
 # what a command needs besides --config before it reads the config
-REQUIRED = {"distill.agents": ["Who?"], "distill.filter": ["in.jsonl", "--out", "out.jsonl"],
+REQUIRED = {"distill.agent.factory": ["Who?"], "distill.filter": ["in.jsonl", "--out", "out.jsonl"],
             "distill.sft_data": ["kept.jsonl", "--out", "sft"], "scripts/kill_resume_check.py": ["generate"]}
 
 

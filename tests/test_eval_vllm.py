@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.timeout(900)
 def test_eval_with_student_served_by_vllm(tmp_path, vllm_server):
     from distill.report import recompute
-    from distill.metrics import score
+    from distill.core.metrics import score
 
     spec = {"backend": "openai", "base_url": vllm_server.base_url, "max_tokens": 96}
     cfg = {

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from distill import cli
-from distill.config import load_config, validate
-from distill.errors import DistillError
+from distill.core.config import load_config, validate
+from distill.core.errors import DistillError
 from distill.evaluate import (
     EvalConfig,
     EvalRecord,
@@ -27,10 +27,10 @@ from distill.evaluate import (
     tool_fails,
     with_tool_failures,
 )
-from distill.metrics import score
+from distill.core.metrics import score
 from distill.rewoo.plan import parse_plan
 from distill.rewoo.worker import NO_EVIDENCE, run_plan
-from distill.store import read_jsonl
+from distill.core.store import read_jsonl
 from distill.tools.calculator import Calculator
 from distill.tools.llm_tool import LLMTool
 from distill.tools.wikipedia import ScopedWikipedia
@@ -154,7 +154,7 @@ def test_the_sweep_adds_each_method_at_each_rate_on_its_first_n_questions_per_da
 
 def test_an_openai_planner_is_wired_to_its_server_and_says_when_it_is_unreachable():
     from distill.llm.openai_backend import OpenAIChat
-    from distill.serve import free_port
+    from distill.serving.serve import free_port
 
     port = free_port()
     spec = {"backend": "openai", "base_url": f"http://127.0.0.1:{port}/v1", "model": "planner", "max_retries": 0,
@@ -173,8 +173,8 @@ def test_an_openai_planner_is_wired_to_its_server_and_says_when_it_is_unreachabl
 def test_every_method_comes_from_the_one_agent_factory_with_the_same_tools():
     """ReWOO rows and both baselines are built by `build_agent`: tool names canonical, the same per-question
     tools, eval's injected failures wrapped around them; a bad kind is refused."""
-    from distill.agents import build_agent
-    from distill.baselines import DirectAgent, ReActAgent
+    from distill.agent.factory import build_agent
+    from distill.agent.baselines import DirectAgent, ReActAgent
     from distill.rewoo.agent import ReWOOAgent
     from distill.tools.registry import TOOL_DESCRIPTIONS
 
@@ -235,7 +235,7 @@ def test_the_prompt_budget_is_off_by_default_and_the_manifest_carries_it_to_the_
     assert manifest["prompt_budget"] == budget
 
     from test_report import planner_rows
-    from distill.store import write_jsonl
+    from distill.core.store import write_jsonl
 
     write_jsonl(tmp_path / "eval" / "records" / "teacher.jsonl", planner_rows("teacher", "fewshot", 400, ("Alpha",)))
     write_jsonl(tmp_path / "eval" / "records" / "student.jsonl", planner_rows("student", "compact", 100, ("Alpha",)))
@@ -249,7 +249,7 @@ def made_by(cfg: EvalConfig, monkeypatch) -> None:
     """The folder a finished run with `cfg` leaves: its manifest, and a record per method carrying that run's
     fingerprint. The records' content is not under test, so no model runs."""
     import distill.evaluate as ev
-    from distill.store import write_jsonl
+    from distill.core.store import write_jsonl
 
     def one_record(cfg, method, examples, out, errors, runs, fp=None, tracker=None, cap=None):
         planner = {"model": "m"} if method.kind == "rewoo" else None  # a record the schema accepts

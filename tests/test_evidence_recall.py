@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from distill.metrics import evidence_recall, gold_titles, retrieved_titles, title_key
+from distill.core.metrics import evidence_recall, gold_titles, retrieved_titles, title_key
 
 
 def ev(output, tool="Wikipedia", status="ok"):
@@ -56,7 +56,7 @@ def test_a_page_recall_counts_as_found_is_the_one_an_exact_title_query_finds(tmp
     query naming a gold page could get another page while recall counts the gold one as found."""
     import asyncio
 
-    from distill.store import write_jsonl
+    from distill.core.store import write_jsonl
     from distill.tools.wikipedia import LocalWikipedia
 
     corpus = tmp_path / "corpus.jsonl"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from distill.errors import DistillError
+from distill.core.errors import DistillError
 from distill.llm.openai_backend import OpenAIChat
 from fakes import serving
 
@@ -152,7 +152,7 @@ def test_a_passing_fault_is_retried_and_counted(fake: str, fault: str) -> None:
 
 
 def test_retry_after_is_honoured_up_to_the_cap() -> None:
-    from distill.retry import Fault, backoff_s, retry_after_s
+    from distill.core.retry import Fault, backoff_s, retry_after_s
 
     model = OpenAIChat("m", ["http://127.0.0.1:9/v1"], max_retry_after_s=60)
     assert backoff_s(0, Fault("429", "", True, wait_s=7.5), model.backoff_s, model.max_wait_s) == 7.5

@@ -15,8 +15,8 @@ import yaml
 
 from distill import flywheel as fw
 from distill.cli import main
-from distill.config import load_config
-from distill.data import normalize_question
+from distill.core.config import load_config
+from distill.core.data import normalize_question
 
 ROOT = Path(__file__).resolve().parents[1]
 DEV = [json.loads(line) for line in (ROOT / "data/demo/dev.jsonl").read_text().splitlines() if line.strip()]
@@ -137,7 +137,7 @@ def test_leak_policy_refuse_stops_on_an_eval_question(tmp_path):
 
 
 def test_adding_traffic_never_moves_a_question_between_sides():
-    from distill.data import Example
+    from distill.core.data import Example
 
     def examples(prefix: str, n: int) -> list:
         return [(f"t:{i}", Example(id=f"{prefix}{i}", dataset="served", split="train",
@@ -208,7 +208,7 @@ def test_the_gate_pairs_by_question_and_keeps_when_too_few_were_answered_by_both
 
 
 def test_other_measures_and_diversity():
-    from distill.reward import RewardConfig
+    from distill.agent.reward import RewardConfig
 
     inc = [rec(f"q{i}", "x") for i in range(6)]
     cand = [dict(rec(f"q{i}", "x"), evidence=[{"id": "#E1", "tool": "Wikipedia", "input": "Paris", "status": "ok",
@@ -537,7 +537,7 @@ def test_an_unreachable_vllm_is_one_line_after_bounded_retries(tmp_path, capsys,
         port = s.getsockname()[1]
     path = config(tmp_path, service={"vllm_url": f"http://127.0.0.1:{port}/v1", "agents": ["http://127.0.0.1:1"],
                                      "max_retries": 1, "timeout_s": 5})
-    monkeypatch.setattr("distill.retry.backoff_s", lambda *a: 0.0)
+    monkeypatch.setattr("distill.core.retry.backoff_s", lambda *a: 0.0)
     assert main(["promote", "--config", str(path), "--round", "0"]) == 2
     err = one_line_error(capsys)
     assert f"GET http://127.0.0.1:{port}/v1/models: cannot connect" in err and "after 2 attempts" in err
@@ -549,7 +549,7 @@ def test_diversity_samples_each_module_through_the_openai_client(tmp_path):
     every module writes one distinct plan per question): the calls, their count and the tokens are what is checked."""
     from fakes import chat_api
 
-    from distill.data import Example
+    from distill.core.data import Example
 
     cfg = load_config(fw.FlywheelConfig, config(tmp_path, diversity_samples=3))
     questions = [Example(id=f"q{i}", dataset="served", split="heldout", question=f"Where is {i}?", answers=["x"])

@@ -52,7 +52,7 @@ def batches(n_train: int, n_heldout: int, count: int) -> list[list[dict]]:
 
 
 def agent_config(tmp_path: Path, url: str):
-    from distill.agent_server import AgentServerConfig
+    from distill.serving.agent_server import AgentServerConfig
     from tests.conftest import BASE_NAME
 
     return AgentServerConfig.model_validate({

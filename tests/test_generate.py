@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distill.config import load_config
+from distill.core.config import load_config
 from distill.generate import GenerateConfig, generate
-from distill.store import read_jsonl
+from distill.core.store import read_jsonl
 from fakes import chat_api
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,7 +177,7 @@ def test_generate_reports_its_progress_to_tensorboard_and_refuses_a_missing_trac
 
 
 def test_a_judge_without_answers_to_grade_is_refused(tmp_path):
-    from distill.errors import DistillError
+    from distill.core.errors import DistillError
 
     path = tmp_path / "g.yaml"
     spec = {"backend": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m"}

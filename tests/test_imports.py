@@ -168,19 +168,19 @@ def test_distill_has_no_import_cycle():
     graph = import_graph(ROOT / "distill")
     # the reader sees the package's real edges (an empty graph would pass for the wrong reason)
     assert {"distill.evaluate"} <= graph["distill.report"]
-    assert {"distill.baselines", "distill.rewoo.agent"} <= graph["distill.agents"]
+    assert {"distill.agent.baselines", "distill.rewoo.agent"} <= graph["distill.agent.factory"]
     assert "distill.rewoo.record" in graph["distill.rewoo.agent"]
     assert {"distill.tools.calculator", "distill.tools.wikipedia"} <= graph["distill.tools.registry"]
-    assert "distill.agents" in graph["distill.evaluate"]  # imported inside build_method
+    assert "distill.agent.factory" in graph["distill.evaluate"]  # imported inside build_method
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
 def test_the_rewoo_core_imports_nothing_above_it():
     """`distill.rewoo` is the ReWOO core (plans, the Worker, prompts, the record, `ReWOOAgent`): the baselines
-    import it, and the factory from a config to an agent (`distill.agents`) imports both, never the reverse."""
+    import it, and the factory from a config to an agent (`distill.agent.factory`) imports both, never the reverse."""
     graph = import_graph(ROOT / "distill")
     assert {"distill.rewoo.agent", "distill.rewoo.plan", "distill.rewoo.worker"} <= set(graph)  # the core is read
-    assert "distill.rewoo.record" in graph["distill.baselines"]  # the baselines stand on the core
-    upward = imports_into(graph, "distill.rewoo", ("distill.agents", "distill.baselines", "distill.config"))
+    assert "distill.rewoo.record" in graph["distill.agent.baselines"]  # the baselines stand on the core
+    upward = imports_into(graph, "distill.rewoo", ("distill.agent.factory", "distill.agent.baselines", "distill.core.config"))
     assert upward == [], "the ReWOO core imports above it: " + ", ".join(f"{m} -> {t}" for m, t in upward)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distill.store import read_jsonl
+from distill.core.store import read_jsonl
 from test_train import tiny_model  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +25,7 @@ def _reward_of(parts: dict) -> float:
     """The planner reward recomputed from its logged parts with the default weights the test's config keeps: an
     invalid plan earns 0, a valid one 0.2 plus what ran and found, less 0.05 per step beyond the gold hops (so a
     valid plan of extra steps whose calls all failed is below 0.2)."""
-    from distill.reward import RewardConfig
+    from distill.agent.reward import RewardConfig
 
     w = RewardConfig()
     if not parts["valid"]:
@@ -168,7 +168,7 @@ def test_one_grpo_step_continues_the_adapter_and_scores_every_completion_of_the_
     model: the group's completions are all scored, the parts logged, the adapter it starts from continued."""
     from safetensors.torch import load_file
 
-    from distill.config import validate
+    from distill.core.config import validate
     from distill.improve import ImproveConfig, improve
     from distill.train import trainable_adapter
 
@@ -201,8 +201,8 @@ def test_one_grpo_step_continues_the_adapter_and_scores_every_completion_of_the_
 
 
 def test_grpo_settings_are_refused_in_one_line(tmp_path):
-    from distill.config import validate
-    from distill.errors import DistillError
+    from distill.core.config import validate
+    from distill.core.errors import DistillError
     from distill.improve import ImproveConfig
 
     with pytest.raises(DistillError, match="method grpo is one TRL GRPO run"):
@@ -216,7 +216,7 @@ def test_shipped_grpo_configs_parse_into_trls_config_and_their_batch_holds_whole
     """TRL needs the completions of a step to be whole groups; the header's effective batch is what TRL gets."""
     import re
 
-    from distill.config import load_config
+    from distill.core.config import load_config
     from distill.improve import ImproveConfig, grpo_args
 
     path = ROOT / "configs" / name
@@ -240,8 +240,8 @@ def test_shipped_grpo_configs_parse_into_trls_config_and_their_batch_holds_whole
 def test_grpo_keys_are_read_by_trls_parser_with_sfts_one_line_refusals(grpo, message, tmp_path):
     """`grpo:` goes through distill.train's parser as SFT's config does: a misspelt key names its nearest field,
     a number TRL would take and fail on later is refused, each in one line naming the section."""
-    from distill.config import load_config
-    from distill.errors import DistillError
+    from distill.core.config import load_config
+    from distill.core.errors import DistillError
     from distill.improve import ImproveConfig, grpo_args
 
     cfg = load_config(ImproveConfig, ROOT / "configs" / "improve_smollm2_grpo_cpu.yaml")
@@ -255,8 +255,8 @@ def test_a_missing_adapter_is_one_line_that_improve_can_act_on_and_makes_nothing
     """`adapter: null` is no way out for improve (it continues an adapter): the line says what is; nothing is made
     in the output folder, and a stop inside the folder's lock releases it."""
     from distill import cli
-    from distill.errors import DistillError
-    from distill.run import folder_lock
+    from distill.core.errors import DistillError
+    from distill.core.run import folder_lock
 
     path = tmp_path / "improve.yaml"
     path.write_text(yaml.safe_dump({"method": method, "adapter": str(tmp_path / "adapter"),

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from distill.cli import main
-from distill.config import load_config
+from distill.core.config import load_config
 from distill.pipeline import Pipeline, PipelineConfig
 
 ROOT = Path(__file__).resolve().parents[1]

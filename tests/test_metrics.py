@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from distill import cli
-from distill.errors import DistillError
-from distill.metrics import (
+from distill.core.errors import DistillError
+from distill.core.metrics import (
     JUDGE_PROMPT,
     bootstrap_ci,
     hotpot_em_f1,
@@ -93,7 +93,7 @@ def test_plain_rules_are_squad_without_hotpotqa_yes_no_rule():
 
 
 def test_the_rules_are_named_never_guessed_and_string_answer_accepted():
-    from distill.metrics import metric_for
+    from distill.core.metrics import metric_for
 
     assert score("hotpotqa", "yes it is", "yes") == {"em": 0, "f1": 0.0}
     assert score("triviaqa", "yes it is", "yes")["f1"] == pytest.approx(0.5)

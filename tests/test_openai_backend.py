@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from distill.errors import DistillError
+from distill.core.errors import DistillError
 from distill.llm.base import Price
 from distill.llm.openai_backend import OpenAIChat
 from fakes import chat_api, serving
@@ -92,7 +92,7 @@ def _save_adapter(folder, seed: int) -> None:
 
 def test_a_retrained_adapter_served_under_the_same_name_misses_the_old_cache(tmp_path):
     from distill.llm.cached import CachedChat
-    from distill.store import CallCache
+    from distill.core.store import CallCache
 
     cache = CallCache(tmp_path / "calls.sqlite")
     msgs = [{"role": "user", "content": "Capital of France?"}]

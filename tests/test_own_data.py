@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from distill import cli
-from distill.config import validate
-from distill.errors import DistillError
+from distill.core.config import validate
+from distill.core.errors import DistillError
 from distill.evaluate import EvalConfig, load_eval_examples
 from distill.generate import GenerateConfig, load_questions
 from distill.report import rescore

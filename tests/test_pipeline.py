@@ -17,7 +17,7 @@ import yaml
 from distill.pipeline import STAGES
 
 RUN_STAGES = tuple(s for s in STAGES if s != "improve")  # the stages of a pipeline without an improve section
-from distill.store import write_json, write_jsonl
+from distill.core.store import write_json, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -185,7 +185,7 @@ class Recorder:
 
 
 def test_each_stage_gets_its_folders_and_settings_and_done_json_its_counts(tmp_path, monkeypatch, capsys):
-    from distill.config import validate
+    from distill.core.config import validate
     from distill.pipeline import Pipeline, PipelineConfig
     from distill.report import recompute
 
@@ -249,7 +249,7 @@ def two_students(tmp_path: Path) -> dict:
 
 
 def test_two_students_train_on_the_same_kept_examples_and_share_one_server(tmp_path, monkeypatch):
-    from distill.config import validate
+    from distill.core.config import validate
     from distill.pipeline import Pipeline, PipelineConfig
     from distill.sft_data import build_sft_data
     from datasets import load_from_disk
@@ -311,7 +311,7 @@ def test_two_students_train_on_the_same_kept_examples_and_share_one_server(tmp_p
 def test_a_student_added_to_a_finished_run_is_built_and_evaluated_alone(tmp_path, monkeypatch, capsys):
     """The per-student markers decide, not the stage's: the new student gets sft-data and training, the old one
     is not redone, and eval and report run again (eval resumes, so only the new rows cost anything)."""
-    from distill.config import validate
+    from distill.core.config import validate
     from distill.pipeline import Pipeline, PipelineConfig
 
     monkeypatch.chdir(ROOT)
@@ -336,7 +336,7 @@ def test_a_student_added_to_a_finished_run_is_built_and_evaluated_alone(tmp_path
 
 
 def run_pipeline(cfg: dict, recorder: Recorder | None = None, start: str | None = None) -> Recorder:
-    from distill.config import validate
+    from distill.core.config import validate
     from distill.pipeline import Pipeline, PipelineConfig
 
     recorder = recorder or Recorder()
@@ -462,8 +462,8 @@ def test_a_corrupt_manifest_is_one_line_naming_it(tmp_path, capsys):
 
 
 def test_a_second_pipeline_on_the_same_run_dir_is_refused(tmp_path, monkeypatch):
-    from distill.errors import DistillError
-    from distill.run import folder_lock
+    from distill.core.errors import DistillError
+    from distill.core.run import folder_lock
 
     monkeypatch.chdir(ROOT)
     run = tmp_path / "run"
@@ -631,7 +631,7 @@ def test_from_generate_on_a_new_port_replays_every_call_from_the_cache(tmp_path,
 
 
 def test_generation_and_evaluation_report_where_training_reports_unless_their_section_says(tmp_path):
-    from distill.config import validate
+    from distill.core.config import validate
     from distill.pipeline import Pipeline, PipelineConfig
 
     cfg = wiring_config(tmp_path)
@@ -667,7 +667,7 @@ class ImproveRecorder(Recorder):
 
 def test_the_improve_stage_continues_its_student_and_eval_serves_the_result_beside_it(tmp_path, monkeypatch,
                                                                                        capsys):
-    from distill.config import validate
+    from distill.core.config import validate
     from distill.pipeline import Pipeline, PipelineConfig
 
     monkeypatch.chdir(ROOT)
@@ -707,7 +707,7 @@ def test_an_improved_row_on_another_prompt_than_its_student_fails_before_any_sta
 
 
 def test_a_grpo_improve_section_serves_the_grpo_runs_adapter(tmp_path, monkeypatch):
-    from distill.config import validate
+    from distill.core.config import validate
     from distill.pipeline import Pipeline, PipelineConfig
 
     monkeypatch.chdir(ROOT)
@@ -759,7 +759,7 @@ def test_the_teacher_named_once_is_every_endpoint_that_repeats_it(tmp_path, monk
 def test_the_teacher_replaces_the_model_a_stage_config_names_and_the_pipelines_own_keys_win(monkeypatch):
     """The 7B pipeline's stage configs name gpt-4o-mini everywhere, for their own commands: one `teacher` setting
     changes all of them, whole (no api_key_env left over for a local server), and leaves the roles' settings."""
-    from distill.config import load_config
+    from distill.core.config import load_config
     from distill.pipeline import Pipeline, PipelineConfig
 
     monkeypatch.chdir(ROOT)
@@ -832,7 +832,7 @@ def test_check_shows_the_teacher_filled_in_and_warns_when_evals_teacher_is_anoth
     cfg["generate"] |= {"planner": {"backend": "openai", "base_url": "@server", "model": "smollm2-135m-instruct"}}
     cfg["eval"]["planners"]["teacher"] = {"prompt": "full", "spec": {"backend": "openai", "base_url": "@server",
                                                                      "model": "planner"}}
-    from distill.config import validate
+    from distill.core.config import validate
     from distill.pipeline import Pipeline, PipelineConfig
 
     Pipeline(validate(PipelineConfig, cfg)).check()
@@ -844,8 +844,8 @@ def test_check_shows_the_teacher_filled_in_and_warns_when_evals_teacher_is_anoth
 def test_a_stage_config_is_read_from_the_folder_of_the_file_that_names_it(tmp_path, monkeypatch):
     """A pipeline config and its stage configs move together; `--set` paths are the command line's, relative to
     the working directory; absolute ones are kept."""
-    from distill.config import load_config, read_yaml
-    from distill.errors import DistillError
+    from distill.core.config import load_config, read_yaml
+    from distill.core.errors import DistillError
     from distill.pipeline import Pipeline, PipelineConfig
 
     monkeypatch.chdir(ROOT)
@@ -888,7 +888,7 @@ def gpus(*mib: int):
     ((81559, 24564), "qwen2.5-7b_qlora_gpu.yaml"),  # every GPU trains at the same per-device batch: the smallest
 ])
 def test_train_config_auto_picks_the_readmes_config_for_the_gpus_memory(tmp_path, monkeypatch, capsys, mib, chosen):
-    from distill.config import read_yaml, validate
+    from distill.core.config import read_yaml, validate
     from distill.pipeline import Pipeline, PipelineConfig
 
     monkeypatch.chdir(ROOT)
@@ -915,10 +915,10 @@ def test_train_config_auto_picks_the_readmes_config_for_the_gpus_memory(tmp_path
 ])
 def test_train_config_auto_without_a_gpu_it_fits_is_one_line_before_any_stage(tmp_path, monkeypatch, capsys, mib,
                                                                                message):
-    import distill.check
+    import distill.core.check
 
     monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(distill.check, "gpu_memory", gpus(*mib))  # the GPU this machine lacks, faked
+    monkeypatch.setattr(distill.core.check, "gpu_memory", gpus(*mib))  # the GPU this machine lacks, faked
     cfg = wiring_config(tmp_path)
     cfg["train"] = {"config": "auto"}
     fails_before_any_stage(tmp_path, cfg, message, capsys)
@@ -927,8 +927,8 @@ def test_train_config_auto_without_a_gpu_it_fits_is_one_line_before_any_stage(tm
 def test_an_error_in_a_planner_given_as_a_mapping_names_the_row_by_its_key():
     """eval's `planners` may be a mapping (configs/eval_hotpot_trivia_7b.yaml): the error names the key the user
     wrote, not the row's place in the list it becomes; a list's rows keep their index."""
-    from distill.config import validate
-    from distill.errors import DistillError
+    from distill.core.config import validate
+    from distill.core.errors import DistillError
     from distill.evaluate import EvalConfig
 
     rows = {"teacher": {"prompt": "fewshot", "spec": {}}, "base": {"spec": {"model": "b", "max_tokens": 0}}}

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from distill.cli import main as cli_main
 from distill.rewoo import plan as plan_check
-from distill.errors import DistillError
+from distill.core.errors import DistillError
 from distill.rewoo.plan import (
     ERROR_CODES,
     Plan,
@@ -441,7 +441,7 @@ def test_cli_non_utf8_file(tmp_path, capsys) -> None:
 
 
 def test_cli_checks_the_step_bound_every_stage_uses(plan_file, capsys) -> None:
-    from distill.config import AgentConfig
+    from distill.core.config import AgentConfig
 
     text = "".join(f"Plan: step {i}\n#E{i} = Wikipedia[x{i}]\n" for i in range(1, 9))
     assert AgentConfig().max_plan_steps == 6

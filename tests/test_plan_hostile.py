@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distill.agents import build_agent
-from distill.config import AgentConfig, ModelSpec
+from distill.agent.factory import build_agent
+from distill.core.config import AgentConfig, ModelSpec
 from distill.llm.base import Completion, Usage
 from distill.rewoo.agent import Question
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS, Plan, Step, parse_plan, render_plan

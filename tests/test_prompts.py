@@ -59,8 +59,8 @@ def test_an_unknown_prompt_kind_is_refused_not_guessed():
 
 
 def test_configs_read_the_old_name_zeroshot_as_full_and_refuse_unknown_kinds():
-    from distill.config import AgentConfig, validate
-    from distill.errors import DistillError
+    from distill.core.config import AgentConfig, validate
+    from distill.core.errors import DistillError
     from distill.evaluate import PlannerEntry
     from distill.sft_data import SftDataConfig
 
@@ -80,7 +80,7 @@ def test_compact_prompt_is_at_most_a_fifth_of_the_teachers_in_tokens():
     demo's own questions and tools."""
     from pathlib import Path
 
-    from distill.data import load_examples
+    from distill.core.data import load_examples
     from distill.sft_data import load_tokenizer, prompt_tokens
 
     tokenizer = load_tokenizer("smollm2-135m-instruct")
@@ -140,7 +140,7 @@ def test_student_prompt_bytes_are_the_same_in_sft_data_eval_and_ask(tmp_path, ca
     from pathlib import Path
 
     from distill.cli import main as cli_main
-    from distill.config import validate
+    from distill.core.config import validate
     from distill.evaluate import EvalConfig, build_method, methods_of
     from distill.rewoo.agent import Question
 
@@ -189,7 +189,7 @@ def test_student_prompt_bytes_are_the_same_in_sft_data_eval_and_ask(tmp_path, ca
 def test_an_eval_config_under_the_old_name_resumes_as_full_but_not_as_compact():
     """Configs written before `compact` existed say `zeroshot`: the same student prompt as `full`, so records made
     with one resume under the other (the same fingerprint); `compact` is another prompt."""
-    from distill.config import validate
+    from distill.core.config import validate
     from distill.evaluate import EvalConfig, methods_of, run_fingerprints
 
     spec = {"model": "smollm2-135m-instruct"}

@@ -19,8 +19,8 @@ import pytest
 import yaml
 from safetensors.numpy import save_file
 
-from distill.errors import DistillError
-from distill.push import UPLOAD, model_card, push
+from distill.core.errors import DistillError
+from distill.training.push import UPLOAD, model_card, push
 from fakes import serving
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -225,7 +225,7 @@ def test_a_refused_push_is_one_line_without_the_token(adapter, hub, tmp_path):
 
 def test_a_server_error_is_retried_then_one_line(adapter, hub, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", TOKEN)
-    monkeypatch.setattr("distill.push.time.sleep", lambda s: None)
+    monkeypatch.setattr("distill.training.push.time.sleep", lambda s: None)
     hub.status = 503
     with pytest.raises(DistillError, match=r"HTTP 503") as info:
         push(adapter, "me/planner", endpoint=hub.url, timeout_s=10, retries=2)

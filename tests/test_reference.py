@@ -24,7 +24,7 @@ def test_every_strict_config_class_is_in_the_reference():
     """A new config class (a Strict model a user writes keys for) cannot be left out of the page."""
     import distill.pipeline  # noqa: F401  (imports every stage's config class)
     import distill.improve  # noqa: F401
-    from distill.config import Strict
+    from distill.core.config import Strict
 
     def subclasses(cls):
         for sub in cls.__subclasses__():
@@ -47,7 +47,7 @@ def test_the_committed_reference_is_current(page):
 def test_a_field_without_a_description_stops_the_generator():
     from pydantic import Field
 
-    from distill.config import Strict
+    from distill.core.config import Strict
 
     class Bare(Strict):
         x: int = Field(default=1)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from distill.config import AgentConfig, ModelSpec, validate
-from distill.errors import DistillError
+from distill.core.config import AgentConfig, ModelSpec, validate
+from distill.core.errors import DistillError
 from distill.evaluate import EvalConfig, build_method, methods_of
 from distill.llm.base import Completion, Usage
 from distill.rewoo.agent import Question, ReWOOAgent
@@ -254,7 +254,7 @@ def test_eval_runs_replan_as_a_method_counting_the_extra_planner_call(smollm2) -
 
 def test_eval_refuses_to_resume_records_made_with_the_other_replan_setting(tmp_path) -> None:
     from distill.evaluate import run_fingerprints
-    from distill.run import check_fingerprint
+    from distill.core.run import check_fingerprint
 
     planner = {"backend": "transformers", "model": "smollm2-135m-instruct"}
     made = {}
@@ -296,7 +296,7 @@ def test_the_robustness_sweep_runs_each_method_at_each_rate_bounds_replans_and_r
     same code path, left out here because each in-process ReAct turn costs seconds.)"""
     import distill.evaluate as ev
     from distill.report import recompute
-    from distill.store import read_jsonl
+    from distill.core.store import read_jsonl
 
     planners: list[ContinuingPlanner] = []
 
@@ -376,9 +376,9 @@ def test_an_unsolved_trajectory_keeps_plan_and_evidence_and_calls_no_solver() ->
 
 
 def test_the_filter_refuses_to_judge_answers_of_unsolved_trajectories(tmp_path) -> None:
-    from distill.errors import DistillError
+    from distill.core.errors import DistillError
     from distill.filter import FilterConfig, run_filter
-    from distill.store import write_jsonl
+    from distill.core.store import write_jsonl
 
     rec = run(agent_with([FIRST], solve=False)[0])
     write_jsonl(tmp_path / "t.jsonl", [rec])

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distill.errors import DistillError
-from distill.metrics import answer_in_text, bootstrap_ci, evidence_recall, paired_bootstrap, score
+from distill.core.errors import DistillError
+from distill.core.metrics import answer_in_text, bootstrap_ci, evidence_recall, paired_bootstrap, score
 from distill.report import (
     answer_reach_of,
     compute,
@@ -24,7 +24,7 @@ from distill.report import (
     tokens_by,
     write_report,
 )
-from distill.store import write_json, write_jsonl
+from distill.core.store import write_json, write_jsonl
 
 
 def rec(

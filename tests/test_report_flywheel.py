@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from distill import cli
-from distill.flywheel_report import is_flywheel_dir, load_flywheel, round_dirs, round_table
+from distill.reporting.flywheel_report import is_flywheel_dir, load_flywheel, round_dirs, round_table
 
 AGENT = "http://127.0.0.1:8080"
 START = "runs/demo/improve/student/round_1/adapter"

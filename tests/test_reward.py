@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from distill.data import Example, load_examples
-from distill.reward import RewardConfig, score_group, score_plan
+from distill.core.data import Example, load_examples
+from distill.agent.reward import RewardConfig, score_group, score_plan
 from distill.tools.calculator import Calculator
 from distill.tools.wikipedia import LocalWikipedia
 

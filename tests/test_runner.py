@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distill.errors import DistillError, ServerUnreachable
-from distill.run import RunningStats, RunStopped, folder_lock, raise_if_stopped, run_lifecycle, run_resumable
-from distill.store import JsonlStore, read_jsonl
+from distill.core.errors import DistillError, ServerUnreachable
+from distill.core.run import RunningStats, RunStopped, folder_lock, raise_if_stopped, run_lifecycle, run_resumable
+from distill.core.store import JsonlStore, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 MINI = ROOT / "tests" / "fixtures" / "hotpot_mini.jsonl"
@@ -106,8 +106,8 @@ def test_ctrl_c_stops_between_records_and_the_counts_add_up(tmp_path):
     code = textwrap.dedent(f"""
         import asyncio, json, sys
         from pathlib import Path
-        from distill.run import RunningStats, run_resumable
-        from distill.store import JsonlStore
+        from distill.core.run import RunningStats, run_resumable
+        from distill.core.store import JsonlStore
 
         async def work(i):
             if i >= 3:  # the rest never finish: only the Ctrl-C ends this run, however slow the machine
@@ -183,7 +183,7 @@ def hold_lock(out: Path) -> subprocess.Popen:
     code = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from distill.run import folder_lock
+        from distill.core.run import folder_lock
         with folder_lock(Path({str(out)!r})):
             print("locked", flush=True)
             time.sleep(600)

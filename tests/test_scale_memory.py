@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import tracemalloc
 
-from distill.store import JsonlStore
+from distill.core.store import JsonlStore
 
 
 def _key(rec: dict) -> tuple:

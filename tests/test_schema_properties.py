@@ -17,12 +17,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from distill.data import load_examples
-from distill.errors import DistillError
+from distill.core.data import load_examples
+from distill.core.errors import DistillError
 from distill.filter import FilterConfig, KeptRecord, run_filter
 from distill.report import write_report
 from distill.sft_data import SftExample, build_examples
-from distill.store import read_jsonl
+from distill.core.store import read_jsonl
 from distill.tools.registry import tool_descriptions
 from test_filter import rec as trajectory
 from test_report import rec as eval_record

@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from distill import cli
-from distill.data import DatasetSource, Example, load_examples, rows_to_examples
-from distill.errors import DistillError
-from distill.store import read_jsonl
+from distill.core.data import DatasetSource, Example, load_examples, rows_to_examples
+from distill.core.errors import DistillError
+from distill.core.store import read_jsonl
 from test_filter import rec as trajectory
 from test_report import rec as eval_record
 from test_report import write_run
@@ -333,8 +333,8 @@ def test_sft_data_never_replaces_a_folder_it_did_not_write(tmp_path, capsys):
 def test_generate_on_a_full_disk_names_the_record_write_and_the_manifest_says_it_stopped(tmp_path, monkeypatch):
     """The run machinery generation uses (lifecycle, store, loop), with a full disk from the first record on:
     every fsync fails with ENOSPC, as it does when the disk fills during a run."""
-    from distill.run import RunStopped, run_lifecycle, run_records
-    from distill.store import JsonlStore
+    from distill.core.run import RunStopped, run_lifecycle, run_records
+    from distill.core.store import JsonlStore
 
     out = tmp_path / "run"
     full = threading.Event()
@@ -400,7 +400,7 @@ def test_a_lone_surrogate_in_a_model_reply_is_mended_so_the_record_can_be_writte
     surrogate pair split into two code points is joined back."""
     from distill.llm.base import Completion
     from distill.rewoo.record import TrajectoryRecord, make_record
-    from distill.store import JsonlStore
+    from distill.core.store import JsonlStore
 
     example = Example("q1", "hotpotqa", "train", "Who?", ["x"])
     reply = Completion("Paris \ud800 \ud83d\ude00", model="m")

@@ -1,4 +1,4 @@
-"""The one secret masker (`distill.secrets`) and the places a secret could leak: a server's error body quoted
+"""The one secret masker (`distill.core.secrets`) and the places a secret could leak: a server's error body quoted
 in messages, manifests and error records; the lock file; the configs written beside an adapter.
 
 The HTTP server here is a fake of a hosted OpenAI-compatible API (none can be reached from here) that echoes
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distill import secrets
-from distill.errors import clip, one_line
+from distill.core import secrets
+from distill.core.errors import clip, one_line
 from fakes import serving
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +68,7 @@ cli.main([])  # sets up the root handler with the CLI's masking
 try:
     raise RuntimeError('upstream said: invalid key ' + {KEY!r})
 except RuntimeError:
-    logging.getLogger('distill.agent_server').error('unhandled: %s', 'see below', exc_info=True)
+    logging.getLogger('distill.serving.agent_server').error('unhandled: %s', 'see below', exc_info=True)
 """
     env = os.environ | {"OPENAI_API_KEY": KEY}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
@@ -132,9 +132,9 @@ def test_an_error_body_echoing_the_key_reaches_no_message_record_or_manifest(sta
 
 
 def test_the_lock_file_names_its_holder_without_the_secrets_of_its_command_line(tmp_path):
-    from distill.run import folder_lock
+    from distill.core.run import folder_lock
 
-    code = ("import sys; from pathlib import Path; from distill.run import folder_lock\n"
+    code = ("import sys; from pathlib import Path; from distill.core.run import folder_lock\n"
             "with folder_lock(Path(sys.argv[1])):\n    print(open(Path(sys.argv[1]) / 'run.lock').read())")
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path), "--hf-token", "hf_InTheArgv123",
                            "--api-key=sk-InTheArgv456"], capture_output=True, text=True, timeout=60)

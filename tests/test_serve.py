@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from distill.errors import DistillError
-from distill.serve import (
+from distill.core.errors import DistillError
+from distill.serving.serve import (
     ServeConfig,
     VLLMServer,
     allowed_lora_ranks,
@@ -224,7 +224,7 @@ def test_allowed_ranks_are_read_from_the_installed_vllm() -> None:
 
 
 def test_without_vllm_the_rank_is_left_to_vllm_itself() -> None:
-    import distill.serve as serve
+    import distill.serving.serve as serve
 
     serve.allowed_lora_ranks.cache_clear()
     try:
@@ -332,7 +332,7 @@ def test_a_small_idle_cpu_machine_gives_the_model_every_core(base: Path, adapter
     SMALL_MACHINE_CORES, on a machine no other process keeps busy, the server gets VLLM_CPU_NUM_OF_RESERVED_CPU=0
     and passive OpenMP waiting; above, or beside busy processes, vLLM's rule stands; the setting and exported
     variables win; a GPU server is left alone. What was chosen is what `binding` records."""
-    import distill.serve as serve
+    import distill.serving.serve as serve
 
     for name in ("VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_WAIT_POLICY"):
         monkeypatch.delenv(name, raising=False)
@@ -364,7 +364,7 @@ def test_a_small_idle_cpu_machine_gives_the_model_every_core(base: Path, adapter
 
 def test_busy_cores_sees_a_busy_process() -> None:
     """The sample of /proc/stat counts what other processes keep busy: one spinning process is about a core."""
-    from distill.serve import busy_cores
+    from distill.serving.serve import busy_cores
 
     if not Path("/proc/stat").exists():
         pytest.skip("no /proc/stat on this platform")
@@ -604,7 +604,7 @@ def test_loopback_hosts_need_no_key(base: Path, adapter: Path, host: str) -> Non
 
 
 def test_the_base_an_adapter_was_trained_on_is_read_from_distill_adapter_json_first(tmp_path: Path, base: Path) -> None:
-    from distill.merge import adapter_base
+    from distill.training.merge import adapter_base
 
     path = make_adapter(tmp_path / "a", "/elsewhere/checkpoint-folder")
     (path / "distill_adapter.json").write_text(json.dumps({"base_model": str(base)}))
@@ -618,7 +618,7 @@ def test_the_base_an_adapter_was_trained_on_is_read_from_distill_adapter_json_fi
 
 @pytest.mark.parametrize("name", ["serve_planner.yaml", "serve_planner_merged.yaml"])
 def test_shipped_configs_load_and_say_how_to_run(name: str) -> None:
-    from distill.config import load_config
+    from distill.core.config import load_config
 
     path = ROOT / "configs" / name
     assert path.read_text().splitlines()[0].startswith(f"# distill serve --config configs/{name}")
@@ -729,7 +729,7 @@ def test_concurrent_seeded_sampling_on_long_prompts_keeps_the_server_alive(vllm_
     prompts overflow one step's token budget (32 few-shot planner prompts of ~510 tokens > 2048)."""
     import asyncio
 
-    from distill.data import load_examples
+    from distill.core.data import load_examples
     from distill.llm.openai_backend import OpenAIChat
     from distill.rewoo.prompts import planner_messages
     from distill.tools.registry import TOOL_DESCRIPTIONS

@@ -14,13 +14,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from distill.config import AgentConfig, ModelSpec, load_config, read_yaml, validate
-from distill.data import DatasetSource
-from distill.errors import DistillError
+from distill.core.config import AgentConfig, ModelSpec, load_config, read_yaml, validate
+from distill.core.data import DatasetSource
+from distill.core.errors import DistillError
 from distill.evaluate import EvalConfig
 from distill.filter import FilterConfig
 from distill.generate import GenerateConfig
-from distill.serve import ServeConfig
+from distill.serving.serve import ServeConfig
 from distill.sft_data import SftDataConfig
 
 ROOT = Path(__file__).resolve().parents[1]

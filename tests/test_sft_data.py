@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from distill.cli import main as cli_main
-from distill.config import validate
-from distill.data import normalize_question
-from distill.errors import DistillError
+from distill.core.config import validate
+from distill.core.data import normalize_question
+from distill.core.errors import DistillError
 from distill.rewoo.plan import parse_plan, render_plan
 from distill.rewoo.prompts import planner_messages
 from distill.sft_data import (
@@ -145,8 +145,8 @@ def test_normalised_questions_share_a_side():
 
 
 def test_the_split_folds_questions_as_the_leak_guard_does():
-    """Full-width letters and underscores fold as in `distill.data` (NFKC): the leak guard and the split agree."""
-    from distill.data import Example, check_no_leak
+    """Full-width letters and underscores fold as in `distill.core.data` (NFKC): the leak guard and the split agree."""
+    from distill.core.data import Example, check_no_leak
 
     examples, _ = build_examples(kept_records(), tool_descriptions(TOOLS))
     wide = "Ｗｈｉｃｈ city hosted the 1992 Summer_Olympics?"

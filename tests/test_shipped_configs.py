@@ -72,7 +72,7 @@ def test_configs_that_use_the_demo_student_ask_it_as_it_was_trained():
 
     from distill.evaluate import EvalConfig
     from distill.improve import ImproveConfig
-    from distill.config import load_config
+    from distill.core.config import load_config
 
     demo = yaml.safe_load((ROOT / "configs" / "demo_smollm2_cpu.yaml").read_text())
     trained = (demo["students"]["student"]["student_prompt"], demo["sft_data"]["tools"])

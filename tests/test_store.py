@@ -12,9 +12,9 @@ import threading
 
 import pytest
 
-from distill.errors import DistillError
+from distill.core.errors import DistillError
 from distill.llm.cached import CachedChat
-from distill.store import CallCache, JsonlStore, iter_jsonl, read_jsonl, stable_hash, write_json, write_jsonl
+from distill.core.store import CallCache, JsonlStore, iter_jsonl, read_jsonl, stable_hash, write_json, write_jsonl
 
 
 def test_append_then_reopen_keeps_every_record(tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from distill.errors import DistillError
+from distill.core.errors import DistillError
 from distill.llm.base import Completion, Usage
 from distill.tools.base import Tool
 from distill.tools.calculator import Calculator, evaluate
@@ -398,11 +398,11 @@ def test_a_tool_of_your_own_that_fails_to_import_or_build_is_one_line(plugin_mod
 
 
 def test_the_agent_builds_a_tool_of_your_own_and_caches_its_results(plugin_module, tmp_path):
-    from distill.agents import make_tools_for
-    from distill.config import AgentConfig
-    from distill.data import Example
+    from distill.agent.factory import make_tools_for
+    from distill.core.config import AgentConfig
+    from distill.core.data import Example
     from distill.llm.cached import CachedTool
-    from distill.store import CallCache
+    from distill.core.store import CallCache
 
     cfg = AgentConfig(tools=["Calculator", f"{plugin_module}:Reverse"], wikipedia_corpus=None)
     tools = make_tools_for(cfg, None, cache=CallCache(tmp_path / "calls.sqlite"))(

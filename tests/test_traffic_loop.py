@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import openai
 
-from distill.data import normalize_question
+from distill.core.data import normalize_question
 from distill.rewoo.record import TrajectoryRecord
-from distill.store import read_jsonl
-from distill.traces import trace_files
+from distill.core.store import read_jsonl
+from distill.core.traces import trace_files
 from test_agent_server import agent_server
 from test_improve import improve_config
 
@@ -33,7 +33,7 @@ def _rows(path: Path) -> dict[str, dict]:
 
 
 def _agent(tmp_path: Path, server, model: str):
-    from distill.agent_server import AgentServerConfig
+    from distill.serving.agent_server import AgentServerConfig
     from tests.conftest import BASE_NAME
 
     url = server.base_url

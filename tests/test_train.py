@@ -17,8 +17,8 @@ import pytest
 import yaml
 from test_sft_data import TOOLS, kept_records, write_kept
 
-from distill.config import load_config
-from distill.errors import DistillError
+from distill.core.config import load_config
+from distill.core.errors import DistillError
 from distill.rewoo.prompts import planner_messages
 from distill.sft_data import SftDataConfig, build_sft_data, tool_descriptions
 from distill.train import TrainConfig, gradient_accumulation_steps, parse_train_config
@@ -540,7 +540,7 @@ def test_packing_without_varlen_kernels_falls_back_to_padded_batches(sft_dir, tm
 
 
 def test_pipeline_train_stage_launches_one_process_per_gpu():
-    from distill.launch import ACCELERATE_CONFIGS, launch_command
+    from distill.training.launch import ACCELERATE_CONFIGS, launch_command
 
     data = yaml.safe_load((CONFIGS / "qwen2.5-7b_lora_gpu.yaml").read_text())
     cfg = parse_train_config(data, processes=1)
@@ -597,7 +597,7 @@ def test_gpu_check_arguments_grid_and_table():
 def test_pipeline_launch_trains_in_a_child_process(sft_dir, tmp_path, monkeypatch):
     """The pipeline's train stage on CPU: the section becomes a config file, one child process trains from it.
     Its hub_token reaches the child through the environment, and no file of the run."""
-    from distill.launch import launch
+    from distill.training.launch import launch
 
     monkeypatch.setenv("HF_TOKEN", "restored at teardown")
     monkeypatch.delenv("HF_TOKEN")
@@ -702,7 +702,7 @@ def test_init_adapter_continues_that_adapter_from_its_weights_and_leaves_the_bas
 
 
 def test_init_adapter_must_be_an_adapter_folder(sft_dir, tmp_path):
-    from distill.errors import DistillError
+    from distill.core.errors import DistillError
     from distill.train import build_trainer
 
     cfg = TrainConfig.model_validate(_small(sft_dir, tmp_path / "out", init_adapter=str(tmp_path)))
@@ -714,7 +714,7 @@ def test_a_sigterm_to_the_pipeline_stops_its_training_child_too(tmp_path):
     """`kill <pipeline pid>` reaches only the pipeline; an orphaned trainer would run on, holding the folder."""
     pid_file = tmp_path / "child.pid"
     child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
-    parent = subprocess.Popen([sys.executable, "-c", "import sys; from distill.launch import run_child; "
+    parent = subprocess.Popen([sys.executable, "-c", "import sys; from distill.training.launch import run_child; "
                                f"run_child([sys.executable, '-c', {child!r}])"], cwd=ROOT)
     for _ in range(600):
         if pid_file.exists() and pid_file.read_text():

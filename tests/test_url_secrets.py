@@ -27,10 +27,10 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from distill import secrets
+from distill.core import secrets
 from distill.cli import main
-from distill.config import AgentConfig, check_base_url
-from distill.errors import DistillError
+from distill.core.config import AgentConfig, check_base_url
+from distill.core.errors import DistillError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -90,7 +90,7 @@ def pipeline_settings() -> list[str]:
     from distill.improve import ImproveConfig
     from distill.pipeline import PipelineConfig
     from distill.report import ReportConfig
-    from distill.serve import ServeConfig
+    from distill.serving.serve import ServeConfig
     from distill.sft_data import SftDataConfig
 
     sections = {"generate": GenerateConfig, "teacher_server": ServeConfig, "filter": FilterConfig,
@@ -104,12 +104,12 @@ def pipeline_settings() -> list[str]:
 
 def _commands():
     """(command, argv before the flags, its config class's settings, has --check)."""
-    from distill.agent_server import AgentServerConfig
+    from distill.serving.agent_server import AgentServerConfig
     from distill.evaluate import EvalConfig
     from distill.filter import FilterConfig
     from distill.generate import GenerateConfig
     from distill.improve import ImproveConfig
-    from distill.serve import ServeConfig
+    from distill.serving.serve import ServeConfig
     from distill.sft_data import SftDataConfig
 
     fixture = str(ROOT / "tests" / "fixtures" / "hotpot_mini.jsonl")

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from distill.report import compute, recompute, render_markdown, write_report
-from distill.store import write_json
-from distill.verdict import MIN_TRAIN_EXAMPLES, reading
+from distill.core.store import write_json
+from distill.reporting.verdict import MIN_TRAIN_EXAMPLES, reading
 from tests.test_report import rec, sample_run, write_run
 
 

@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from distill.report import question_scores, write_report
-from distill.viewer import VIEWER, embed, markdown_html, viewer_data
+from distill.reporting.viewer import VIEWER, embed, markdown_html, viewer_data
 from tests.test_report import rec, sample_run, write_run
 
 HOSTILE = "</script><img src=x onerror=alert(1)>"

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 torch_ops = pytest.importorskip("vllm.lora.ops.torch_ops")
 
-from distill import vllm_plugin  # noqa: E402
+from distill.serving import vllm_plugin  # noqa: E402
 
 SLOTS, R, IN, OUT = 3, 8, 48, 40
 

@@ -18,13 +18,13 @@ import pytest
 from fakes import FakeMediaWiki
 
 from distill import __version__
-from distill.errors import DistillError
+from distill.core.errors import DistillError
 from distill.filter import FilterConfig, first_failure
 from distill.rewoo.plan import parse_plan
 from distill.rewoo.worker import NO_EVIDENCE, WorkerConfig, run_plan
 from distill.tools.wikipedia import OnlineWikipedia
-from distill import retry
-from distill.retry import retry_after_s
+from distill.core import retry
+from distill.core.retry import retry_after_s
 
 PAGES = {
     "Marie Curie": "Marie Curie was a physicist\nand chemist who discovered radium.",
@@ -201,8 +201,8 @@ def test_the_budget_ends_a_call_with_its_fault_instead_of_waiting_past_it(fake: 
 
 
 def test_the_agent_config_settings_reach_the_client() -> None:
-    from distill.agents import build_wikipedia
-    from distill.config import AgentConfig
+    from distill.agent.factory import build_wikipedia
+    from distill.core.config import AgentConfig
     from distill.tools.registry import tool_descriptions
 
     cfg = AgentConfig(
@@ -239,8 +239,8 @@ def test_a_rate_limit_is_a_tool_error_the_filter_drops(fake: FakeMediaWiki, faul
 def test_the_api_url_setting_reaches_the_client_and_bad_ones_are_refused(fake: FakeMediaWiki) -> None:
     """`wikipedia_api_url` picks the MediaWiki API a run searches (another language, a mirror, or the rehearsal's
     fake): the agent factory's client calls it, and a setting that is no http(s) address is one line at load."""
-    from distill.agents import build_wikipedia
-    from distill.config import AgentConfig, validate
+    from distill.agent.factory import build_wikipedia
+    from distill.core.config import AgentConfig, validate
 
     cfg = validate(AgentConfig, {"wikipedia_backend": "online", "wikipedia_api_url": fake.url,
                                  "wikipedia_contact": "https://example.org/distill-tests", "wikipedia_top_k": 2,

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from distill.errors import DistillError
+from distill.core.errors import DistillError
 from distill.rewoo.plan import Plan, Step, parse_plan
 from distill.rewoo.worker import NO_EVIDENCE, Evidence, WorkerConfig, run_plan, run_plan_sync, truncate
 from distill.tools.calculator import Calculator

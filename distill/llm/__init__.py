@@ -35,7 +35,7 @@ def endpoint_urls(spec) -> list[str]:
 def is_local(url: str) -> bool:
     from urllib.parse import urlsplit
 
-    if url == "@server":  # distill.config's SERVER_PLACEHOLDER: a server the stage itself starts on this machine
+    if url == "@server":  # distill.core.config's SERVER_PLACEHOLDER: a server the stage itself starts on this machine
         return True
     host = (urlsplit(url).hostname or "").lower()
     return host in LOCAL_HOSTS or host.startswith("127.")
@@ -100,7 +100,7 @@ async def spec_identity(spec) -> dict:
 
 def check_prices(cfg) -> None:
     """A run's paid endpoints without a price are refused before any call, every one named."""
-    from distill.errors import DistillError
+    from distill.core.errors import DistillError
 
     if lines := unpriced_endpoints(cfg.endpoints(), cfg.prices):
         raise DistillError("; ".join(lines))

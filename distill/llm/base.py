@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from distill.store import file_digest
+from distill.core.store import file_digest
 
 
 @dataclass
@@ -59,8 +59,8 @@ def openai_urls(base_urls: list[str] | None) -> list[str]:
     OPENAI_BASE_URL variable, else OpenAI's API)."""
     import os
 
-    from distill.errors import DistillError
-    from distill.secrets import IN_API_KEY_ENV, url_refusal
+    from distill.core.errors import DistillError
+    from distill.core.secrets import IN_API_KEY_ENV, url_refusal
 
     default = os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1")
     if not base_urls and (refusal := url_refusal("OPENAI_BASE_URL", default, IN_API_KEY_ENV)):

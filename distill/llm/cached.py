@@ -9,7 +9,7 @@ import asyncio
 from dataclasses import asdict
 
 from distill.llm.base import Completion, Usage, identity_of
-from distill.store import CallCache, stable_hash
+from distill.core.store import CallCache, stable_hash
 
 
 class CachedChat:

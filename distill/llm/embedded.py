@@ -11,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-from distill.errors import DistillError
+from distill.core.errors import DistillError
 
 EMBEDDED_NAME = "smollm2-135m-instruct"
 ALIASES = {EMBEDDED_NAME, "embedded", "smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct"}

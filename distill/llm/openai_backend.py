@@ -16,10 +16,10 @@ from collections import Counter
 
 import httpx
 
-from distill.errors import DistillError, ServerUnreachable, clip
+from distill.core.errors import DistillError, ServerUnreachable, clip
 from distill.llm.base import Completion, Price, Usage, openai_urls, weights_fingerprint
-from distill.retry import Fault, bind, retry_after_s, with_retries
-from distill.secrets import IN_API_KEY_ENV, remember, url_refusal
+from distill.core.retry import Fault, bind, retry_after_s, with_retries
+from distill.core.secrets import IN_API_KEY_ENV, remember, url_refusal
 
 # Statuses that mean "not now" rather than "never": rate limits, timeouts and server errors.
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})

@@ -1,7 +1,7 @@
 """Plan -> work -> solve, producing one trajectory record (distill.rewoo.record).
 
 The agent fills every field of the record whether or not the run went well: a failed plan is data for the filter.
-Building one from a config (models, tools, the baselines beside it) and `distill ask` are `distill.agents`'s:
+Building one from a config (models, tools, the baselines beside it) and `distill ask` are `distill.agent.factory`'s:
 the ReWOO core imports nothing above it.
 """
 
@@ -11,7 +11,7 @@ import time
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Callable, Collection, Mapping
 
-from distill.errors import DistillError
+from distill.core.errors import DistillError
 from distill.llm.base import Completion
 from distill.rewoo import prompts
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS, Plan, parse_plan
@@ -21,14 +21,14 @@ from distill.rewoo.worker import SURPRISES, Evidence, WorkerConfig, run_plan
 
 @dataclass
 class Question:
-    """What the agent needs of an example; `distill.data.Example` satisfies it."""
+    """What the agent needs of an example; `distill.core.data.Example` satisfies it."""
 
     question: str
     id: str = "adhoc"
     dataset: str = "adhoc"
     answers: list[str] = field(default_factory=list)
     context: list | None = None
-    metric: str = "hotpotqa"  # the scoring rules of `answers` (distill.metrics.METRICS)
+    metric: str = "hotpotqa"  # the scoring rules of `answers` (distill.core.metrics.METRICS)
 
 
 @dataclass

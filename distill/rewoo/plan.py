@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from distill.errors import DistillError
+from distill.core.errors import DistillError
 
 ERROR_CODES = (
     "empty_plan", "unknown_tool", "undefined_ref", "forward_ref", "duplicate_id", "malformed_step",

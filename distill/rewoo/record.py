@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from distill.llm.base import Completion, Usage
-from distill.metrics import Metric, evidence_recall, gold_titles, metric_for, score
+from distill.core.metrics import Metric, evidence_recall, gold_titles, metric_for, score
 
 FORMAT_VERSION = 1
 
@@ -121,7 +121,7 @@ class TrajectoryRecord(Shape):
     dataset: str
     question: str
     answers: list[str]
-    # the scoring rules of `scores` (`distill.metrics`); absent in older records, read by `metric_of`
+    # the scoring rules of `scores` (`distill.core.metrics`); absent in older records, read by `metric_of`
     metric: Metric | None = None
     method: str | None = None
     sample: int = Field(default=0, ge=0)

@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
-from distill.errors import DistillError
-from distill.secrets import mask
+from distill.core.errors import DistillError
+from distill.core.secrets import mask
 from distill.rewoo.plan import Plan, Step, substitute
 from distill.tools.base import Tool
 

@@ -15,7 +15,7 @@ import re
 from functools import lru_cache
 from typing import Any, Iterable
 
-from distill.errors import DistillError
+from distill.core.errors import DistillError
 from distill.tools.base import Tool
 from distill.tools.calculator import Calculator
 from distill.tools.llm_tool import LLMTool

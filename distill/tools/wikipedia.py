@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from distill import __version__
-from distill.errors import DistillError, clip, one_line
-from distill.retry import Fault, bind, retry_after_s, with_retries
-from distill.secrets import url_refusal
-from distill.store import read_jsonl, stable_hash
-from distill.text import title_key
+from distill.core.errors import DistillError, clip, one_line
+from distill.core.retry import Fault, bind, retry_after_s, with_retries
+from distill.core.secrets import url_refusal
+from distill.core.store import read_jsonl, stable_hash
+from distill.core.text import title_key
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class OnlineWikipedia:
     """Search the MediaWiki API, then return the plain-text intro of the best pages.
 
     A teacher run makes thousands of these calls, so rate limits are a matter of course: 429, 5xx, timeouts,
-    dropped connections and the API's `ratelimited`/`maxlag` errors are retried (distill.retry). When retries
+    dropped connections and the API's `ratelimited`/`maxlag` errors are retried (distill.core.retry). When retries
     run out, one `DistillError` line names the API and the fault; the Worker records it as a tool error, so the
     filter drops that trajectory instead of keeping one built on a silent "No evidence found". `budget_s`
     bounds one `run`, waits included. At most `max_concurrency` requests are in flight, as the API etiquette asks.

@@ -11,8 +11,8 @@ import json
 import math
 from pathlib import Path
 
-from distill import layout
-from distill.errors import DistillError
+from distill.core import layout
+from distill.core.errors import DistillError
 from distill.llm.embedded import resolve_model_path
 
 ADAPTER_INFO = "distill_adapter.json"
@@ -163,7 +163,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":  # `python -m distill.merge` runs its `distill` command
+if __name__ == "__main__":  # `python -m distill.training.merge` runs its `distill` command
     from distill.cli import run_module
 
     run_module(__spec__.name)

@@ -9,7 +9,7 @@ quotes a server goes through `mask`. This module imports nothing of distill's, s
 
 A URL may carry a secret of its own: a user name and password (`https://user:password@host/v1`, or a token
 written as the user name) or a key in its query (`?api_key=`, `?token=`, `?sig=`). A setting that holds one is
-refused when the config is read (`url_credentials`, which distill.config asks of every value); `mask` scrubs them
+refused when the config is read (`url_credentials`, which distill.core.config asks of every value); `mask` scrubs them
 from any text all the same, for the URL that reaches a message some other way (a server or a client library
 quoting it back).
 """

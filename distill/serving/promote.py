@@ -24,7 +24,7 @@ def main(args: argparse.Namespace) -> int:
     return promote_main(args)
 
 
-if __name__ == "__main__":  # `python -m distill.promote` runs its `distill` command
+if __name__ == "__main__":  # `python -m distill.serving.promote` runs its `distill` command
     from distill.cli import run_module
 
     run_module(__spec__.name)

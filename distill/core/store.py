@@ -22,7 +22,7 @@ from typing import IO, Any, Callable, Container, Hashable, Iterable, Iterator
 
 from pydantic import BaseModel, ValidationError
 
-from distill.errors import DistillError, clip
+from distill.core.errors import DistillError, clip
 
 Schema = type[BaseModel]
 

@@ -35,11 +35,11 @@ from typing import IO, Literal, Mapping
 
 from pydantic import Field, model_validator
 
-from distill.config import Strict, add_config_args, load_config
-from distill.errors import DistillError
+from distill.core.config import Strict, add_config_args, load_config
+from distill.core.errors import DistillError
 from distill.llm.embedded import EMBEDDED_NAME, cache_root, is_embedded, resolve_model_path
-from distill.merge import lora_patterns, read_json, trained_base
-from distill.secrets import MASK, mask, masked_argv, masked_env, secret_values
+from distill.training.merge import lora_patterns, read_json, trained_base
+from distill.core.secrets import MASK, mask, masked_argv, masked_env, secret_values
 
 log = logging.getLogger(__name__)
 
@@ -804,7 +804,7 @@ def trained_lines(cfg: ServeConfig) -> list[str]:
     """What each served adapter must be sent, from its own record: a client that sends another prompt kind or
     tool list asks the student a prompt it never saw (eval and improve refuse that; a hand-written client is told
     here)."""
-    from distill.merge import trained_prompt
+    from distill.training.merge import trained_prompt
 
     lines = []
     for name, folder in cfg.adapters.items():
@@ -852,7 +852,7 @@ def main(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-if __name__ == "__main__":  # `python -m distill.serve` runs its `distill` command
+if __name__ == "__main__":  # `python -m distill.serving.serve` runs its `distill` command
     from distill.cli import run_module
 
     run_module(__spec__.name)

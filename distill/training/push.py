@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from distill import layout
-from distill.errors import DistillError
-from distill.merge import ADAPTER_INFO, read_json, trained_base
-from distill.secrets import mask, remember, url_refusal
+from distill.core import layout
+from distill.core.errors import DistillError
+from distill.training.merge import ADAPTER_INFO, read_json, trained_base
+from distill.core.secrets import mask, remember, url_refusal
 
 CARD = "README.md"
 # What a user needs to serve the adapter (and to see how it was made); everything else stays on the machine.
@@ -45,7 +45,7 @@ def hub_base(base: str | None) -> str | None:
 def model_card_problem(folder: str | Path, prompt: str | None = None, tools: list[str] | None = None) -> str | None:
     """Why no honest card can be written for `folder` (one line), or None. The card tells users which prompt and
     tools to send; a guessed default would teach them a prompt the adapter never saw."""
-    from distill.merge import trained_prompt
+    from distill.training.merge import trained_prompt
 
     kind, names, _ = trained_prompt(folder)
     where = f"{Path(folder) / ADAPTER_INFO}"
@@ -64,7 +64,7 @@ def model_card(folder: str | Path, repo_id: str | None = None, prompt: str | Non
                tools: list[str] | None = None) -> str:
     """The card for `folder`; without a repo_id (training writes it) it serves the local folder. Refused (one
     line) where the adapter's records do not say its prompt and tools and they are not given."""
-    from distill.merge import trained_prompt, training_record
+    from distill.training.merge import trained_prompt, training_record
 
     folder = Path(folder)
     if problem := model_card_problem(folder, prompt, tools):
@@ -234,7 +234,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":  # `python -m distill.push` runs its `distill` command
+if __name__ == "__main__":  # `python -m distill.training.push` runs its `distill` command
     from distill.cli import run_module
 
     run_module(__spec__.name)

@@ -11,10 +11,10 @@ torn line at a file's end. A served request cannot be redone the way a generatio
 does not cut a torn line away as the store would: it first moves it to `<file>.torn` beside the file (kept for a
 person to read) and says so in one line.
 
-The same folder is a dataset source (`distill.data.load_examples` reads a folder holding trace files): a question
+The same folder is a dataset source (`distill.core.data.load_examples` reads a folder holding trace files): a question
 whose answer was marked correct, or given a reference answer, is a training question with that answer, so the
 traffic a student serves becomes the next round's questions (`distill improve`, whose leak guard still holds).
-This module imports no model code: reading a folder is cheap, and `distill.data` reads it through here.
+This module imports no model code: reading a folder is cheap, and `distill.core.data` reads it through here.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from typing import Annotated, Any, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
-from distill.errors import DistillError
+from distill.core.errors import DistillError
 from distill.rewoo.record import TrajectoryRecord
-from distill.secrets import mask
-from distill.store import JsonlStore, _fsync_dir, iter_jsonl, parse_line
+from distill.core.secrets import mask
+from distill.core.store import JsonlStore, _fsync_dir, iter_jsonl, parse_line
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class TraceLog:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise DistillError(f"traces_dir {self.folder}: cannot create it ({exc.strerror or exc})") from None
-        from distill.run import folder_lock
+        from distill.core.run import folder_lock
 
         self._folder_lock = folder_lock(self.folder)  # one writer per folder, or two would append to one file
         self._folder_lock.__enter__()
@@ -247,7 +247,7 @@ def training_rows(folder: str | Path) -> Iterator[tuple[str, dict]]:
     """(where, generic row) for each served question with feedback that gives it a right answer: `correct:
     true` makes the served answer the gold one, `answer: ...` makes that text the gold one; `correct: false`
     alone gives no answer to learn from and is left out, as is a request that failed. A question served twice
-    is read once per served id; `distill.data` keeps the first of repeated questions."""
+    is read once per served id; `distill.core.data` keeps the first of repeated questions."""
     feedback = read_feedback(folder)
     if not feedback:
         return

@@ -19,9 +19,9 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from distill import layout
-from distill.errors import DistillError, one_line
-from distill.store import replace_files
+from distill.core import layout
+from distill.core.errors import DistillError, one_line
+from distill.core.store import replace_files
 
 REPORT_JSON = "report.json"  # in each round_<r>/ (the contract's name; distill.flywheel writes it)
 PROMOTIONS = "promotions.jsonl"  # at the flywheel folder's root

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from distill.metrics import evidence_recall
+from distill.core.metrics import evidence_recall
 
 VIEWER = "report.html"
 

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import yaml
 
-from distill import layout
-from distill.errors import DistillError
-from distill.merge import ADAPTER_INFO
+from distill.core import layout
+from distill.core.errors import DistillError
+from distill.training.merge import ADAPTER_INFO
 from distill.train import TrainConfig, load_train_config, without_secrets
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ACCELERATE_CONFIGS = CONFIGS / "accelerate"
 # `train.config: auto` in `distill pipeline`: the 7B student's training config for the memory of the smallest
 # visible GPU (GiB as the device reports it: a "24 GB" card reports 22-24, a "40 GB" 39-40, an "80 GB" 79-80), the
@@ -122,8 +122,8 @@ def run_child(cmd: list[str]) -> int:
 def check_run(cfg: TrainConfig, check, config_path: str | Path, where: str = "train") -> None:
     """`train --check`: the parsed config, the command a pipeline would launch, and what training would fail on
     after loading the model: its data, its trackers (`report_to`), GPUs for a config sized for them, the disk."""
-    from distill.check import gpu_count, show_config
-    from distill.verdict import small_training_set
+    from distill.core.check import gpu_count, show_config
+    from distill.reporting.verdict import small_training_set
 
     show_config(f"{where}: resolved config", without_secrets(cfg.resolved)[0])
     gpus = gpu_count()
@@ -142,7 +142,7 @@ def check_run(cfg: TrainConfig, check, config_path: str | Path, where: str = "tr
         check.problem(f"{where}.dataset_dir: {summary} is missing: the adapter could not record the prompt and tools "
                       "it is trained on (make the data with `distill sft-data`)")
     else:
-        from distill.provenance import read_json as read_optional
+        from distill.reporting.provenance import read_json as read_optional
 
         splits = (read_optional(summary) or {}).get("splits") or {}
         examples = (splits.get("train") or {}).get("examples")
@@ -155,7 +155,7 @@ def check_run(cfg: TrainConfig, check, config_path: str | Path, where: str = "tr
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     from distill import train
-    from distill.check import add_check_args
+    from distill.core.check import add_check_args
 
     train.configure_parser(parser)
     add_check_args(parser)
@@ -164,7 +164,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """`distill train`: `--check` here, where the launch command is known; training in this process."""
     from distill import train
-    from distill.check import Check, wants_check
+    from distill.core.check import Check, wants_check
 
     if not wants_check(args):
         return train.main(args)
@@ -174,7 +174,7 @@ def main(args: argparse.Namespace) -> int:
     return check.finish()
 
 
-if __name__ == "__main__":  # `python -m distill.launch` runs its `distill` command
+if __name__ == "__main__":  # `python -m distill.training.launch` runs its `distill` command
     from distill.cli import run_module
 
     run_module(__spec__.name)

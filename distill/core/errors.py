@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from distill.secrets import mask
+from distill.core.secrets import mask
 
 # Libraries whose exceptions mean "a server or the network failed", not "the code is wrong": named by module
 # so that telling them apart imports none of them.
@@ -15,7 +15,7 @@ class DistillError(Exception):
 
 class ServerUnreachable(DistillError):
     """A model server that still did not answer after its retries. A run stops on it at once rather than
-    turning every remaining question into an error record (see distill.run)."""
+    turning every remaining question into an error record (see distill.core.run)."""
 
 
 def clip(text: str, limit: int) -> str:

@@ -32,9 +32,9 @@ from typing import Any
 
 from pydantic import Field
 
-from distill.config import Strict
-from distill.data import Example
-from distill.metrics import evidence_recall, gold_titles, trivia_normalize
+from distill.core.config import Strict
+from distill.core.data import Example
+from distill.core.metrics import evidence_recall, gold_titles, trivia_normalize
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_STEPS, duplicate_steps, parse_plan
 from distill.rewoo.worker import WorkerConfig, run_plan
 

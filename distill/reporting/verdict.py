@@ -1,6 +1,6 @@
 """The report's first answer: is each student better than the reference planner, on what, and at what cost.
 
-Read from the report's own paired tests (`results["paired"]`, the bootstrap of distill.metrics), never
+Read from the report's own paired tests (`results["paired"]`, the bootstrap of distill.core.metrics), never
 recomputed, so the verdict and the tables below it cannot disagree. A measure reads `better` or `worse` only
 when its 95% paired CI excludes zero; otherwise `no detectable difference at n=<questions>`, which says how
 little a small evaluation can tell rather than claiming the two are equal.

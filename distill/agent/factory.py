@@ -17,10 +17,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from distill.baselines import DirectAgent, ReActAgent
-from distill.config import AgentConfig, add_config_args, load_config
-from distill.errors import DistillError
-from distill.metrics import METRICS
+from distill.agent.baselines import DirectAgent, ReActAgent
+from distill.core.config import AgentConfig, add_config_args, load_config
+from distill.core.errors import DistillError
+from distill.core.metrics import METRICS
 from distill.rewoo.agent import Question, ReWOOAgent
 from distill.rewoo.worker import WorkerConfig
 from distill.tools.registry import build_tools, tool_descriptions
@@ -178,7 +178,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":  # `python -m distill.agents` runs its `distill` command
+if __name__ == "__main__":  # `python -m distill.agent.factory` runs its `distill` command
     from distill.cli import run_module
 
     run_module(__spec__.name)

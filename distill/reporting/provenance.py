@@ -3,7 +3,7 @@
 A number without its origin cannot be shared: "the student" means nothing without its base model, its LoRA rank,
 how many examples it saw and how far its loss fell. Everything here is read from files the stages already write
 (eval's manifest.json; in a pipeline's run folder, generate/manifest.json, sft-data/<student>/summary.json,
-train/<student>/distill_adapter.json and each stage's DONE.json, where distill.layout puts them), and from the
+train/<student>/distill_adapter.json and each stage's DONE.json, where distill.core.layout puts them), and from the
 adapter folders the evaluated rows were served from (eval's fingerprints name them; training records in each its
 prompt, tools, teacher and data), so a run made stage by stage, or rebuilt elsewhere, says the same.
 A file that is absent or unreadable leaves its items None (shown "unknown"), never a traceback: the tables
@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from distill import layout
-from distill.merge import ADAPTER_INFO
+from distill.core import layout
+from distill.training.merge import ADAPTER_INFO
 
 STAGE_MARKERS = tuple(s for s in layout.STAGES if s != layout.REPORT)  # the report's is written after it
 
@@ -64,7 +64,7 @@ def run_folder(eval_dir: Path) -> Path | None:
 
 
 def _version(code_version: str | None) -> tuple[str | None, str | None]:
-    """`0.1.0+696c0d2` -> (`0.1.0`, `696c0d2`), as distill.run.code_version writes it."""
+    """`0.1.0+696c0d2` -> (`0.1.0`, `696c0d2`), as distill.core.run.code_version writes it."""
     if not code_version:
         return None, None
     version, _, commit = str(code_version).partition("+")

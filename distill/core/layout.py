@@ -41,7 +41,7 @@ STAGES = (GENERATE, FILTER, SFT_DATA, TRAIN, IMPROVE, EVAL, REPORT)  # in the or
 
 # --------------------------------------------------------------------------------- files
 DONE = "DONE.json"  # a stage's marker, or one student's part of a per-student stage
-MANIFEST = "manifest.json"  # generate's and eval's run manifest (distill.run)
+MANIFEST = "manifest.json"  # generate's and eval's run manifest (distill.core.run)
 CALL_CACHE = "calls.sqlite"
 PIPELINE_INFO = "pipeline.json"
 REPORT_MD = "report.md"

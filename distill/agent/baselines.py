@@ -15,7 +15,7 @@ import time
 from dataclasses import KW_ONLY, asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
-from distill.errors import DistillError
+from distill.core.errors import DistillError
 from distill.llm.base import Completion, Usage
 from distill.rewoo import prompts
 from distill.rewoo.plan import Plan, Step, parse_plan

@@ -40,10 +40,10 @@ from typing import Any, Awaitable, Callable, Hashable, Iterable, Iterator, Liter
 from pydantic import BaseModel, ConfigDict, Field
 
 from distill import code_version  # noqa: F401 (manifests say which code made a run)
-from distill import layout
-from distill.errors import DistillError, ServerUnreachable, is_environment_failure, one_line
-from distill.secrets import mask, masked_argv, masked_mapping
-from distill.store import JsonlStore, content_digest, overwrite_in_place, stable_hash, write_json
+from distill.core import layout
+from distill.core.errors import DistillError, ServerUnreachable, is_environment_failure, one_line
+from distill.core.secrets import mask, masked_argv, masked_mapping
+from distill.core.store import JsonlStore, content_digest, overwrite_in_place, stable_hash, write_json
 
 
 def now() -> str:
@@ -94,7 +94,7 @@ class Manifest(BaseModel):
 
 def read_manifest(path: Path) -> Manifest | None:
     """The manifest at `path`, None when there is none."""
-    from distill.config import read_json_model
+    from distill.core.config import read_json_model
 
     return read_json_model(path, Manifest, "run manifest", "restore it, or move the folder aside and rerun")
 
@@ -307,7 +307,7 @@ def build_judge(cfg, cache):
 async def add_judgement(judge_model, example, rec: dict) -> None:
     if judge_model is None or not example.answers:
         return
-    from distill.metrics import judge
+    from distill.core.metrics import judge
 
     verdict = await judge(judge_model, example.question, example.answers, rec["prediction"])
     rec["scores"]["judge"] = verdict["verdict"]

@@ -24,9 +24,9 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from distill.errors import DistillError
-from distill.store import iter_jsonl, write_jsonl
-from distill.text import title_key
+from distill.core.errors import DistillError
+from distill.core.store import iter_jsonl, write_jsonl
+from distill.core.text import title_key
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _HOTPOT_PUNCT = frozenset(string.punctuation)
@@ -326,7 +326,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":  # `python -m distill.metrics` runs its `distill` command
+if __name__ == "__main__":  # `python -m distill.core.metrics` runs its `distill` command
     from distill.cli import run_module
 
     run_module(__spec__.name)

@@ -20,7 +20,7 @@ from typing import Annotated, Iterator, Literal
 
 from pydantic import BeforeValidator
 
-from distill.errors import DistillError
+from distill.core.errors import DistillError
 
 Integration = Literal["tensorboard", "wandb", "none"]
 # Every `report_to` integration training (transformers' Trainer under TRL) supports: the module it imports, and

@@ -10,8 +10,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from distill.config import add_config_args, add_fresh_arg, load_config
-from distill.errors import DistillError
+from distill.core.config import add_config_args, add_fresh_arg, load_config
+from distill.core.errors import DistillError
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Stage:
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from distill.check import add_check_args
+    from distill.core.check import add_check_args
 
     add_config_args(parser)
     add_fresh_arg(parser)
@@ -33,7 +33,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def main(stage: Stage, args: argparse.Namespace) -> int:
-    from distill.check import Check, print_estimates, wants_check
+    from distill.core.check import Check, print_estimates, wants_check
 
     if not args.config:
         raise DistillError(f"--config is required (e.g. {stage.example})")

@@ -14,8 +14,8 @@ import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
-from distill.errors import DistillError
-from distill.secrets import IN_API_KEY_ENV, USERINFO, credentials_refusal, mask, url_credentials
+from distill.core.errors import DistillError
+from distill.core.secrets import IN_API_KEY_ENV, USERINFO, credentials_refusal, mask, url_credentials
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS, DEFAULT_MAX_PLAN_STEPS
 from distill.rewoo.prompts import PromptKind, canonical_prompt_kind
 from distill.rewoo.worker import SURPRISES, Surprise

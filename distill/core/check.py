@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from distill.errors import DistillError, one_line
-from distill.secrets import masked_mapping
+from distill.core.errors import DistillError, one_line
+from distill.core.secrets import masked_mapping
 
 # Records, the call cache, sft data and two LoRA checkpoints take a few hundred MB; below this a long run may die
 # on its last write.
@@ -257,7 +257,7 @@ class Check:
 
     def report_to(self, report_to: Iterable[str] | str | None, where: str) -> None:
         """Each `report_to` integration must be importable: the run would fail on it after the work before."""
-        from distill.tracking import INTEGRATIONS
+        from distill.core.tracking import INTEGRATIONS
 
         for name in [report_to] if isinstance(report_to, str) else report_to or []:
             if name in ("none", "all"):

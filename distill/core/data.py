@@ -5,7 +5,7 @@ JSONL exports of either, a generic question/answer layout), detected per row by 
 which the hub loader also uses: tests run the hub code path on local files, as the hub is unreachable here.
 A dataset of one's own is a local file in the generic layout: JSON/JSONL read here line by line (errors name
 `file:line`), CSV and Parquet read by the `datasets` library; a source's `columns` renames its columns to the
-fields the layouts read, and its `metric` says how its answers are scored (`distill.metrics`).
+fields the layouts read, and its `metric` says how its answers are scored (`distill.core.metrics`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_serializer
 from pydantic.dataclasses import dataclass
 
-from distill.config import Strict
-from distill.errors import DistillError, clip
-from distill.metrics import DATASET_RULES, Metric, metric_for
-from distill.store import describe, iter_jsonl, refuse_lone_surrogates
+from distill.core.config import Strict
+from distill.core.errors import DistillError, clip
+from distill.core.metrics import DATASET_RULES, Metric, metric_for
+from distill.core.store import describe, iter_jsonl, refuse_lone_surrogates
 
 # A question longer than this is refused unless the source sets its own `max_question_chars`: HotpotQA and
 # TriviaQA questions are well under 1,000 characters, and every character of one is paid for on every call.
@@ -74,7 +74,7 @@ class DatasetSource(Strict):
 
     @model_serializer(mode="wrap")
     def _dump(self, handler):
-        """Settings fingerprints (distill.run) hash this dump: `columns` and `metric` are left out when unset,
+        """Settings fingerprints (distill.core.run) hash this dump: `columns` and `metric` are left out when unset,
         so a run made before they existed is still recognised as made with these settings."""
         data = handler(self)
         for key in ("columns", "metric"):
@@ -109,7 +109,7 @@ class Example:
     supporting_facts: list[tuple[str, int]] | None = None
     type: str | None = None
     level: str | None = None
-    metric: Metric | None = None  # scoring rules (distill.metrics); a hotpotqa/triviaqa dataset's by default
+    metric: Metric | None = None  # scoring rules (distill.core.metrics); a hotpotqa/triviaqa dataset's by default
 
     def __post_init__(self) -> None:
         if self.metric is None and self.dataset in DATASET_RULES:
@@ -347,7 +347,7 @@ def load_examples(source: str | os.PathLike, dataset: str | None, split: str, li
                   max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS,
                   columns: Mapping[str, str] | None = None, metric: str | None = None) -> list[Example]:
     """The first `limit` distinct questions of `hub:<name>[:<config>]` or a local .json/.jsonl/.csv/.parquet
-    file (by its extension), or a served agent's traces folder (`distill.traces`: its questions with feedback that
+    file (by its extension), or a served agent's traces folder (`distill.core.traces`: its questions with feedback that
     gives a right answer). `data_files` goes to `datasets.load_dataset`, so a packaged builder such as
     `hub:json` or `hub:parquet` reads local files through exactly the code path used for the hub."""
     source = os.fspath(source)
@@ -359,7 +359,7 @@ def load_examples(source: str | os.PathLike, dataset: str | None, split: str, li
     path = Path(source)
     expected = "/".join(LOCAL_SUFFIXES)
     if path.is_dir():
-        from distill import traces
+        from distill.core import traces
 
         if not traces.is_traces_folder(path):
             raise DistillError(f"{path} is a folder without trace files (traces-NNNNNN.jsonl); a dataset source is "
@@ -398,7 +398,7 @@ def _load_hub(source: str, dataset: str | None, split: str, data_files: str | li
     name, _, config = source[len("hub:") :].partition(":")
     if not name:
         raise DistillError(f"bad source {source!r}: expected hub:<name>[:<config>]")
-    from distill.secrets import url_refusal
+    from distill.core.secrets import url_refusal
 
     if refusal := url_refusal("HF_ENDPOINT", os.environ.get("HF_ENDPOINT"), "the environment variable HF_TOKEN"):
         raise DistillError(refusal)  # the datasets library would send its user:password and quote it in errors

@@ -5,8 +5,8 @@
 Clients already speak OpenAI's chat API, so the agent is one more `model` to them: `POST /v1/chat/completions`
 with `model` = the agent's name answers the last user message, with the plan, each step's evidence and the usage
 in an extra `rewoo` field (and, with `stream: true`, as server-sent chunks while they happen). The agent is
-built by `distill.agents.build_agent`, the factory `distill eval` uses, so what is served is what was
-measured. Every request, answered or failed, is written to the traces folder (`distill.traces`) before its
+built by `distill.agent.factory.build_agent`, the factory `distill eval` uses, so what is served is what was
+measured. Every request, answered or failed, is written to the traces folder (`distill.core.traces`) before its
 reply goes out, and `POST /v1/feedback` marks a served answer right or gives the right one: the traffic becomes
 the next round's training questions. `POST /v1/admin/planner` switches the planner to another model (a LoRA
 module: the next round's adapter, or back) while the server runs: requests in flight finish on the planner they
@@ -37,9 +37,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
-from distill.config import AgentConfig, add_config_args, load_config
-from distill.errors import DistillError, ServerUnreachable, clip, one_line
-from distill.secrets import remember
+from distill.core.config import AgentConfig, add_config_args, load_config
+from distill.core.errors import DistillError, ServerUnreachable, clip, one_line
+from distill.core.secrets import remember
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ def _bad_request(message: str, code: str = "invalid_request") -> ApiError:
 
 def question_of(req: ChatRequest, cfg: AgentServerConfig) -> str:
     """The last user message, checked as a dataset question is (it goes to every model the agent calls)."""
-    from distill.data import _bad_characters
+    from distill.core.data import _bad_characters
 
     if not req.messages:
         raise _bad_request("messages: empty; send at least one user message")
@@ -276,8 +276,8 @@ class AgentService:
     def __init__(self, cfg: AgentServerConfig, agent=None, token: str | None = None, adapter: str | None = None):
         """`adapter`: the adapter folder the planner server says it serves as cfg.planner.model, where known
         (`check_planner_as_trained` finds it at start)."""
-        from distill.agents import build_agent
-        from distill.traces import TraceLog, now
+        from distill.agent.factory import build_agent
+        from distill.core.traces import TraceLog, now
 
         self.cfg = cfg
         self.token = token
@@ -314,7 +314,7 @@ class AgentService:
                       planner: dict) -> tuple[dict, ApiError | None]:
         from distill.rewoo.agent import Question
         from distill.rewoo.record import make_record
-        from distill.traces import now
+        from distill.core.traces import now
 
         t0 = time.perf_counter()
         example = Question(question, id=rid, dataset="served")
@@ -334,7 +334,7 @@ class AgentService:
         try:
             await asyncio.to_thread(self.traces.write, record)
         except Exception as exc:  # a full disk: the request fails rather than goes untraced (nothing of it is kept)
-            from distill.traces import NotWritten
+            from distill.core.traces import NotWritten
 
             log.error("trace not written, the request answered 503: %s", one_line(exc))
             reason = exc.reason if isinstance(exc, NotWritten) else (
@@ -367,10 +367,10 @@ class AgentService:
         prompt and tools (422 if not); then a copy of the agent with the new planner (Solver, tools and the
         Wikipedia index shared) replaces the old one. Requests already running keep the agent they started
         with. One swap at a time, so two promotions cannot interleave their check and their switch."""
-        from distill.agents import with_planner
-        from distill.merge import check_as_trained
+        from distill.agent.factory import with_planner
+        from distill.training.merge import check_as_trained
         from distill.tools.registry import tool_descriptions
-        from distill.traces import now
+        from distill.core.traces import now
 
         cfg = self.cfg
         if cfg.planner.backend != "openai":
@@ -408,7 +408,7 @@ class AgentService:
         outlast the probe."""
         from distill.llm.base import openai_urls
         from distill.llm.openai_backend import OpenAIChat, ServerError
-        from distill.provenance import adapter_of
+        from distill.reporting.provenance import adapter_of
 
         spec, wait = self.cfg.planner, self.cfg.probe_timeout_s
         retry = {"Retry-After": str(self.cfg.retry_after_s)}
@@ -585,7 +585,7 @@ def build_app(service: AgentService):
 
     @app.post("/v1/feedback")
     async def feedback(request: Request):
-        from distill.traces import Feedback, NotWritten
+        from distill.core.traces import Feedback, NotWritten
 
         authorize(request)
         item = parse(Feedback, await read_json(request))
@@ -716,7 +716,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def token_of(cfg: AgentServerConfig) -> str | None:
     """The bearer token, read from the environment only; off loopback a server without one is refused."""
-    from distill.serve import is_loopback
+    from distill.serving.serve import is_loopback
 
     if cfg.auth_token_env is None:
         if not is_loopback(cfg.host):
@@ -742,8 +742,8 @@ def check_planner_as_trained(cfg: AgentServerConfig) -> str | None:
     trace then names."""
     from distill.llm import spec_identity
     from distill.llm.openai_backend import ServerError
-    from distill.merge import check_as_trained
-    from distill.provenance import adapter_of
+    from distill.training.merge import check_as_trained
+    from distill.reporting.provenance import adapter_of
     from distill.tools.registry import tool_descriptions
 
     if cfg.planner.backend != "openai":
@@ -848,7 +848,7 @@ def draining_server(config, service: AgentService):
 def main(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from distill.serve import client_host, free_port
+    from distill.serving.serve import client_host, free_port
 
     cfg = load_config(AgentServerConfig, args.config, args.set)
     token = token_of(cfg)
@@ -876,7 +876,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":  # `python -m distill.agent_server` runs its `distill` command
+if __name__ == "__main__":  # `python -m distill.serving.agent_server` runs its `distill` command
     from distill.cli import run_module
 
     run_module(__spec__.name)
