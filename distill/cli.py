@@ -15,6 +15,7 @@ import sys
 import traceback
 from typing import Callable
 
+from distill import code_version
 from distill.core.errors import DistillError, is_environment_failure, one_line
 from distill.core.secrets import MaskingFormatter, mask, mask_log_record
 
@@ -171,8 +172,6 @@ class _Version(argparse.Action):
     """`--version`, asking git only when given: every other command line is parsed without a subprocess."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from distill import code_version
-
         version, _, commit = code_version().partition("+")
         print(f"distill {version}" + (f" (commit {commit})" if commit else ""))
         parser.exit()

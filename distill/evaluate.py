@@ -30,15 +30,26 @@ from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
+from distill.agent.baselines import direct_messages, react_messages
 from distill.core import layout, stage
+from distill.core.check import CallKind, TokenCounter, estimate_stage, show_config
 from distill.core.config import AgentConfig, ModelSpec, PlannerPrompt, Strict
-from distill.core.data import DatasetSource
+from distill.core.data import DatasetSource, check_unique_ids, load_source
 from distill.core.errors import DistillError
+from distill.core.metrics import JUDGE_MAX_TOKENS, judge_messages
+from distill.core.run import (MAX_BOOTSTRAP_SAMPLES, CostCap, add_judgement, build_judge, check_fingerprint,
+                              fingerprint, manifest_header, model_identities, read_manifest, run_lifecycle, run_records,
+                              settings_of, source_digests, with_identity)
+from distill.core.store import CallCache, JsonlStore
+from distill.core.tracking import ReportTo, open_tracker, require
+from distill.llm import check_prices
+from distill.reporting.provenance import served_adapters
 from distill.rewoo.plan import duplicate_steps
+from distill.rewoo.prompts import planner_messages, solver_messages
 from distill.rewoo.record import CallShape, Count, Seconds, Shape, TokensShape, TrajectoryRecord
 from distill.rewoo.worker import InjectedToolFailure
-from distill.core.run import MAX_BOOTSTRAP_SAMPLES
-from distill.core.tracking import ReportTo, open_tracker, require
+from distill.tools.registry import tool_descriptions
+from distill.training.merge import check_as_trained
 
 # An evaluation's output: one JSONL of records per method under RECORDS_DIR (distill.core.layout), a record keyed by
 # `record_key`; the report reads them back through these two names.
@@ -332,8 +343,6 @@ def gold_hops(example) -> int | None:
 
 def load_eval_examples(cfg: EvalConfig) -> list:
     """The first n distinct questions of each dataset, in file order; an id may occur only once overall."""
-    from distill.core.data import check_unique_ids, load_source
-
     if not cfg.datasets:
         raise DistillError("no datasets configured: add a `datasets:` list with name, source, split and n")
     examples = []
@@ -385,8 +394,6 @@ def method_settings(cfg: EvalConfig, method: Method, identities: Mapping[str, An
     """What one method's records depend on: its own row, the shared settings it uses (seed, tools, plan limits,
     the Wikipedia scope and corpus, the judge...), each model by what its server serves (a LoRA module by its
     adapter's weights), and the input files. Not `n`: asking for more questions only adds records."""
-    from distill.core.run import settings_of, source_digests, with_identity
-
     data = settings_of(cfg.model_dump(mode="json", exclude=_NOT_SHARED))
     for ds in data["datasets"]:
         ds.pop("n", None)
@@ -406,8 +413,6 @@ def method_settings(cfg: EvalConfig, method: Method, identities: Mapping[str, An
 
 def run_fingerprints(cfg: EvalConfig, methods: list[Method]) -> dict[str, dict]:
     """{method: {"fingerprint", "settings"}}; every endpoint is asked once what it serves."""
-    from distill.core.run import fingerprint, model_identities
-
     specs = {"solver": cfg.solver, "llm_tool": cfg.llm_tool, "judge": cfg.judge}
     identities = model_identities(specs | {m.name: m.spec for m in methods if m.spec is not None})
     out = {}
@@ -424,9 +429,6 @@ def records_path(out: Path, method: Method) -> Path:
 def preflight(cfg: EvalConfig, methods: list[Method], out: Path, runs: dict[str, dict], fresh: bool) -> None:
     """Before any model is loaded: repair torn last lines, and check every existing record file was made with
     this config (its fingerprint), so a mismatch fails at once rather than after the first methods have run."""
-    from distill.core.run import check_fingerprint, read_manifest
-    from distill.core.store import JsonlStore
-
     old = read_manifest(layout.manifest(out))
     for method in methods:
         if (path := records_path(out, method)).exists():
@@ -442,8 +444,6 @@ def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, error
                fp: str | None = None, tracker=None, cap=None) -> None:
     """Run (or resume) one method over every example; `runs[method]` gets how it ended, even when it stops.
     `cap` is the run's CostCap, shared by its methods."""
-    from distill.core.run import add_judgement, build_judge, run_records
-    from distill.core.store import CallCache
 
     # cache auto: one file per method, so no method is served another's tool or LLM-tool calls from the cache
     # (which would flatter its latency); reruns of a method still never repeat a call
@@ -472,10 +472,6 @@ def check_students_as_trained(cfg: EvalConfig, methods: list[Method], fingerprin
     """A row whose server serves a distill adapter must send it the prompt kind and tools it was trained on (its
     distill_adapter.json says which): otherwise the student is measured on a prompt it never saw, and nothing in
     the numbers would say so."""
-    from distill.training.merge import check_as_trained
-    from distill.reporting.provenance import served_adapters
-    from distill.tools.registry import tool_descriptions
-
     served = served_adapters(fingerprints)
     for method in methods:
         if method.kind == "rewoo" and method.name in served:
@@ -487,10 +483,6 @@ def evaluate(cfg: EvalConfig, config_path: str | None = None, fresh: bool = Fals
     """Run (or resume) every method, writing its records; returns the finished manifest (the report is the
     next stage's job, so it can be rebuilt without running any model). `fresh` sets a method's records made
     with other settings aside instead of refusing them; the methods whose settings match still resume."""
-    from distill.llm import check_prices
-    from distill.core.run import CostCap, manifest_header, run_lifecycle
-    from distill.core.store import JsonlStore
-
     check_prices(cfg)
     out = Path(cfg.output_dir)
     examples = load_eval_examples(cfg)
@@ -526,12 +518,6 @@ def evaluate(cfg: EvalConfig, config_path: str | None = None, fresh: bool = Fals
 def check_run(cfg: EvalConfig, check, counter, prefix: str = "", started=()):
     """`--check` of evaluation (the pipeline's too): its config, endpoints and prices, and its estimate, every
     method over its own questions."""
-    from distill.agent.baselines import direct_messages, react_messages
-    from distill.core.check import CallKind, estimate_stage, show_config
-    from distill.core.metrics import JUDGE_MAX_TOKENS, judge_messages
-    from distill.rewoo.prompts import planner_messages, solver_messages
-    from distill.tools.registry import tool_descriptions
-
     show_config(f"{prefix.rstrip('.') or 'eval'}: resolved config", cfg.model_dump(mode="json"))
     check.endpoints(cfg.endpoints(), prefix, started)
     check.unpriced(cfg.endpoints(), cfg.prices, prefix)
@@ -584,8 +570,6 @@ def check_run(cfg: EvalConfig, check, counter, prefix: str = "", started=()):
 # ------------------------------------------------------------------------------------------ command line
 
 def _check(cfg: EvalConfig, check):
-    from distill.core.check import TokenCounter
-
     return check_run(cfg, check, TokenCounter())
 
 

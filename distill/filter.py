@@ -25,6 +25,8 @@ from pydantic import Field, field_validator, model_validator
 from distill.core.config import Strict, add_config_args, load_config
 from distill.core.data import _bad_characters
 from distill.core.errors import DistillError
+from distill.core.metrics import hotpot_normalize
+from distill.core.store import FirstPerKey, iter_jsonl, write_json, write_jsonl
 from distill.rewoo.record import TrajectoryRecord
 
 REASONS = (
@@ -96,8 +98,6 @@ def is_correct(rec: dict, cfg: FilterConfig) -> bool:
 
 def contains_answer(rec: dict) -> bool:
     """Lenient correctness for small teachers that answer in a sentence ("The Volga is longer than the Rhine")."""
-    from distill.core.metrics import hotpot_normalize
-
     pred = f" {hotpot_normalize(rec.get('prediction') or '')} "
     return any(f" {a} " in pred for a in map(hotpot_normalize, rec.get("answers") or []) if a)
 
@@ -278,8 +278,6 @@ def format_report(report: dict) -> str:
 def run_filter(inp: str | Path, out: str | Path, cfg: FilterConfig) -> dict:
     """Two passes over `inp`, so memory does not grow with the file: the first checks every line (nothing is
     written when one is bad) and keeps a `Row` per record to choose by; the second writes the chosen lines."""
-    from distill.core.store import FirstPerKey, iter_jsonl, write_json, write_jsonl
-
     selection = Selection(cfg, criteria=True)
     # Two files joined by hand can hold a (question, sample) twice: the first is judged, the copies are counted.
     first = FirstPerKey(lambda r: (r["id"], r["sample"]), str(inp))

@@ -43,11 +43,26 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from distill.core import layout, stage
-from distill.core.config import Strict, check_base_url
+from distill.agent.reward import answer_in_evidence
+from distill.core import layout, stage, traces
+from distill.core.config import (AgentConfig, ModelSpec, Strict, add_config_args, check_base_url, fill_server,
+                                 load_config, read_json_model, validate)
+from distill.core.data import load_source, normalize_question, question_set, rows_to_examples
 from distill.core.errors import DistillError, clip
-from distill.improve import ImproveConfig
-from distill.core.run import MAX_BOOTSTRAP_SAMPLES
+from distill.core.metrics import answer_in_text, evidence_recall, metric_of, paired_bootstrap, score
+from distill.core.retry import Fault, retry_after_s, with_retries
+from distill.core.run import MAX_BOOTSTRAP_SAMPLES, folder_lock
+from distill.core.secrets import mask, remember
+from distill.core.store import JsonlStore, iter_jsonl, read_jsonl, write_json, write_jsonl
+from distill.evaluate import EvalConfig, EvalRecord
+from distill.improve import ImproveConfig, base_model_of, check_run
+from distill.llm import build_chat
+from distill.rewoo.plan import duplicate_steps, parse_plan
+from distill.rewoo.prompts import planner_messages
+from distill.rewoo.record import sample_seed
+from distill.serving.serve import ServeConfig, platform_of
+from distill.tools.registry import tool_descriptions
+from distill.training.merge import check_as_trained
 
 PROMOTIONS = "promotions.jsonl"
 QUESTIONS = "questions.jsonl"  # a round's questions, both sides
@@ -311,8 +326,6 @@ class RoundReport(_OneLineReason):
 
 def read_round_report(path: str | Path) -> RoundReport:
     """A round's report.json, checked: one line naming the file and the first bad field otherwise."""
-    from distill.core.config import read_json_model
-
     found = read_json_model(Path(path), RoundReport, "flywheel round report", "rerun distill flywheel to remake it")
     if found is None:
         raise DistillError(f"file not found: {path}")
@@ -322,8 +335,6 @@ def read_round_report(path: str | Path) -> RoundReport:
 def read_promotions(path: str | Path) -> list[Promotion]:
     """Every line of promotions.jsonl, each checked; the first bad one is one line naming file:line. None yet:
     an empty log (round 0 in service)."""
-    from distill.core.store import iter_jsonl
-
     path = Path(path)
     if not path.exists():
         return []
@@ -332,8 +343,6 @@ def read_promotions(path: str | Path) -> list[Promotion]:
 
 def append_promotion(path: Path, line: Promotion) -> None:
     """One durable line (the store's append: written whole and fsynced, or not at all)."""
-    from distill.core.store import JsonlStore
-
     with JsonlStore(path, schema=Promotion) as log:
         log.append(line.model_dump(mode="json"))
 
@@ -379,8 +388,6 @@ def round_adapter(cfg: FlywheelConfig, round_: int) -> str:
 def split_of(question: str, seed: int, holdout_fraction: float) -> Literal["train", "heldout"]:
     """A question's side: a hash of its normalised text and the seed, never of the traffic around it, so adding
     traffic never moves a question from one side to the other."""
-    from distill.core.data import normalize_question
-
     digest = hashlib.blake2b(f"{seed}\x1f{normalize_question(question)}".encode(), digest_size=8).digest()
     return "heldout" if int.from_bytes(digest, "big") / 2**64 < holdout_fraction else "train"
 
@@ -410,8 +417,6 @@ def build_questions(candidates: Iterable[tuple[str, Any]], used: set[str], eval_
     """The round's questions from (where, Example) pairs in reading order: the first of each normalised question,
     those earlier rounds used (`used`, normalised) left out, those of the eval sets (`eval_keys`) left out (or
     refused, leak_policy refuse), each given its side by `split_of`."""
-    from distill.core.data import normalize_question
-
     first: dict[str, tuple[str, Any]] = {}
     for where, ex in candidates:
         first.setdefault(normalize_question(ex.question), (where, ex))
@@ -433,9 +438,6 @@ def build_questions(candidates: Iterable[tuple[str, Any]], used: set[str], eval_
 def traced_questions(datasets: Sequence[Any]) -> list[tuple[str, Any]]:
     """(traces-file:line, Example) of every served question whose feedback gives a right answer, in the datasets'
     order, read by the loaders improve reads traces with (distill.core.traces, distill.core.data's row checks)."""
-    from distill.core import traces
-    from distill.core.data import rows_to_examples
-
     out = []
     for ds in datasets:
         path = Path(ds.source)
@@ -456,9 +458,6 @@ def traced_questions(datasets: Sequence[Any]) -> list[tuple[str, Any]]:
 def used_questions(out: Path, before: int) -> set[str]:
     """The normalised questions of every round before `before` (both sides): a question trains or judges one
     round only."""
-    from distill.core.data import normalize_question
-    from distill.core.store import iter_jsonl
-
     used: set[str] = set()
     for n in round_numbers(out):
         if n < before and (path := layout.round_dir(out, n) / QUESTIONS).is_file():
@@ -467,8 +466,6 @@ def used_questions(out: Path, before: int) -> set[str]:
 
 
 def eval_questions(cfg: FlywheelConfig) -> set[str]:
-    from distill.core.data import load_source, question_set
-
     return question_set(ex for ds in cfg.eval_sets for ex in load_source(ds))
 
 
@@ -481,8 +478,6 @@ def next_round(out: Path) -> tuple[int, RoundStart | None]:
     """The round to run and, when it is resumed, how it started: the last round again when it has no report (with
     its own questions and starting adapter when its round.json says they were written; made anew when a run
     stopped before), else the next number."""
-    from distill.core.config import read_json_model
-
     numbers = round_numbers(out)
     if not numbers:
         return 1, None
@@ -512,8 +507,6 @@ def too_few(cfg: FlywheelConfig, qs: RoundQuestions) -> str | None:
 
 
 def examples_of(rows: Iterable[dict], split: str, origin: str) -> list:
-    from distill.core.data import rows_to_examples
-
     mine = [{k: r[k] for k in ("id", "question", "answers")} for r in rows if r["split"] == split]
     return rows_to_examples(mine, SERVED, split, origin=origin, metric=SERVED_METRIC) if mine else []
 
@@ -531,10 +524,6 @@ def _gold_pages(rec: Mapping[str, Any]) -> list[str]:
 def record_reward(rec: Mapping[str, Any], cfg) -> float:
     """The planner reward (distill.agent.reward's formula, `cfg` its RewardConfig) of an eval record, from the evidence the
     eval's Worker found: no tool is called again."""
-    from distill.core.metrics import evidence_recall
-    from distill.agent.reward import answer_in_evidence
-    from distill.rewoo.plan import duplicate_steps
-
     plan = rec.get("plan") or {}
     steps = plan.get("steps") or []
     if not plan.get("valid") or not steps:
@@ -553,8 +542,6 @@ def record_reward(rec: Mapping[str, Any], cfg) -> float:
 
 def measure_of(rec: Mapping[str, Any], measure: str, reward_cfg=None) -> float | None:
     """One record's value of the gate's measure; None where it cannot be measured (recall without gold pages)."""
-    from distill.core.metrics import answer_in_text, evidence_recall, metric_of, score
-
     if measure in ("f1", "em"):
         return float(score(metric_of(rec), rec.get("prediction"), rec["answers"])[measure])
     if measure == "answer_in_evidence":
@@ -572,8 +559,6 @@ def measure_of(rec: Mapping[str, Any], measure: str, reward_cfg=None) -> float |
 
 def guard_values(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """The guards' measures over records: valid-plan rate, tokens per question, repeated steps per plan."""
-    from distill.rewoo.plan import duplicate_steps
-
     return {"plan_valid": _mean([float(bool((r.get("plan") or {}).get("valid"))) for r in records]),
             "tokens": _mean([float((r.get("tokens") or {}).get("total", 0)) for r in records]),
             "duplicate_steps": _mean([float(duplicate_steps((r.get("plan") or {}).get("steps") or []))
@@ -615,8 +600,6 @@ def decide(incumbent: Sequence[Mapping[str, Any]], candidate: Sequence[Mapping[s
     """The gate over two adapters' eval records of the same held-out questions (paired by id; a question only one
     of them answered is left out): promote when the paired bootstrap interval of the measure (candidate minus
     incumbent) at `gate.confidence` lies above 0 and every guard that is on is within its margin."""
-    from distill.core.metrics import paired_bootstrap
-
     incumbent_by = {r["id"]: r for r in incumbent}
     pairs = [(incumbent_by[r["id"]], r) for r in candidate if r["id"] in incumbent_by]
     values = [(measure_of(a, gate.measure, reward_cfg), measure_of(b, gate.measure, reward_cfg)) for a, b in pairs]
@@ -662,8 +645,6 @@ def distinct_plans(plans: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]]) -
 def improve_config(cfg: FlywheelConfig, questions: Path) -> ImproveConfig:
     """The round's ImproveConfig: improve's keys of the flywheel config, its questions file as the dataset (whose
     digest is part of the round's fingerprint), so run_round trains as `distill improve` would."""
-    from distill.core.config import validate
-
     data = cfg.model_dump(mode="json", exclude=set(FLYWHEEL_KEYS))
     data["datasets"] = [{"name": SERVED, "source": str(questions), "metric": SERVED_METRIC}]
     return validate(ImproveConfig, data, "flywheel (its improve keys)")
@@ -672,9 +653,6 @@ def improve_config(cfg: FlywheelConfig, questions: Path) -> ImproveConfig:
 def eval_config(cfg: FlywheelConfig, url: str, rows_file: Path, out: Path, names: Sequence[str]) -> Any:
     """An EvalConfig of the held-out side: one ReWOO row per module (the first, in service, is the reference),
     greedy as an agent serves, with the round's Solver, tools, Wikipedia and Worker settings."""
-    from distill.core.config import AgentConfig, fill_server, validate
-    from distill.evaluate import EvalConfig
-
     shared = cfg.model_dump(mode="json", include=set(AgentConfig.model_fields) -
                             {"planner", "planner_prompt", "replan", "cache"})
     planner = cfg.planner.model_dump(mode="json") | {"backend": "openai", "base_url": url, "temperature": 0.0}
@@ -688,41 +666,23 @@ def eval_config(cfg: FlywheelConfig, url: str, rows_file: Path, out: Path, names
 
 
 def round_server(cfg: FlywheelConfig, adapters: Mapping[str, str], log_path: Path, later: int = 0):
-    """The round's vLLM server with each adapter as its round's module; `later`: modules it will be given at
-    runtime (vLLM's runtime LoRA loading on, and room for them in a batch)."""
-    from distill.core.config import validate
-    from distill.improve import base_model_of
-    from distill.serving.serve import ServeConfig, VLLMServer
+    """The round's vLLM server (improve's, with each adapter as its round's module; `later` runtime modules)."""
+    from distill.improve import round_server
 
-    first = next(iter(adapters.values()))
-    runtime = {"env": dict(cfg.server.get("env") or {}) | {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
-               "max_loras": len(adapters) + later} if later else {}
-    serve = validate(ServeConfig, {"port": 0, "base_model": base_model_of(first)} | cfg.server
-                     | {"adapter": None, "adapters": dict(adapters)} | runtime, "server")
     print(f"[flywheel] starting vLLM with {', '.join(adapters)} (log: {log_path})", flush=True)
-    return VLLMServer(serve, log_path=log_path)
+    return round_server(cfg, adapters, log_path, later)
 
 
 def server_outlives_training(cfg: FlywheelConfig) -> bool:
     """On a CPU one server samples the round, waits out its training and then evaluates it (a vLLM start is half
     a minute there, and its memory is the machine's); on a GPU the sampling server stops before training, which
     needs the GPU memory the server holds, and a second one evaluates."""
-    from distill.core.config import validate
-    from distill.serving.serve import ServeConfig, platform_of
-
     return platform_of(validate(ServeConfig, cfg.server, "server")) == "cpu"
 
 
 def sample_diversity(cfg: FlywheelConfig, url: str, names: Sequence[str], examples: Sequence[Any]) -> dict:
     """`diversity_samples` plans per held-out question from each module, at the planner's own sampling settings:
     {name: distinct plans per question, "tokens": int, "cost_usd": float}."""
-    from distill.core.config import ModelSpec
-    from distill.llm import build_chat
-    from distill.rewoo.plan import parse_plan
-    from distill.rewoo.prompts import planner_messages
-    from distill.rewoo.record import sample_seed
-    from distill.tools.registry import tool_descriptions
-
     descriptions = tool_descriptions(cfg.tools)
     spec_of = {n: ModelSpec.model_validate(cfg.planner.model_dump() | {"backend": "openai", "base_url": url,
                                                                        "model": n}) for n in names}
@@ -758,9 +718,6 @@ def sample_diversity(cfg: FlywheelConfig, url: str, names: Sequence[str], exampl
 
 def eval_records(out: Path, name: str) -> list[dict]:
     """One method's eval records, the first per question (as the eval's own store keeps them)."""
-    from distill.evaluate import EvalRecord
-    from distill.core.store import read_jsonl
-
     path = layout.records(out, name)
     first: dict[str, dict] = {}
     for rec in read_jsonl(path, EvalRecord) if path.exists() else []:
@@ -812,16 +769,12 @@ def _numbers(v: Verdict | None) -> dict:
 
 
 def write_report(out: Path, report: RoundReport) -> None:
-    from distill.core.store import write_json
-
     write_json(layout.round_dir(out, report.round) / REPORT, report.model_dump(mode="json"))
 
 
 def start_round(cfg: FlywheelConfig, out: Path, r: int, qs: RoundQuestions) -> RoundStart:
     """Write the round's questions (both sides), its held-out dataset file and round.json, in that order: a round
     with round.json has all of them."""
-    from distill.core.store import write_json, write_jsonl
-
     k, adapter_in = in_service(cfg.adapter, read_promotions(out / PROMOTIONS))
     folder = layout.round_dir(out, r)
     folder.mkdir(parents=True, exist_ok=True)
@@ -834,10 +787,6 @@ def start_round(cfg: FlywheelConfig, out: Path, r: int, qs: RoundQuestions) -> R
 
 def check_adapter(cfg: FlywheelConfig, adapter: str) -> None:
     """The adapter a round starts from must exist and have been trained on the config's prompt and tools."""
-    from distill.improve import base_model_of
-    from distill.training.merge import check_as_trained
-    from distill.tools.registry import tool_descriptions
-
     base_model_of(adapter)
     check_as_trained(adapter, cfg.planner_prompt, tool_descriptions(cfg.tools), "flywheel")
 
@@ -846,8 +795,6 @@ def flywheel(cfg: FlywheelConfig, config_path: str | None = None, fresh: bool = 
     """One round (see the module's docstring); None when there are too few new questions (one line said so)."""
     from distill.evaluate import evaluate
     from distill.improve import run_round
-    from distill.core.run import folder_lock
-    from distill.core.store import read_jsonl
 
     out = Path(cfg.output_dir)
     t0 = time.perf_counter()
@@ -949,9 +896,6 @@ async def _call(http, settings: _Settings, method: str, url: str, body: dict | N
     it is not JSON (vLLM's load answers in words). A failure is one DistillError naming the URL."""
     import httpx
 
-    from distill.core.retry import Fault, retry_after_s, with_retries
-    from distill.core.secrets import mask
-
     async def attempt():
         try:
             response = await http.request(method, url, json=body, headers=headers)
@@ -978,8 +922,6 @@ async def _call(http, settings: _Settings, method: str, url: str, body: dict | N
 
 def _token(service: ServiceConfig) -> str | None:
     """The agents' bearer token from the environment (remembered, so every message masks it); never in a file."""
-    from distill.core.secrets import remember
-
     if service.token_env is None:
         return None
     token = os.environ.get(service.token_env, "")
@@ -1057,8 +999,6 @@ def _promote(cfg: FlywheelConfig, round_: int, reason: str, report: RoundReport 
 
 def promote(cfg: FlywheelConfig, round_: int) -> Promotion:
     """`distill promote --round R`: serve round R (0: the config's adapter) whatever its gate said, and log it."""
-    from distill.core.run import folder_lock
-
     out = Path(cfg.output_dir)
     adapter = round_adapter(cfg, round_)  # before the folder is made: a round never trained is one line
     report_path = layout.round_dir(out, round_) / REPORT
@@ -1070,8 +1010,6 @@ def promote(cfg: FlywheelConfig, round_: int) -> Promotion:
 
 def rollback(cfg: FlywheelConfig) -> Promotion:
     """`distill promote --rollback`: back to the adapter served before the last promotion (promotions.jsonl)."""
-    from distill.core.run import folder_lock
-
     out = Path(cfg.output_dir)
     with folder_lock(out):
         stack = service_stack(cfg.adapter, read_promotions(out / PROMOTIONS))
@@ -1087,8 +1025,6 @@ def rollback(cfg: FlywheelConfig) -> Promotion:
 def _check(cfg: FlywheelConfig, check) -> None:
     """`--check`: improve's check of the round's training, where the round would start from and its question
     counts (traces and eval sets are read; no model is loaded, no server started or called)."""
-    from distill.improve import check_run
-
     out = Path(cfg.output_dir)
     try:
         lines = read_promotions(out / PROMOTIONS)
@@ -1138,8 +1074,6 @@ STAGE = stage.Stage("flywheel", FlywheelConfig, "configs/flywheel_smollm2_cpu.ya
 
 def configure_promote_parser(parser: argparse.ArgumentParser) -> None:
     """`distill promote` (its module, distill.serving.promote, hands its command line to these two)."""
-    from distill.core.config import add_config_args
-
     add_config_args(parser)
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--round", type=int, metavar="R", help="serve round R's adapter (0: the config's adapter)")
@@ -1148,8 +1082,6 @@ def configure_promote_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def promote_main(args: argparse.Namespace) -> int:
-    from distill.core.config import load_config
-
     if not args.config:
         raise DistillError("--config is required (e.g. configs/flywheel_smollm2_cpu.yaml)")
     cfg = load_config(FlywheelConfig, args.config, args.set)

@@ -20,10 +20,20 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from distill.core import layout, stage
+from distill.core.check import CallKind, TokenCounter, estimate_stage, show_config
 from distill.core.config import AgentConfig, ModelSpec
-from distill.core.data import DatasetSource
+from distill.core.data import DatasetSource, check_no_leak, check_unique_ids, load_source, question_set, sample_mix
 from distill.core.errors import DistillError
+from distill.core.metrics import judge_messages
+from distill.core.run import (CostCap, add_judgement, build_judge, check_fingerprint, fingerprint, manifest_header,
+                              model_identities, read_manifest, run_lifecycle, run_records, settings_of, source_digests,
+                              with_identity)
+from distill.core.store import CallCache, JsonlStore, write_json
 from distill.core.tracking import ReportTo, open_tracker, require
+from distill.llm import check_prices
+from distill.rewoo.prompts import planner_messages, solver_messages
+from distill.rewoo.record import TrajectoryRecord
+from distill.tools.registry import tool_descriptions
 
 TRAJECTORIES = layout.TRAJECTORIES
 ERRORS = "errors.jsonl"  # one line per failed attempt at a record; a rerun retries them
@@ -70,8 +80,6 @@ class GenerateConfig(AgentConfig):
 
 
 def load_questions(cfg: GenerateConfig):
-    from distill.core.data import check_no_leak, check_unique_ids, load_source, question_set, sample_mix
-
     if not cfg.datasets:
         raise DistillError("no datasets configured: add a `datasets:` list with name, source and n")
     pools = []
@@ -96,8 +104,6 @@ def record_key(rec: dict) -> tuple[str, int]:
 def run_settings(cfg: GenerateConfig) -> dict:
     """What a trajectory depends on: the settings but which questions are drawn (`n`, the samples, the leak
     guard: more questions only add records), each model by what its server serves, and the input files."""
-    from distill.core.run import model_identities, settings_of, source_digests, with_identity
-
     data = settings_of(cfg.model_dump(mode="json", exclude={"eval_sets", "leak_policy", "samples_per_question"}))
     for ds in data["datasets"]:
         ds.pop("n", None)
@@ -110,9 +116,6 @@ def run_settings(cfg: GenerateConfig) -> dict:
 def check_resumable(out: Path, fp: str, settings: dict, fresh: bool) -> set:
     """Before the manifest is rewritten: the records already in `out` must be made with these settings. Returns
     the keys of the records a resumed run keeps (none when they were set aside)."""
-    from distill.core.run import check_fingerprint, read_manifest
-    from distill.core.store import JsonlStore
-
     if not (path := out / TRAJECTORIES).exists():
         return set()
     old = read_manifest(layout.manifest(out))
@@ -127,11 +130,6 @@ def generate(cfg: GenerateConfig, config_path: str | None = None, fresh: bool = 
     """Run (or resume) generation; returns the summary that is also written to summary.json. `fresh` sets
     records made with other settings aside instead of refusing them."""
     from distill.agent.factory import build_agent, retries_of
-    from distill.llm import check_prices
-    from distill.rewoo.record import TrajectoryRecord
-    from distill.core.run import (CostCap, add_judgement, build_judge, fingerprint, manifest_header, run_lifecycle,
-                             run_records)
-    from distill.core.store import CallCache, JsonlStore, write_json
 
     check_prices(cfg)
     out = Path(cfg.output_dir)
@@ -196,11 +194,6 @@ def check_questions(cfg: GenerateConfig, check) -> list:
 
 def check_run(cfg: GenerateConfig, check, counter, prefix: str = "", started=()):
     """`--check` of generation (the pipeline's too): its config, endpoints and prices, and its estimate."""
-    from distill.core.check import CallKind, estimate_stage, show_config
-    from distill.core.metrics import judge_messages
-    from distill.rewoo.prompts import planner_messages, solver_messages
-    from distill.tools.registry import tool_descriptions
-
     show_config(f"{prefix.rstrip('.') or 'generate'}: resolved config", cfg.model_dump(mode="json"))
     check.endpoints(cfg.endpoints(), prefix, started)
     check.unpriced(cfg.endpoints(), cfg.prices, prefix)
@@ -236,8 +229,6 @@ def check_run(cfg: GenerateConfig, check, counter, prefix: str = "", started=())
 # ------------------------------------------------------------------------------------------ command line
 
 def _check(cfg: GenerateConfig, check):
-    from distill.core.check import TokenCounter
-
     return check_run(cfg, check, TokenCounter())
 
 

@@ -19,20 +19,40 @@ starting adapter are unchanged. The leak guard holds: no question of `eval_sets`
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shlex
 import statistics
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from distill import code_version
+from distill.agent.factory import make_tools_for
+from distill.agent.reward import REWARD_PARTS, RewardConfig, score_plan
 from distill.core import layout, stage
-from distill.core.config import AgentConfig, fill_server, read_json_model
+from distill.core.check import gpu_count, show_config
+from distill.core.config import AgentConfig, fill_server, read_json_model, validate
 from distill.core.data import DatasetSource
 from distill.core.errors import DistillError
-from distill.training.merge import ADAPTER_INFO
-from distill.agent.reward import REWARD_PARTS, RewardConfig
-from distill.rewoo.record import TrajectoryRecord
+from distill.core.run import (check_fingerprint, fingerprint, folder_lock, run_records, set_aside, settings_of,
+                              source_digests)
+from distill.core.store import CallCache, JsonlStore, read_jsonl, write_json, write_jsonl
+from distill.generate import load_questions
+from distill.llm import build_chat
+from distill.llm.base import weights_fingerprint
+from distill.rewoo.plan import parse_plan
+from distill.rewoo.prompts import planner_messages
+from distill.rewoo.record import TrajectoryRecord, call_record, sample_seed
+from distill.rewoo.worker import WorkerConfig
+from distill.serving.serve import ServeConfig, VLLMServer, read_adapter
+from distill.sft_data import SftDataConfig, build_sft_data
+from distill.tools.registry import tool_descriptions
+from distill.train import GRPORun, TrainConfig, is_main_process, parse_grpo_config, train, world_size
+from distill.training.launch import launch, launch_command
+from distill.training.merge import ADAPTER_INFO, check_as_trained, training_record
 
 POLICY = "policy"  # the LoRA module name the round's adapter is served under
 SAMPLES, KEPT, DONE = "samples.jsonl", "kept.jsonl", "DONE.json"
@@ -133,9 +153,6 @@ NO_ADAPTER = "improve continues the SFT student's adapter: train one with `disti
 def check_prompt_as_trained(cfg: ImproveConfig) -> None:
     """improve samples the student's plans: from the prompt kind and tool list it was trained on, as its own
     distill_adapter.json says, or every round learns from plans to a prompt it will never be served."""
-    from distill.training.merge import check_as_trained
-    from distill.tools.registry import tool_descriptions
-
     check_as_trained(cfg.adapter, cfg.planner_prompt, tool_descriptions(cfg.tools), "improve")
 
 
@@ -144,11 +161,6 @@ def inherit_record(cfg: ImproveConfig, adapter_in: str | Path, adapter_out: Path
     student's, so its sft-data names the policy as teacher), with the SFT student's teacher, datasets and
     training size kept, and where it came from: the report and the card still say which teacher it was
     distilled from, and how many examples in all it learnt from."""
-    from distill import code_version
-    from distill.training.merge import training_record
-    from distill.core.store import write_json
-    from distill.tools.registry import tool_descriptions
-
     before, own = training_record(adapter_in), training_record(adapter_out)
     round_examples = own.get("train_examples")
     keep = {k: before.get(k) for k in ("teacher", "datasets", "train_questions", "validation_examples")}
@@ -163,8 +175,6 @@ def inherit_record(cfg: ImproveConfig, adapter_in: str | Path, adapter_out: Path
 
 
 def base_model_of(adapter: str) -> str:
-    from distill.serving.serve import read_adapter
-
     info = read_adapter(adapter, NO_ADAPTER)
     if not info.base_model:
         raise DistillError(f"adapter {adapter}: it does not say which base model it was trained on")
@@ -174,9 +184,6 @@ def base_model_of(adapter: str) -> str:
 def round_settings(cfg: ImproveConfig, adapter_in: str) -> dict:
     """What a round is made from: the settings but the round count and folders, the starting adapter's
     weights, the input files."""
-    from distill.llm.base import weights_fingerprint
-    from distill.core.run import settings_of, source_digests
-
     data = settings_of(cfg.model_dump(mode="json", exclude={"rounds", "eval_sets", "leak_policy", "adapter"}))
     return data | {"adapter_weights": weights_fingerprint(adapter_in),
                    "inputs": source_digests([ds.source for ds in cfg.datasets] + [cfg.wikipedia_corpus])}
@@ -184,17 +191,6 @@ def round_settings(cfg: ImproveConfig, adapter_in: str) -> dict:
 
 def sample_round(cfg: ImproveConfig, i: int, spec, examples: list, out: Path, fp: str, cache) -> Any:
     """Sample and score every (question, k) missing from the round's samples file."""
-    from distill.agent.factory import make_tools_for
-    from distill.llm import build_chat
-    from distill.rewoo.plan import parse_plan
-    from distill.rewoo.prompts import planner_messages
-    from distill.rewoo.record import call_record, sample_seed
-    from distill.agent.reward import score_plan
-    from distill.rewoo.worker import WorkerConfig
-    from distill.core.run import run_records
-    from distill.core.store import JsonlStore
-    from distill.tools.registry import tool_descriptions
-
     descriptions = tool_descriptions(cfg.tools)
     policy = build_chat(spec, cfg.prices, cache)
     llm_tool = build_chat(cfg.llm_tool or cfg.solver, cfg.prices, cache)
@@ -252,23 +248,25 @@ def round_summary(records: list[dict], kept: list[dict], questions: int) -> dict
 def serving(cfg: ImproveConfig, adapter_in: str, out: Path):
     """The round's policy endpoint: a vLLM server with the adapter as `policy` (and the base, which the LLM
     tool and Solver may use through `@server`), or the configured planner's own endpoint."""
-    from contextlib import nullcontext
-
-    from distill.core.config import validate
-    from distill.serving.serve import ServeConfig, VLLMServer
-
     if cfg.server is None:
         return nullcontext(None)
-    serve = validate(ServeConfig, {"port": 0, "base_model": base_model_of(adapter_in)} | cfg.server
-                     | {"adapter": None, "adapters": {POLICY: adapter_in}}, "server")
     print(f"[improve] starting vLLM with {adapter_in} as {POLICY!r} (log: {out / 'vllm.log'})", flush=True)
-    return VLLMServer(serve, log_path=out / "vllm.log")
+    return round_server(cfg, {POLICY: adapter_in}, out / "vllm.log")
+
+
+def round_server(cfg: ImproveConfig, adapters: Mapping[str, str], log_path: Path, later: int = 0):
+    """A vLLM server from `server:` with each adapter as its module, on the first adapter's base; `later`: modules
+    it will be given at runtime (vLLM's runtime LoRA loading on, and room for them in a batch)."""
+
+    runtime = {"env": dict(cfg.server.get("env") or {}) | {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+               "max_loras": len(adapters) + later} if later else {}
+    serve = validate(ServeConfig, {"port": 0, "base_model": base_model_of(next(iter(adapters.values())))}
+                     | cfg.server | {"adapter": None, "adapters": dict(adapters)} | runtime, "server")
+    return VLLMServer(serve, log_path=log_path)
 
 
 def with_server(cfg: ImproveConfig, url: str | None, module: str = POLICY) -> ImproveConfig:
     """`@server` in any model entry is the round's server; the planner is its LoRA module `module`."""
-    from distill.core.config import validate
-
     if url is None:
         return cfg
     data = fill_server(cfg.model_dump(mode="json", exclude_unset=False), url)
@@ -280,9 +278,6 @@ def round_train_config(cfg: ImproveConfig, adapter_in: str, out: Path, base_mode
     """The round's TrainConfig, parsed once by TRL's parser and handed to its check or its launch: the adapter's
     base (`base_model` where the adapter is not trained yet), `train`, the round's folders and the adapter it
     continues."""
-    from distill.core.config import validate
-    from distill.train import TrainConfig
-
     return validate(TrainConfig, {"model_name_or_path": base_model or base_model_of(adapter_in)} | cfg.train | {
         "dataset_dir": str(out / layout.SFT_DATA), "output_dir": str(out / layout.ADAPTER), "init_adapter": adapter_in},
         "train (improve)")
@@ -292,11 +287,6 @@ def check_run(cfg: ImproveConfig, check, prefix: str = "", started=(), base_mode
               gpus: int | None = None) -> None:
     """`--check` of improvement (the pipeline's): its config, what it would launch, its endpoints and prices.
     `base_model`: the adapter's base where the adapter is not trained yet."""
-    import shlex
-
-    from distill.core.check import show_config
-    from distill.training.launch import launch_command
-
     where = prefix.rstrip(".") or "improve"
     show_config(f"{where}: resolved config", cfg.model_dump(mode="json"))
     try:
@@ -335,12 +325,6 @@ def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh
     """Round i: sample, keep each question's best, train. `server`: a running VLLMServer that serves adapter_in as
     `module` and outlives the round (the flywheel's, which then evaluates on it); else the round starts its own
     and stops it before training."""
-    from contextlib import nullcontext
-
-    from distill.core.run import check_fingerprint, fingerprint, set_aside
-    from distill.sft_data import SftDataConfig, build_sft_data
-    from distill.core.store import CallCache, JsonlStore, read_jsonl, write_json, write_jsonl
-
     out = layout.round_dir(Path(cfg.output_dir), i)
     settings = round_settings(cfg, adapter_in)
     fp = fingerprint(settings)
@@ -379,7 +363,6 @@ def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh
     build_sft_data(SftDataConfig(kept=str(out / KEPT), out=str(out / layout.SFT_DATA), tools=cfg.tools,
                                  student_prompt=cfg.planner_prompt, val_fraction=cfg.val_fraction, seed=cfg.seed,
                                  tokenizer=None))
-    from distill.training.launch import launch
 
     info = launch(round_train_config(cfg, adapter_in, out))
     inherit_record(cfg, adapter_in, out / layout.ADAPTER, f"expert_iteration round {i}")
@@ -394,13 +377,6 @@ def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh
 
 def improve(cfg: ImproveConfig, config_path: str | None = None, fresh: bool = False) -> dict:
     """Every round in turn, each from the adapter the last one trained; returns the rounds' summaries."""
-    from contextlib import nullcontext
-
-    from distill.generate import load_questions
-    from distill.core.run import folder_lock
-    from distill.core.store import write_json
-    from distill.train import is_main_process, world_size
-
     if cfg.method == "expert_iteration" and world_size() > 1:
         raise DistillError(f"improve: method expert_iteration starts its own training processes, but this is one of "
                            f"{world_size()} launched ones: run it as `distill improve` (only method grpo trains "
@@ -440,10 +416,6 @@ class PlannerReward:
     __name__ = "planner_reward"
 
     def __init__(self, cfg: ImproveConfig, examples: list, cache=None):
-        from distill.agent.factory import make_tools_for
-        from distill.llm import build_chat
-        from distill.rewoo.worker import WorkerConfig
-
         self.by_id = {ex.id: ex for ex in examples}
         llm_tool = build_chat(cfg.llm_tool or cfg.solver, cfg.prices, cache) if "LLM" in cfg.tools else None
         self.tools_for = make_tools_for(cfg, llm_tool, cache)
@@ -453,9 +425,6 @@ class PlannerReward:
         self.calls: list[int] = []
 
     async def __call__(self, prompts, completions, id, log_metric=None, **_) -> list[float]:  # noqa: A002 (TRL's column)
-        import asyncio
-
-        from distill.agent.reward import score_plan
 
         texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
         examples = [self.by_id[i] for i in id]
@@ -473,8 +442,6 @@ class PlannerReward:
 def grpo_args(cfg: ImproveConfig, out: Path):
     """TRL's GRPOConfig from `grpo` over what the improve config already says (samples per question, the
     planner's sampling), with the run's folder; parsed as train parses SFT's, so a bad key is one line naming it."""
-    from distill.train import parse_grpo_config
-
     keys = {"num_generations": cfg.samples, "temperature": cfg.planner.temperature or 1.0,
             "max_completion_length": cfg.planner.max_tokens, "seed": cfg.seed, "report_to": "none",
             "save_strategy": "steps", "save_steps": 10, "save_total_limit": 1, "logging_steps": 1,
@@ -492,11 +459,6 @@ def run_grpo(cfg: ImproveConfig, examples: list) -> dict:
     """One GRPO run continuing the SFT adapter (`grpo/`), trained by distill.train as SFT is (resumed from its
     last checkpoint); what is the planner's stays here: the reward, the prompts, the records."""
     from datasets import Dataset
-
-    from distill.rewoo.prompts import planner_messages
-    from distill.core.store import CallCache, write_json
-    from distill.tools.registry import tool_descriptions
-    from distill.train import GRPORun, train, world_size
 
     out = Path(cfg.output_dir) / layout.GRPO
     args = grpo_args(cfg, out)
@@ -528,14 +490,10 @@ def run_grpo(cfg: ImproveConfig, examples: list) -> dict:
 # ------------------------------------------------------------------------------------------ command line
 
 def _check(cfg: ImproveConfig, check) -> None:
-    from distill.core.check import gpu_count
-
     check_run(cfg, check, gpus=gpu_count())  # prints what it would launch; no token estimate of its own
 
 
 def _report(cfg: ImproveConfig, result: dict) -> None:
-    from distill.train import is_main_process
-
     if not is_main_process():  # one report per launch, not one per process
         return
     print(json.dumps([{k: r.get(k) for k in ("mean_reward", "mean_best_reward", "kept", "valid_plan_rate")}

@@ -55,13 +55,25 @@ from typing import Any, Callable, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from distill.core import layout
+from distill.core.check import Check, TokenCounter, add_check_args, print_estimates, show_config, wants_check
 from distill.core.config import (ENDPOINT_IDENTITY, SERVER_PLACEHOLDER, AgentConfig, ModelSpec, Strict, _merge,
-                            add_config_args, fill_server, load_config, read_json_model, read_yaml, validate)
+                                 add_config_args, fill_server, load_config, read_json_model, read_yaml, validate)
 from distill.core.errors import DistillError
 from distill.core.layout import STAGES
 from distill.core.run import describe_changes, fingerprint, folder_lock, set_aside, settings_of, source_digests
 from distill.core.store import content_digest, write_json
 from distill.core.tracking import PACKAGES
+from distill.evaluate import EvalConfig
+from distill.filter import FilterConfig, format_report
+from distill.generate import GenerateConfig, check_run
+from distill.improve import ImproveConfig, final_adapter
+from distill.llm.base import weights_fingerprint
+from distill.report import ReportConfig, prompt_budget_summary, summary_lines
+from distill.serving.serve import MODULE_NAME, ServeConfig, build_command, format_command, platform_of, served_name
+from distill.sft_data import SftDataConfig, format_summary
+from distill.tools.registry import tool_descriptions
+from distill.train import DEFAULTS, TrainConfig
+from distill.training.launch import launch_command
 
 IMPROVED = "{}_improved"  # the LoRA module (and eval row model) of a student's improved adapter
 SERVER = SERVER_PLACEHOLDER  # the pipeline fills in the address of the stage's own server
@@ -189,8 +201,6 @@ class PipelineConfig(Strict):
     @field_validator("report")
     @classmethod
     def _report(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from distill.report import ReportConfig
-
         return validate(ReportConfig, dict(value), "report").model_dump(exclude_defaults=True)
 
     @field_validator(*SECTIONS, mode="before")
@@ -230,8 +240,6 @@ class PipelineConfig(Strict):
     @classmethod
     def _student_names(cls, value: dict | None) -> dict | None:
         """A student's name is its folder and the model name clients ask the server for."""
-        from distill.serving.serve import MODULE_NAME
-
         if value is not None and not value:
             raise ValueError("name at least one student, or leave `students` out for one")
         if bad := [name for name in value or {} if not MODULE_NAME.fullmatch(name)]:
@@ -464,25 +472,18 @@ class Pipeline:
         """{name: sft_data overrides}; without `students`, one student named as its LoRA module always was."""
         if self.cfg.students is not None:
             return self.cfg.students
-        from distill.serving.serve import ServeConfig
 
         return {self.cfg.student_server.get("lora_name") or ServeConfig.model_fields["lora_name"].default: {}}
 
     def generate_config(self, url: str | None):
-        from distill.generate import GenerateConfig
-
         paths = {"output_dir": str(layout.stage_dir(self.run, layout.GENERATE)),
                  "cache": str(layout.call_cache(self.run))}
         return validate(GenerateConfig, self.tracking() | fill_server(self.cfg.generate, url) | paths, "generate")
 
     def filter_config(self):
-        from distill.filter import FilterConfig
-
         return validate(FilterConfig, self.cfg.filter, "filter")
 
     def sft_data_config(self, name: str):
-        from distill.sft_data import SftDataConfig
-
         paths = {"kept": str(layout.kept(self.run)), "out": str(layout.sft_data(self.run, name))}
         where = "sft_data" if self.cfg.students is None else f"students.{name}"
         own = {k: v for k, v in self.students()[name].items() if k != "train"}
@@ -495,7 +496,6 @@ class Pipeline:
         spells out, so it may take more of them in the same time."""
         if name in self._trains:
             return self._trains[name]
-        from distill.train import TrainConfig
 
         own = self.students()[name].get("train") or {}
         if not isinstance(own, Mapping):
@@ -511,8 +511,6 @@ class Pipeline:
 
     def server_config(self, name: str):
         """`teacher_server`, or `student_server` loading every student's adapter as the LoRA module of its name."""
-        from distill.serving.serve import ServeConfig
-
         adapters = {n: str(layout.adapter(self.run, n)) for n in self.students()} | self.improved_adapters()
         students = {"adapter": None, "adapters": adapters}
         data = {"port": 0} | getattr(self.cfg, name) | (students if name == "student_server" else {})
@@ -531,15 +529,12 @@ class Pipeline:
         """{LoRA module: folder} of the improved adapter (the last round's), when there is an improve stage."""
         if (name := self.improved_student()) is None:
             return {}
-        from distill.improve import final_adapter
 
         return {IMPROVED.format(name): str(final_adapter(self.improve_config()))}
 
     def improve_config(self, url: str | None = None):
         """The improve section over the run's own questions, leak guard, student prompt and tools; with `url`,
         `@server` (each round's own server) made that address, as a check sees the round's endpoints."""
-        from distill.improve import ImproveConfig
-
         name = self.improved_student()
         gen, sft = self.cfg.generate, self.sft_data_config(name)
         defaults = {"datasets": gen.get("datasets", []), "eval_sets": gen.get("eval_sets", []),
@@ -552,8 +547,6 @@ class Pipeline:
         return cfg if url is None else validate(ImproveConfig, fill_server(cfg.model_dump(mode="json"), url), "improve")
 
     def eval_config(self, url: str | None):
-        from distill.evaluate import EvalConfig
-
         # per-method caches in the output folder: latency stays honest
         section = self.tracking() | fill_server(self.cfg.eval, url) | {
             "output_dir": str(layout.stage_dir(self.run, layout.EVAL))}
@@ -575,8 +568,6 @@ class Pipeline:
         a paid endpoint without a price run up a bill no cap sees. With `world` (a distill.core.check.Check: `--check`)
         every problem is collected rather than raised, and each stage's config, commands, prerequisites and
         estimate are printed (see `check_world`)."""
-        from distill.serving.serve import served_name
-
         attempt, url = partial(collect, world), "http://127.0.0.1:1/v1"
         made = {label(step.name, *student): attempt(step.config, self, url, *student)
                 for step in self.stages() for student in self.each(step)}
@@ -598,7 +589,6 @@ class Pipeline:
         if world is not None:
             self.check_world(world, url, start)
             return
-        from distill.core.check import Check
 
         prices = Check(offline=True, shared_prices=self.teacher_priced())  # the same lines as `--check`'s
         if imp is not None:
@@ -612,8 +602,6 @@ class Pipeline:
     def check_world(self, world, url: str, start: str | None = None) -> None:
         """`--check`: each stage's resolved config and the commands it would launch, what the run needs of this
         machine and the endpoints (one line per problem in `world`), and the estimate; nothing is written."""
-        from distill.core.check import TokenCounter, print_estimates
-
         counter, attempt = TokenCounter(), partial(collect, world)
         world.shared_prices |= self.teacher_priced()
         gpus = attempt(lambda: len(self.gpu_memory()))
@@ -628,29 +616,20 @@ class Pipeline:
     # ---------------------------------------------------------------- each stage's `--check`, in PIPELINE
     def check_generate(self, c: CheckContext):
         """The teacher's server, then generate's config, endpoints and estimate."""
-        from distill.generate import check_run
-
         if self.cfg.teacher_server is not None:
             self.check_server(c.world, "teacher_server", c.gpus)
         return check_run(self.generate_config(c.url if self.cfg.teacher_server else None), c.world, c.counter,
                          "generate.", {c.url})
 
     def check_filter(self, c: CheckContext) -> None:
-        from distill.core.check import show_config
-
         show_config("filter: resolved config", self.filter_config().model_dump(mode="json"))
 
     def check_sft_data(self, c: CheckContext, name: str) -> None:
-        from distill.core.check import show_config
-
         show_config(f"sft-data {name}: resolved config", self.sft_data_config(name).model_dump(mode="json"))
 
     def check_train(self, c: CheckContext, name: str) -> None:
         """A student's train section and the launch command launch.launch would run, its report_to integrations
         and its GPUs."""
-        from distill.core.check import show_config
-        from distill.training.launch import launch_command
-
         cfg = self.train_config(name)
         show_config(f"train {name}: resolved section", cfg.data)
         where = "train" if self.cfg.students is None else f"students.{name}.train over train"
@@ -701,8 +680,6 @@ class Pipeline:
     def check_server(self, world, name: str, gpus: int | None) -> None:
         """The vLLM command line VLLMServer would run (its port is picked at start; the students' adapters are
         added once trained), and whether the config wants GPUs this machine lacks."""
-        from distill.serving.serve import build_command, format_command, platform_of
-
         try:
             cfg = self.server_config(name)
             adapters = cfg.adapters
@@ -755,16 +732,12 @@ class Pipeline:
                     {layout.in_run(self.run, kept): content_digest(kept)}, name)
 
     def train_unit(self, name: str) -> Unit:
-        from distill.train import DEFAULTS
-
         settings = settings_of(DEFAULTS | {k: v for k, v in self.train_config(name).data.items() if k != "dataset_dir"})
         data = layout.sft_data(self.run, name)
         return Unit(layout.TRAIN, layout.adapter(self.run, name), settings,
                     {layout.in_run(self.run, data): content_digest(data, skip=SFT_DATA_NOT_INPUT)}, name)
 
     def improve_unit(self) -> Unit:
-        from distill.llm.base import weights_fingerprint
-
         name = self.improved_student()
         settings = settings_of(self.improve_config().model_dump(mode="json", exclude={"adapter", "output_dir"}))
         adapter = layout.adapter(self.run, name)
@@ -772,8 +745,6 @@ class Pipeline:
                     {layout.in_run(self.run, adapter): weights_fingerprint(str(adapter))})
 
     def eval_unit(self) -> Unit:
-        from distill.llm.base import weights_fingerprint
-
         cfg = self.eval_config(SERVER)
         settings = settings_of(cfg.model_dump(mode="json")) | {"student_server": self.server_settings("student_server")}
         trained = {n: layout.adapter(self.run, n) for n in self.students()}
@@ -803,8 +774,6 @@ class Pipeline:
             return self.entry("generate")(cfg, self.config_path, fresh=True) | served_by(srv)
 
     def filter(self) -> dict:
-        from distill.filter import format_report
-
         report = self.entry("filter")(layout.trajectories(self.run), layout.kept(self.run), self.filter_config())
         print(format_report(report))
         if report["kept"] == 0:
@@ -812,8 +781,6 @@ class Pipeline:
         return {"kept": report["kept"], "input_records": report["input_records"]}
 
     def sft_data(self, name: str) -> dict:
-        from distill.sft_data import format_summary
-
         summary = self.entry("sft-data")(self.sft_data_config(name))
         print(format_summary(summary))
         return {"student_prompt": summary["student_prompt"],
@@ -839,8 +806,6 @@ class Pipeline:
 
     def report(self) -> dict:
         """The report from the evaluation's records, at the run folder's root, with the stage timings."""
-        from distill.report import prompt_budget_summary, summary_lines
-
         results = self.entry("report")(layout.stage_dir(self.run, layout.EVAL), self.run, **self.cfg.report)
         print("\n".join(summary_lines(results) + prompt_budget_summary(results)))
         timings = {s.name: read_marker(layout.marker(layout.stage_dir(self.run, s.name))).seconds
@@ -972,8 +937,6 @@ def check_leak_guard_covers_eval(gen: Any, ev: Any) -> None:
 def check_improved_as_trained(imp: Any, sft: Any, student: str) -> None:
     """improve samples the student's plans from the prompt it was trained on: its kind and its tool list. Other
     tools would be a prompt the student never saw, and plans calling tools it has no line for."""
-    from distill.tools.registry import tool_descriptions
-
     if imp.planner_prompt != sft.student_prompt:
         raise DistillError(f"improve.planner_prompt {imp.planner_prompt} differs from student {student}'s "
                            f"student_prompt {sft.student_prompt}: it was trained on that prompt")
@@ -986,8 +949,6 @@ def check_students_served_as_trained(sft: Mapping[str, Any], ev: Any, url: str, 
     """Every model eval asks this pipeline's server for must be one it serves (the base or a student), and a row
     serving a student must give it the prompt it is trained on (kind and tools): otherwise the run fails after
     training, or the student is measured on a prompt it never saw and nothing else would say so."""
-    from distill.tools.registry import tool_descriptions
-
     specs = [(f"planner {row.name}", row.spec) for row in ev.planners]
     specs += [("solver", ev.solver), ("llm_tool", ev.llm_tool), ("judge", ev.judge)]
     for what, spec in specs:
@@ -1009,8 +970,6 @@ def check_students_served_as_trained(sft: Mapping[str, Any], ev: Any, url: str, 
 # ------------------------------------------------------------------------------------------ command line
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from distill.core.check import add_check_args
-
     add_config_args(parser)
     add_check_args(parser)
     parser.add_argument("--from", dest="start", metavar="STAGE", type=lambda v: v.replace("_", "-"), choices=STAGES,
@@ -1018,8 +977,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from distill.core.check import Check, wants_check
-
     if not args.config:
         raise DistillError("--config is required (e.g. configs/demo_smollm2_cpu.yaml)")
     cfg = load_config(PipelineConfig, args.config, args.set)

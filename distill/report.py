@@ -31,17 +31,20 @@ from urllib.parse import quote
 import numpy as np
 from pydantic import field_validator
 
-from distill.core import layout
 from distill.agent.baselines import FINISH
+from distill.core import layout
 from distill.core.config import Strict, validate
 from distill.core.errors import DistillError
-from distill.evaluate import EvalRecord, PromptBudget, record_key
 from distill.core.metrics import answer_in_text, bootstrap_ci, evidence_recall, metric_of, paired_bootstrap, score
-from distill.reporting.provenance import collect as collect_provenance
-from distill.rewoo.plan import duplicate_steps
+from distill.core.run import read_manifest
 from distill.core.store import dedupe, read_jsonl, replace_files, write_json
+from distill.evaluate import EvalRecord, PromptBudget, record_key
+from distill.reporting import flywheel_report
+from distill.reporting.provenance import collect as collect_provenance
+from distill.reporting.provenance import read_json
 from distill.reporting.verdict import headline, question_outcomes, read_measures, verdict
 from distill.reporting.viewer import VIEWER, write_viewer
+from distill.rewoo.plan import duplicate_steps
 
 RESULTS_VERSION = 1
 PLOT_CAPTIONS = {"accuracy_vs_tokens": "F1 against tokens per question",
@@ -488,8 +491,6 @@ def _outcomes(by_method: dict[str, list[dict]], reference: str) -> dict[str, dic
 def _load(output_dir: str | Path) -> tuple[dict, dict[str, list[dict]]]:
     """The results and the records they come from: methods in manifest order (others after, alphabetically),
     restricted to the manifest's questions."""
-    from distill.core.run import read_manifest
-
     found = read_manifest(layout.manifest(Path(output_dir)))
     manifest = found.model_dump(exclude_unset=True) if found else {}
     by_method = load_records(output_dir)
@@ -652,8 +653,6 @@ def _plot_rewards(improve: dict, path: Path) -> None:
 
 def _plot_losses(students: dict, path: Path) -> None:
     """Training (solid) and validation (dashed) loss against optimiser step, a colour per student."""
-    from distill.reporting.provenance import read_json
-
     with _figure(path, (7.5, 4.4)) as (_, (ax,)):
         for i, (name, s) in enumerate(students.items()):
             history = read_json(Path(s["loss_history"])) if s.get("loss_history") else None
@@ -1067,8 +1066,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from distill.reporting import flywheel_report
-
     if flywheel_report.is_flywheel_dir(args.eval_dir):  # a flywheel's rounds: no records to recompute
         if args.intro is not None:
             raise DistillError("--intro opens an evaluation's report; a flywheel folder's report has none")

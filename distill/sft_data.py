@@ -22,17 +22,18 @@ from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from distill import code_version
 from distill.core import layout
 from distill.core.config import PlannerPrompt, Strict, add_config_args, parse_overrides, read_yaml, validate
 from distill.core.data import normalize_question
 from distill.core.errors import DistillError
-from distill.filter import KeptRecord
-from distill.rewoo.plan import parse_plan, render_plan
-from distill import code_version
-from distill.rewoo.prompts import PromptKind, planner_messages, prompt_kind_of
 from distill.core.store import describe, iter_jsonl, replace_folder, write_json, write_jsonl
-from distill.tools.registry import DEFAULT_TOOLS, tool_descriptions
+from distill.filter import KeptRecord
+from distill.llm.embedded import resolve_model_path
 from distill.reporting.verdict import small_training_set
+from distill.rewoo.plan import parse_plan, render_plan
+from distill.rewoo.prompts import PromptKind, planner_messages, prompt_kind_of
+from distill.tools.registry import DEFAULT_TOOLS, tool_descriptions
 
 PREVIEW_ROWS = 20
 
@@ -313,8 +314,6 @@ def load_tokenizer(name: str | None):
     if not name or name.lower() == "none":
         return None
     from transformers import AutoTokenizer
-
-    from distill.llm.embedded import resolve_model_path
 
     try:
         return AutoTokenizer.from_pretrained(resolve_model_path(name))

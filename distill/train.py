@@ -32,13 +32,19 @@ from typing import Any, Mapping
 
 import yaml
 
+from distill import code_version
 from distill.core import layout
-from distill.core.config import add_config_args
-from distill.core.config import load_config
+from distill.core.config import add_config_args, load_config
 from distill.core.errors import DistillError
-from distill.training.merge import ADAPTER_INFO
 from distill.core.secrets import MaskingFormatter, is_secret_name, mask, mask_log_record, masked_mapping, remember
+from distill.core.store import replace_files, write_json
 from distill.core.tracking import require as require_trackers
+from distill.llm.embedded import resolve_model_path
+from distill.reporting.provenance import read_json as read_optional
+from distill.reporting.verdict import small_training_set
+from distill.sft_data import check_rows
+from distill.training.merge import ADAPTER_INFO
+from distill.training.push import model_card_problem, write_model_card
 
 log = logging.getLogger("distill.train")
 
@@ -401,7 +407,6 @@ def load_splits(dataset_dir: str):
     for column in ("prompt", "completion"):
         if column not in data["train"].column_names:
             raise DistillError(f"{dataset_dir}: no {column!r} column; expected the prompt/completion form")
-    from distill.sft_data import check_rows
 
     for split in ("train", "validation"):
         if data.get(split):
@@ -490,8 +495,6 @@ def build_trainer(cfg: TrainConfig | GRPORun, callbacks: list | None = None, res
     import_trl()
     from trl import SFTTrainer, get_peft_config
 
-    from distill.llm.embedded import resolve_model_path
-
     args = cfg.sft
     require_trackers(args.report_to)
     os.environ.update(tracking_env(args.report_to, args.output_dir, os.environ))
@@ -512,7 +515,6 @@ def build_trainer(cfg: TrainConfig | GRPORun, callbacks: list | None = None, res
         raise DistillError(f"{cfg.model.model_name_or_path}: the tokenizer has no chat template; the planner prompt "
                            "is a chat")
     check_prompt_lengths({"train": train, "validation": val}, tokenizer, args.max_length, cfg.distill.dataset_dir)
-    from distill.reporting.verdict import small_training_set
 
     if not cfg.distill.init_adapter and (warning := small_training_set(len(train))):  # improve's rounds are small
         log.warning("%s: %s", cfg.distill.dataset_dir, warning)
@@ -540,8 +542,6 @@ def grpo_trainer(run: GRPORun, callbacks: list | None = None):
 
     import_trl()
     from trl import GRPOTrainer
-
-    from distill.llm.embedded import resolve_model_path
 
     path = resolve_model_path(run.model_name_or_path)
     return GRPOTrainer(model=trainable_adapter(path, run.init_adapter), reward_funcs=run.reward_funcs, args=run.args,
@@ -581,10 +581,6 @@ def write_outputs(trainer, cfg: TrainConfig | GRPORun, started: float) -> dict:
         trainer.save_model(str(Path(cfg.args.output_dir) / layout.ADAPTER))
         return {"global_step": trainer.state.global_step, "log_history": trainer.state.log_history,
                 "main_process": trainer.is_world_process_zero()}
-    from distill.llm.embedded import resolve_model_path
-    from distill.core.store import write_json
-
-    from distill.core.store import replace_files
 
     # staged, then renamed over the old adapter: a full disk mid-save keeps the last adapter whole and names the
     # file that failed (every rank stages; only the main process writes files, ZeRO-3 gathers on all of them)
@@ -621,7 +617,6 @@ def write_outputs(trainer, cfg: TrainConfig | GRPORun, started: float) -> dict:
     } | trained_on(cfg.distill.dataset_dir, len(trainer.train_dataset),
                    len(trainer.eval_dataset) if trainer.eval_dataset is not None else 0)
     write_json(out / ADAPTER_INFO, info)
-    from distill.training.push import model_card_problem, write_model_card
 
     if problem := model_card_problem(out):
         log.warning("no model card written: %s", problem)
@@ -635,9 +630,6 @@ def trained_on(dataset_dir: str, train_examples: int, validation_examples: int) 
     dataset folder is named by a path that means nothing once the adapter is moved or pushed, and push, serve,
     improve, eval and the report must know the prompt and tools it was trained on without it. The counts are
     the rows training read."""
-    from distill import code_version
-    from distill.reporting.provenance import read_json as read_optional
-
     summary = read_optional(Path(dataset_dir) / layout.SUMMARY) or {}
     splits = summary.get("splits") if isinstance(summary.get("splits"), dict) else {}
     tools = summary.get("tool_descriptions") or summary.get("tools")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 from collections import Counter
 from pathlib import Path
@@ -21,16 +22,18 @@ from distill.agent.baselines import DirectAgent, ReActAgent
 from distill.core.config import AgentConfig, add_config_args, load_config
 from distill.core.errors import DistillError
 from distill.core.metrics import METRICS
+from distill.llm import build_chat
+from distill.llm.cached import CachedTool
 from distill.rewoo.agent import Question, ReWOOAgent
 from distill.rewoo.worker import WorkerConfig
 from distill.tools.registry import build_tools, tool_descriptions
+from distill.tools.wikipedia import LocalWikipedia, OnlineWikipedia
 
 
 def build_wikipedia(cfg, tools: Mapping[str, str]):
     """The shared Wikipedia backend; per-question scoping happens in `tools_for`."""
     if "Wikipedia" not in tools:
         return None
-    from distill.tools.wikipedia import LocalWikipedia, OnlineWikipedia
 
     if cfg.wikipedia_backend == "online":
         return OnlineWikipedia.from_config(cfg)
@@ -44,8 +47,6 @@ def build_wikipedia(cfg, tools: Mapping[str, str]):
 def make_tools_for(cfg, llm_tool_model, cache=None, wiki=None, wrap=None) -> Callable[[Any], dict]:
     """A per-question tool set: fresh LLM-tool call log, and Wikipedia scoped to the question when asked.
     `wrap(tools, example)` is applied outside the call cache, so eval's injected failures are never cached."""
-    from distill.llm.cached import CachedTool
-
     names = list(tool_descriptions(cfg.tools))
     wiki = wiki if wiki is not None else build_wikipedia(cfg, names)
     llm_max_tokens = (cfg.llm_tool or cfg.solver).max_tokens
@@ -81,8 +82,6 @@ def build_agent(
     """The one factory from an AgentConfig to an agent (rewoo, or a baseline eval measures it against), so
     every method gets its Solver and tools wired the same way. `planner`, `planner_prompt` and `replan`
     override the config's own (eval has one per row); `wrap_tools` is eval's injected failures."""
-    from distill.llm import build_chat
-
     if kind == "direct":
         solver = build_chat(cfg.solver, cfg.prices, cache)
         return _with_endpoints(DirectAgent(solver, max_tokens=cfg.solver.max_tokens, method=method, seed=seed), solver)
@@ -117,10 +116,6 @@ def with_planner(agent, spec, prices: dict | None = None):
     """A copy of a ReWOO agent that plans with `spec`'s model, sharing everything else (Solver, tools, the
     Wikipedia index, Worker settings): a served agent switches its planner in the time one model client takes
     to build, and requests already running on the old agent finish on it untouched."""
-    import copy
-
-    from distill.llm import build_chat
-
     if not isinstance(agent, ReWOOAgent):
         raise DistillError(f"only a ReWOO agent has a planner to switch (this one is {type(agent).__name__})")
     planner = build_chat(spec, prices)

@@ -24,6 +24,10 @@ from typing import Any, Iterable, Mapping
 
 from distill.core.errors import DistillError, one_line
 from distill.core.secrets import masked_mapping
+from distill.core.tracking import INTEGRATIONS
+from distill.llm import endpoint_urls, no_price_line, price_for, unpriced_endpoints, unpriced_url
+from distill.llm.base import Usage
+from distill.llm.openai_backend import OpenAIChat, ServerError
 
 # Records, the call cache, sft data and two LoRA checkpoints take a few hundred MB; below this a long run may die
 # on its last write.
@@ -122,8 +126,6 @@ class TokenCounter:
 
 def estimate_stage(stage: str, questions: int, kinds: Iterable[CallKind], prices: Mapping | None,
                    counter: TokenCounter) -> StageEstimate:
-    from distill.llm import price_for, unpriced_url
-    from distill.llm.base import Usage
 
     est = StageEstimate(stage, questions)
     for kind in kinds:
@@ -188,8 +190,6 @@ class Check:
         """One line per endpoint off this machine with no price known (distill.llm.unpriced_endpoints), except
         that those taking their model from one setting (`shared_prices`) are one line naming that setting and
         them, since pricing that setting prices them all."""
-        from distill.llm import no_price_line, unpriced_endpoints, unpriced_url
-
         for where, spec in endpoints.items():
             name, setting = f"{prefix}{where}", self.shared_prices.get(f"{prefix}{where}")
             if setting is None:
@@ -208,8 +208,6 @@ class Check:
     def endpoints(self, endpoints: Mapping[str, Any], prefix: str = "", started: Iterable[str] = ()) -> None:
         """Keys and servers of a stage's endpoints; an endpoint at one of `started` (URLs of servers the
         pipeline itself starts) is not called."""
-        from distill.llm import endpoint_urls
-
         started = set(started)
         print("--- endpoints")
         missing: dict[str, list[str]] = {}  # env var -> the settings naming it
@@ -239,8 +237,6 @@ class Check:
     def _ping(self, url: str, spec) -> str | None:
         """One GET /models (no retries, a short timeout): None when the server answers. A refusal counts as an
         answer without a key (the key is reported missing already), as a problem with one."""
-        from distill.llm.openai_backend import OpenAIChat, ServerError
-
         key_env = spec.api_key_env if spec.api_key_env and os.environ.get(spec.api_key_env) else None
         if (url, key_env) in self._pinged:
             return self._pinged[(url, key_env)]
@@ -257,8 +253,6 @@ class Check:
 
     def report_to(self, report_to: Iterable[str] | str | None, where: str) -> None:
         """Each `report_to` integration must be importable: the run would fail on it after the work before."""
-        from distill.core.tracking import INTEGRATIONS
-
         for name in [report_to] if isinstance(report_to, str) else report_to or []:
             if name in ("none", "all"):
                 continue

@@ -6,9 +6,13 @@ endpoint has several settings of its own. Every bad key is reported, on one line
 
 from __future__ import annotations
 
+import difflib
+import json
 import types
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, TypeVar
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
@@ -28,8 +32,6 @@ PlannerPrompt = Annotated[PromptKind, BeforeValidator(canonical_prompt_kind)]
 
 def _number_not_switch(annotation: Any) -> bool:
     """Whether a setting of this type is a number (int or float, maybe optional) that is not also a bool."""
-    import typing
-
     members = set(typing.get_args(annotation)) if typing.get_origin(annotation) in (typing.Union, types.UnionType) \
         else {annotation}
     members = {typing.get_args(m)[0] if typing.get_origin(m) is Annotated else m for m in members}
@@ -144,8 +146,6 @@ def check_base_url(url: str, example: str | None = None) -> None:
     """http(s)://host[:port][/path], or the @server placeholder of a model's base_url (not where `example`, an
     address of another kind, is given); anything else raises ValueError in words. A URL with credentials is
     refused before any other fault is named, so no message repeats its password."""
-    from urllib.parse import urlsplit
-
     if url == SERVER_PLACEHOLDER:
         if example is None:
             return
@@ -422,8 +422,6 @@ def error_label(data: Any, loc: tuple) -> str:
 
 def _model_at(cls: Any, loc: tuple) -> type[BaseModel] | None:
     """The pydantic model whose fields the key at `loc` sits among (list places and mapping keys skipped)."""
-    import typing
-
     model = cls
     for key in loc:
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
@@ -442,8 +440,6 @@ def _model_at(cls: Any, loc: tuple) -> type[BaseModel] | None:
 
 def suggestion(name: str, known: Any) -> str:
     """`; did you mean X?` for a misspelt key, or nothing when no known key is close."""
-    import difflib
-
     known = [str(k) for k in known]
     # a shortened or lengthened spelling (`lora_rank` for `lora_r`) before one a letter or two away
     close = [k for k in known if len(k) >= 4 and len(str(name)) >= 4 and (k.startswith(name) or str(name).startswith(k))]
@@ -497,8 +493,6 @@ def validate(cls: type[C], data: dict, source: str = "config", overrides: Mappin
 def read_json_model(path: Path, cls: type[C], what: str, remedy: str) -> C | None:
     """A JSON file a stage wrote (a manifest, a stage marker), checked against its model: None when it is
     missing; unreadable or of another shape, one line naming the file, what it should be and `remedy`."""
-    import json
-
     if not path.exists():
         return None
     try:

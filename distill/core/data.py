@@ -16,6 +16,7 @@ import json
 import os
 import random
 import re
+import tempfile
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -28,6 +29,7 @@ from pydantic.dataclasses import dataclass
 from distill.core.config import Strict
 from distill.core.errors import DistillError, clip
 from distill.core.metrics import DATASET_RULES, Metric, metric_for
+from distill.core.secrets import url_refusal
 from distill.core.store import describe, iter_jsonl, refuse_lone_surrogates
 
 # A question longer than this is refused unless the source sets its own `max_question_chars`: HotpotQA and
@@ -398,7 +400,6 @@ def _load_hub(source: str, dataset: str | None, split: str, data_files: str | li
     name, _, config = source[len("hub:") :].partition(":")
     if not name:
         raise DistillError(f"bad source {source!r}: expected hub:<name>[:<config>]")
-    from distill.core.secrets import url_refusal
 
     if refusal := url_refusal("HF_ENDPOINT", os.environ.get("HF_ENDPOINT"), "the environment variable HF_TOKEN"):
         raise DistillError(refusal)  # the datasets library would send its user:password and quote it in errors
@@ -418,8 +419,6 @@ def _read_table(path: Path, builder: str, columns: Mapping[str, str] | None) -> 
     "007" stays "007" and "NA" or "None" stays text, rather than pandas reading numbers and missing values in.
     The library's cache is a folder of its own, removed once the rows are read, and its log and progress bars
     are off meanwhile: a file it cannot read is one line, said here."""
-    import tempfile
-
     import datasets
 
     names, empty = _table_head(path, builder)

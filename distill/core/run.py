@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import platform
 import signal
@@ -41,9 +42,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from distill import code_version  # noqa: F401 (manifests say which code made a run)
 from distill.core import layout
+from distill.core.config import read_json_model
 from distill.core.errors import DistillError, ServerUnreachable, is_environment_failure, one_line
+from distill.core.metrics import judge
 from distill.core.secrets import mask, masked_argv, masked_mapping
 from distill.core.store import JsonlStore, content_digest, overwrite_in_place, stable_hash, write_json
+from distill.llm import build_chat, spec_identity
 
 
 def now() -> str:
@@ -94,8 +98,6 @@ class Manifest(BaseModel):
 
 def read_manifest(path: Path) -> Manifest | None:
     """The manifest at `path`, None when there is none."""
-    from distill.core.config import read_json_model
-
     return read_json_model(path, Manifest, "run manifest", "restore it, or move the folder aside and rerun")
 
 
@@ -112,8 +114,6 @@ RUNTIME_KEYS = frozenset({
 def settings_of(value: Any) -> Any:
     """A config dump without its RUNTIME_KEYS, at any depth, in JSON's own types (so it compares equal to
     itself read back from a marker or a manifest)."""
-    import json
-
     def strip(v: Any) -> Any:
         if isinstance(v, dict):
             return {k: strip(x) for k, x in v.items() if k not in RUNTIME_KEYS}
@@ -141,8 +141,6 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
 
 def describe_changes(old: Any, new: Any, limit: int = 3) -> str:
     """`min_f1 0.5 -> 0.9, criterion evidence -> answer`: the settings that differ, by dotted name."""
-    import json
-
     def show(v: Any) -> str:
         text = "unset" if v is _UNSET else json.dumps(v) if not isinstance(v, str) else v
         return text if len(text) <= 40 else text[:37] + "..."
@@ -159,10 +157,6 @@ _UNSET = object()
 def model_identities(specs: dict[str, Any]) -> dict[str, dict | None]:
     """{name: what that ModelSpec's endpoint serves} (see `llm.spec_identity`); None for an unset one. Each
     endpoint is asked once, however many roles share it."""
-    import asyncio
-
-    from distill.llm import spec_identity
-
     async def ask() -> dict[str, dict | None]:
         seen: dict[str, dict] = {}
         out: dict[str, dict | None] = {}
@@ -299,15 +293,12 @@ def run_lifecycle(out: Path, manifest: dict, check: Callable[[], None] | None = 
 
 def build_judge(cfg, cache):
     """The optional LLM judge (the paper's "Acc") of a run's config, or None."""
-    from distill.llm import build_chat
-
     return None if cfg.judge is None else build_chat(cfg.judge, cfg.prices, cache)
 
 
 async def add_judgement(judge_model, example, rec: dict) -> None:
     if judge_model is None or not example.answers:
         return
-    from distill.core.metrics import judge
 
     verdict = await judge(judge_model, example.question, example.answers, rec["prediction"])
     rec["scores"]["judge"] = verdict["verdict"]

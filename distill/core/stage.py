@@ -10,6 +10,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from distill.core.check import Check, add_check_args, print_estimates, wants_check
 from distill.core.config import add_config_args, add_fresh_arg, load_config
 from distill.core.errors import DistillError
 
@@ -25,16 +26,12 @@ class Stage:
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from distill.core.check import add_check_args
-
     add_config_args(parser)
     add_fresh_arg(parser)
     add_check_args(parser)
 
 
 def main(stage: Stage, args: argparse.Namespace) -> int:
-    from distill.core.check import Check, print_estimates, wants_check
-
     if not args.config:
         raise DistillError(f"--config is required (e.g. {stage.example})")
     cfg = load_config(stage.config, args.config, args.set)

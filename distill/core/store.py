@@ -17,6 +17,7 @@ import sqlite3
 import sys
 import threading
 import time
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import IO, Any, Callable, Container, Hashable, Iterable, Iterator
 
@@ -60,8 +61,6 @@ def content_digest(path: str | Path, skip: Iterable[str] = ()) -> str | None:
     """A file's digest, or a folder's (every file under it by relative name, except names matching a `skip`
     pattern), or None when there is nothing there: what a later stage was made from, so a rerun can tell it
     changed."""
-    from fnmatch import fnmatch
-
     path = Path(path)
     if path.is_file():
         return file_digest(path)

@@ -30,9 +30,10 @@ from typing import Annotated, Any, Iterator
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from distill.core.errors import DistillError
-from distill.rewoo.record import TrajectoryRecord
+from distill.core.run import folder_lock
 from distill.core.secrets import mask
 from distill.core.store import JsonlStore, _fsync_dir, iter_jsonl, parse_line
+from distill.rewoo.record import TrajectoryRecord
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +163,6 @@ class TraceLog:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise DistillError(f"traces_dir {self.folder}: cannot create it ({exc.strerror or exc})") from None
-        from distill.core.run import folder_lock
 
         self._folder_lock = folder_lock(self.folder)  # one writer per folder, or two would append to one file
         self._folder_lock.__enter__()

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from distill.core.errors import DistillError
+from distill.core.secrets import IN_API_KEY_ENV, url_refusal
 from distill.core.store import file_digest
+from distill.llm.embedded import resolve_model_path
 
 
 @dataclass
@@ -57,11 +61,6 @@ class ChatModel(Protocol):
 def openai_urls(base_urls: list[str] | None) -> list[str]:
     """Where an OpenAI-compatible endpoint's calls go: its base URLs, else the SDK's own default (the
     OPENAI_BASE_URL variable, else OpenAI's API)."""
-    import os
-
-    from distill.core.errors import DistillError
-    from distill.core.secrets import IN_API_KEY_ENV, url_refusal
-
     default = os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1")
     if not base_urls and (refusal := url_refusal("OPENAI_BASE_URL", default, IN_API_KEY_ENV)):
         raise DistillError(refusal)  # before `--check` prints it or a client sends it as Basic auth
@@ -94,7 +93,6 @@ async def identity_of(model) -> dict:
     own = getattr(model, "identity", None)
     if own is not None:
         return await own()
-    from distill.llm.embedded import resolve_model_path
 
     path = resolve_model_path(model.name)
     weights = await asyncio.to_thread(weights_fingerprint, path)

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from distill.core import layout
 from distill.core.errors import DistillError, one_line
 from distill.core.store import replace_files
+from distill.flywheel import read_promotions, read_round_report
 
 REPORT_JSON = "report.json"  # in each round_<r>/ (the contract's name; distill.flywheel writes it)
 PROMOTIONS = "promotions.jsonl"  # at the flywheel folder's root
@@ -76,8 +77,6 @@ def _read(reader: Callable[[Path], Any], path: Path) -> Any:
 def load_flywheel(folder: str | Path) -> dict:
     """Every round's report.json (None for a round folder without one: an attempt that is running or died) and
     the promotions log, checked by distill.flywheel's readers before anything is shown."""
-    from distill.flywheel import read_promotions, read_round_report
-
     folder = Path(folder)
     rounds = []
     for number, path in round_dirs(folder):

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from distill.core.errors import DistillError
+from distill.tools.registry import DEFAULT_TOOLS
 
 ERROR_CODES = (
     "empty_plan", "unknown_tool", "undefined_ref", "forward_ref", "duplicate_id", "malformed_step",
@@ -361,8 +362,6 @@ class _Scanner:
 # ------------------------------------------------------------------------------------------ command line
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from distill.tools.registry import DEFAULT_TOOLS  # here: parsing a plan needs none of the tool modules
-
     default = ",".join(DEFAULT_TOOLS)
     parser.add_argument("file", nargs="?", default="-", metavar="FILE", help="plan text file; '-' or none reads stdin")
     tools_help = f"comma-separated tool names the plan may use (default {default}); '' skips the tool check"

@@ -32,14 +32,27 @@ import signal
 import time
 import uuid
 from collections import Counter
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
+from distill.agent.factory import with_planner
 from distill.core.config import AgentConfig, add_config_args, load_config
+from distill.core.data import _bad_characters
 from distill.core.errors import DistillError, ServerUnreachable, clip, one_line
 from distill.core.secrets import remember
+from distill.core.traces import Feedback, NotWritten, TraceLog, now
+from distill.llm import spec_identity
+from distill.llm.base import openai_urls
+from distill.llm.openai_backend import OpenAIChat, ServerError
+from distill.reporting.provenance import adapter_of
+from distill.rewoo.agent import Question
+from distill.rewoo.record import make_record
+from distill.serving.serve import client_host, free_port, is_loopback
+from distill.tools.registry import tool_descriptions
+from distill.training.merge import check_as_trained
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +172,6 @@ def _bad_request(message: str, code: str = "invalid_request") -> ApiError:
 
 def question_of(req: ChatRequest, cfg: AgentServerConfig) -> str:
     """The last user message, checked as a dataset question is (it goes to every model the agent calls)."""
-    from distill.core.data import _bad_characters
-
     if not req.messages:
         raise _bad_request("messages: empty; send at least one user message")
     if len(req.messages) > cfg.max_messages:
@@ -277,7 +288,6 @@ class AgentService:
         """`adapter`: the adapter folder the planner server says it serves as cfg.planner.model, where known
         (`check_planner_as_trained` finds it at start)."""
         from distill.agent.factory import build_agent
-        from distill.core.traces import TraceLog, now
 
         self.cfg = cfg
         self.token = token
@@ -312,9 +322,6 @@ class AgentService:
 
     async def _answer(self, question: str, rid: str, stream: bool, emit, agent,
                       planner: dict) -> tuple[dict, ApiError | None]:
-        from distill.rewoo.agent import Question
-        from distill.rewoo.record import make_record
-        from distill.core.traces import now
 
         t0 = time.perf_counter()
         example = Question(question, id=rid, dataset="served")
@@ -345,8 +352,6 @@ class AgentService:
         return record, error
 
     def _error_of(self, exc: Exception) -> ApiError:
-        from distill.llm.openai_backend import ServerError
-
         if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
             return ApiError(503, f"the agent did not finish within request_timeout_s ({self.cfg.request_timeout_s:g} s)"
                             "; a model endpoint is slow or down", "server_error", "upstream_timeout",
@@ -367,11 +372,6 @@ class AgentService:
         prompt and tools (422 if not); then a copy of the agent with the new planner (Solver, tools and the
         Wikipedia index shared) replaces the old one. Requests already running keep the agent they started
         with. One swap at a time, so two promotions cannot interleave their check and their switch."""
-        from distill.agent.factory import with_planner
-        from distill.training.merge import check_as_trained
-        from distill.tools.registry import tool_descriptions
-        from distill.core.traces import now
-
         cfg = self.cfg
         if cfg.planner.backend != "openai":
             raise _bad_request(f"planner.backend is {cfg.planner.backend}: only a planner on a model server "
@@ -406,10 +406,6 @@ class AgentService:
         Asked once per server within probe_timeout_s and without retries, as at start; by /v1/models alone,
         not `spec_identity`, which also hashes the weights it finds there: a base model's gigabytes would
         outlast the probe."""
-        from distill.llm.base import openai_urls
-        from distill.llm.openai_backend import OpenAIChat, ServerError
-        from distill.reporting.provenance import adapter_of
-
         spec, wait = self.cfg.planner, self.cfg.probe_timeout_s
         retry = {"Retry-After": str(self.cfg.retry_after_s)}
         roots = []
@@ -454,8 +450,6 @@ class ClientLeft(Exception):
 
 
 def build_app(service: AgentService):
-    from contextlib import asynccontextmanager
-
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -585,8 +579,6 @@ def build_app(service: AgentService):
 
     @app.post("/v1/feedback")
     async def feedback(request: Request):
-        from distill.core.traces import Feedback, NotWritten
-
         authorize(request)
         item = parse(Feedback, await read_json(request))
         if item.at is not None:
@@ -716,8 +708,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def token_of(cfg: AgentServerConfig) -> str | None:
     """The bearer token, read from the environment only; off loopback a server without one is refused."""
-    from distill.serving.serve import is_loopback
-
     if cfg.auth_token_env is None:
         if not is_loopback(cfg.host):
             raise DistillError(f"host {cfg.host} is reachable from other machines: set auth_token_env to the name of "
@@ -740,12 +730,6 @@ def check_planner_as_trained(cfg: AgentServerConfig) -> str | None:
     and its first request says so): asked once, without the request timeouts and retries, so a hung planner
     delays the start by one probe at most. Returns that adapter folder (None when none is found), which every
     trace then names."""
-    from distill.llm import spec_identity
-    from distill.llm.openai_backend import ServerError
-    from distill.training.merge import check_as_trained
-    from distill.reporting.provenance import adapter_of
-    from distill.tools.registry import tool_descriptions
-
     if cfg.planner.backend != "openai":
         return None
     probe = cfg.planner.model_copy(update={"timeout_s": cfg.probe_timeout_s, "max_retries": 0})
@@ -847,8 +831,6 @@ def draining_server(config, service: AgentService):
 
 def main(args: argparse.Namespace) -> int:
     import uvicorn
-
-    from distill.serving.serve import client_host, free_port
 
     cfg = load_config(AgentServerConfig, args.config, args.set)
     token = token_of(cfg)

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import argparse
 
+from distill.flywheel import configure_promote_parser, promote_main
+
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from distill.flywheel import configure_promote_parser
-
     configure_promote_parser(parser)
 
 
 def main(args: argparse.Namespace) -> int:
-    from distill.flywheel import promote_main
-
     return promote_main(args)
 
 

@@ -37,9 +37,9 @@ from pydantic import Field, model_validator
 
 from distill.core.config import Strict, add_config_args, load_config
 from distill.core.errors import DistillError
-from distill.llm.embedded import EMBEDDED_NAME, cache_root, is_embedded, resolve_model_path
-from distill.training.merge import lora_patterns, read_json, trained_base
 from distill.core.secrets import MASK, mask, masked_argv, masked_env, secret_values
+from distill.llm.embedded import EMBEDDED_NAME, cache_root, is_embedded, resolve_model_path
+from distill.training.merge import lora_patterns, read_json, trained_base, trained_prompt
 
 log = logging.getLogger(__name__)
 
@@ -804,8 +804,6 @@ def trained_lines(cfg: ServeConfig) -> list[str]:
     """What each served adapter must be sent, from its own record: a client that sends another prompt kind or
     tool list asks the student a prompt it never saw (eval and improve refuse that; a hand-written client is told
     here)."""
-    from distill.training.merge import trained_prompt
-
     lines = []
     for name, folder in cfg.adapters.items():
         kind, tools, _ = trained_prompt(folder)

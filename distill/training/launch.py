@@ -22,10 +22,13 @@ from pathlib import Path
 
 import yaml
 
+from distill import train
 from distill.core import layout
+from distill.core.check import Check, add_check_args, gpu_count, show_config, wants_check
 from distill.core.errors import DistillError
-from distill.training.merge import ADAPTER_INFO
+from distill.reporting.verdict import small_training_set
 from distill.train import TrainConfig, load_train_config, without_secrets
+from distill.training.merge import ADAPTER_INFO
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ACCELERATE_CONFIGS = CONFIGS / "accelerate"
@@ -122,9 +125,6 @@ def run_child(cmd: list[str]) -> int:
 def check_run(cfg: TrainConfig, check, config_path: str | Path, where: str = "train") -> None:
     """`train --check`: the parsed config, the command a pipeline would launch, and what training would fail on
     after loading the model: its data, its trackers (`report_to`), GPUs for a config sized for them, the disk."""
-    from distill.core.check import gpu_count, show_config
-    from distill.reporting.verdict import small_training_set
-
     show_config(f"{where}: resolved config", without_secrets(cfg.resolved)[0])
     gpus = gpu_count()
     try:
@@ -154,18 +154,12 @@ def check_run(cfg: TrainConfig, check, config_path: str | Path, where: str = "tr
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from distill import train
-    from distill.core.check import add_check_args
-
     train.configure_parser(parser)
     add_check_args(parser)
 
 
 def main(args: argparse.Namespace) -> int:
     """`distill train`: `--check` here, where the launch command is known; training in this process."""
-    from distill import train
-    from distill.core.check import Check, wants_check
-
     if not wants_check(args):
         return train.main(args)
     cfg = load_train_config(args.config, args.set)

@@ -22,8 +22,10 @@ from typing import Any
 
 from distill.core import layout
 from distill.core.errors import DistillError
-from distill.training.merge import ADAPTER_INFO, read_json, trained_base
 from distill.core.secrets import mask, remember, url_refusal
+from distill.llm.embedded import is_embedded
+from distill.tools.registry import tool_descriptions
+from distill.training.merge import ADAPTER_INFO, read_json, trained_base, trained_prompt, training_record
 
 CARD = "README.md"
 # What a user needs to serve the adapter (and to see how it was made); everything else stays on the machine.
@@ -35,8 +37,6 @@ EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 def hub_base(base: str | None) -> str | None:
     """The base as a Hub user loads it: the embedded alias is SmolLM2's Hub id; a local path is not shareable."""
-    from distill.llm.embedded import is_embedded
-
     if base and is_embedded(base):
         return EMBEDDED_HUB_ID
     return base if base and not base.startswith(("/", ".")) else None
@@ -45,8 +45,6 @@ def hub_base(base: str | None) -> str | None:
 def model_card_problem(folder: str | Path, prompt: str | None = None, tools: list[str] | None = None) -> str | None:
     """Why no honest card can be written for `folder` (one line), or None. The card tells users which prompt and
     tools to send; a guessed default would teach them a prompt the adapter never saw."""
-    from distill.training.merge import trained_prompt
-
     kind, names, _ = trained_prompt(folder)
     where = f"{Path(folder) / ADAPTER_INFO}"
     if prompt and kind and prompt != kind:
@@ -64,8 +62,6 @@ def model_card(folder: str | Path, repo_id: str | None = None, prompt: str | Non
                tools: list[str] | None = None) -> str:
     """The card for `folder`; without a repo_id (training writes it) it serves the local folder. Refused (one
     line) where the adapter's records do not say its prompt and tools and they are not given."""
-    from distill.training.merge import trained_prompt, training_record
-
     folder = Path(folder)
     if problem := model_card_problem(folder, prompt, tools):
         raise DistillError(f"push: {problem}")
@@ -224,8 +220,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from distill.tools.registry import tool_descriptions
-
     done = push(args.adapter, args.repo_id, token_env=args.token_env, private=args.private,
                 timeout_s=args.timeout_s, dry_run=args.dry_run, prompt=args.student_prompt,
                 tools=list(tool_descriptions(t.strip() for t in args.tools.split(",") if t.strip())) if args.tools else None)
