@@ -52,6 +52,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from distill.core import layout
@@ -917,8 +918,6 @@ def check_leak_guard_covers_eval(gen: Any, ev: Any) -> None:
     between generate's entries (`train`) and eval's (`validation`), so the same file listed in both would
     otherwise not match. The line suggests the eval entry itself (name, source, split, columns, metric), so that
     the guard reads the file as eval does."""
-    import yaml
-
     def where(ds) -> tuple[str, str | None]:
         return (ds.source, ds.split) if ds.source.startswith("hub:") else (os.path.normpath(ds.source), None)
 

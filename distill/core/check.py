@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import yaml
+
 from distill.core.errors import DistillError, one_line
 from distill.core.secrets import masked_mapping
 from distill.core.tracking import INTEGRATIONS
@@ -57,8 +59,6 @@ def importable(module: str) -> bool:
 
 def show_config(title: str, data: Mapping[str, Any]) -> None:
     """A stage's resolved config, as a YAML block, secrets masked."""
-    import yaml
-
     print(f"--- {title}")
     print(yaml.safe_dump(masked_mapping(dict(data)), sort_keys=False, width=110).rstrip())
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from urllib.parse import urlsplit
 
-from distill.llm.base import ChatModel, Price, identity_of
+from distill.core.errors import DistillError
+from distill.llm.base import ChatModel, Price, identity_of, openai_urls
 from distill.llm.cached import CachedChat
+from distill.llm.openai_backend import OpenAIChat
 
 
 def _price_entry(spec, prices: dict | None) -> dict | None:
@@ -27,14 +30,10 @@ LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
 
 def endpoint_urls(spec) -> list[str]:
     """The URLs an endpoint's calls go to; none for an in-process model."""
-    from distill.llm.base import openai_urls
-
     return openai_urls(spec.base_urls) if spec.backend == "openai" else []
 
 
 def is_local(url: str) -> bool:
-    from urllib.parse import urlsplit
-
     if url == "@server":  # distill.core.config's SERVER_PLACEHOLDER: a server the stage itself starts on this machine
         return True
     host = (urlsplit(url).hostname or "").lower()
@@ -76,8 +75,6 @@ def build_chat(spec, prices: dict | None = None, cache=None) -> ChatModel:
             _LOADED[key] = TransformersChat(spec.model, price=price, dtype=spec.dtype, device=spec.device)
         model = _LOADED[key]
     else:
-        from distill.llm.openai_backend import OpenAIChat
-
         model = OpenAIChat(
             spec.model, spec.base_urls, spec.api_key_env, price, spec.max_concurrency, spec.timeout_s, spec.max_retries,
             spec.tokenizer, spec.max_retry_after_s,
@@ -85,14 +82,11 @@ def build_chat(spec, prices: dict | None = None, cache=None) -> ChatModel:
     return model if cache is None else CachedChat(model, cache)
 
 
-
 async def spec_identity(spec) -> dict:
     """What a ModelSpec's endpoint serves, as the call cache keys it (`identity_of`), without loading any
     weights: a run's fingerprint needs it before its first call."""
     if spec.backend == "transformers":
         return await identity_of(SimpleNamespace(name=spec.model))
-    from distill.llm.openai_backend import OpenAIChat
-
     model = OpenAIChat(spec.model, spec.base_urls, spec.api_key_env, timeout_s=spec.timeout_s,
                        max_retries=spec.max_retries, max_retry_after_s=spec.max_retry_after_s)
     return await model.identity()
@@ -100,7 +94,5 @@ async def spec_identity(spec) -> dict:
 
 def check_prices(cfg) -> None:
     """A run's paid endpoints without a price are refused before any call, every one named."""
-    from distill.core.errors import DistillError
-
     if lines := unpriced_endpoints(cfg.endpoints(), cfg.prices):
         raise DistillError("; ".join(lines))
