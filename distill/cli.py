@@ -115,7 +115,7 @@ def command(module: str) -> tuple[Callable, Callable]:
     """A command module's (configure_parser, main): a stage's from its `STAGE` (distill.core.stage, the one shape of
     a config-driven command), any other module's its own."""
     mod = importlib.import_module(module)
-    if (declared := getattr(mod, "STAGE", None)) is not None:
+    if (declared := getattr(mod, "STAGE", None)) is not None and declared.run is not None:
         from distill.core import stage
 
         return stage.configure_parser, functools.partial(stage.main, declared)

@@ -33,7 +33,7 @@ from pydantic import Field, StringConstraints, field_validator, model_validator
 from distill.agent.baselines import direct_messages, react_messages
 from distill.core import layout, stage
 from distill.core.check import CallKind, TokenCounter, estimate_stage, show_config
-from distill.core.config import AgentConfig, ModelSpec, PlannerPrompt, Strict
+from distill.core.config import SERVER_PLACEHOLDER, AgentConfig, ModelSpec, PlannerPrompt, Strict, fill_server, validate
 from distill.core.data import DatasetSource, check_unique_ids, load_source
 from distill.core.errors import DistillError
 from distill.core.metrics import JUDGE_MAX_TOKENS, judge_messages
@@ -43,12 +43,14 @@ from distill.core.run import (MAX_BOOTSTRAP_SAMPLES, CostCap, add_judgement, bui
 from distill.core.store import CallCache, JsonlStore
 from distill.core.tracking import ReportTo, open_tracker, require
 from distill.llm import check_prices
+from distill.llm.base import weights_fingerprint
 from distill.reporting.provenance import served_adapters
 from distill.rewoo.plan import duplicate_steps
 from distill.rewoo.prompts import planner_messages, solver_messages
 from distill.rewoo.record import CallShape, Count, Seconds, Shape, TokensShape, TrajectoryRecord
 from distill.rewoo.worker import InjectedToolFailure
 from distill.tools.registry import tool_descriptions
+from distill.training import launch
 from distill.training.merge import check_as_trained
 
 # An evaluation's output: one JSONL of records per method under RECORDS_DIR (distill.core.layout), a record keyed by
@@ -580,7 +582,41 @@ def _report(cfg: EvalConfig, manifest: dict) -> None:
     print(f"next: distill report {cfg.output_dir}")
 
 
-STAGE = stage.Stage("eval", EvalConfig, "configs/eval_smollm2_cpu.yaml", run=evaluate, check=_check, report=_report)
+# ------------------------------------------------------------------------------------------ in the pipeline
+
+def _resolve(p, url: str | None) -> EvalConfig:
+    # per-method caches in the output folder: latency stays honest
+    section = launch.trackers(p) | fill_server(p.cfg.eval, url) | {"output_dir": str(layout.stage_dir(p.run, layout.EVAL))}
+    return validate(EvalConfig, section, "eval")
+
+
+def _show(p, c):
+    """The students' server, then eval's config, endpoints and estimate."""
+    p.check_server(c.world, "student_server", c.gpus)
+    return check_run(_resolve(p, c.url), c.world, c.counter, "eval.", {c.url})
+
+
+def _unit(p) -> stage.Unit:
+    cfg = _resolve(p, SERVER_PLACEHOLDER)
+    settings = settings_of(cfg.model_dump(mode="json")) | {"student_server": p.server_settings("student_server")}
+    trained = {n: layout.adapter(p.run, n) for n in p.students()}
+    adapters = {layout.in_run(p.run, a): weights_fingerprint(str(a)) for a in trained.values()}
+    # an improved adapter is named by its LoRA module under improve/, not by its folder
+    adapters |= {f"{layout.IMPROVE}/{m}": weights_fingerprint(a) for m, a in p.improved_adapters().items()}
+    sources = [ds.source for ds in cfg.datasets] + [cfg.wikipedia_corpus]
+    return stage.Unit(layout.EVAL, layout.stage_dir(p.run, layout.EVAL), settings, adapters | source_digests(sources))
+
+
+def _work(p) -> dict:
+    """Methods whose records were made otherwise (a retrained student) are redone; the others resume."""
+    with p.server("student_server") as srv:
+        manifest = p.entry("eval")(_resolve(p, srv.base_url if srv else None), p.config_path, fresh=True)
+    return {"methods": [m["name"] for m in manifest["methods"]]} | stage.served_by(srv)
+
+
+STAGE = stage.Stage(layout.EVAL, EvalConfig, "configs/eval_smollm2_cpu.yaml", run=evaluate, check=_check,
+                    report=_report, resolve=_resolve, show=_show, unit=_unit, work=_work,
+                    after=(layout.TRAIN, layout.IMPROVE))
 
 
 if __name__ == "__main__":  # `python -m distill.evaluate` runs its `distill` command

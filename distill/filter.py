@@ -22,11 +22,14 @@ from typing import Any, Iterable, Literal, NamedTuple, get_args
 
 from pydantic import Field, field_validator, model_validator
 
-from distill.core.config import Strict, add_config_args, load_config
+from distill.core import layout, stage
+from distill.core.check import show_config
+from distill.core.config import Strict, add_config_args, load_config, validate
 from distill.core.data import _bad_characters
 from distill.core.errors import DistillError
 from distill.core.metrics import hotpot_normalize
-from distill.core.store import FirstPerKey, iter_jsonl, write_json, write_jsonl
+from distill.core.run import settings_of
+from distill.core.store import FirstPerKey, content_digest, iter_jsonl, write_json, write_jsonl
 from distill.rewoo.record import TrajectoryRecord
 
 REASONS = (
@@ -311,6 +314,35 @@ def run_filter(inp: str | Path, out: str | Path, cfg: FilterConfig) -> dict:
     write_jsonl(out, kept_records())  # atomic: a failure on the way leaves no kept file
     write_json(Path(out).with_suffix(".report.json"), report | {"config": cfg.model_dump()})
     return report
+
+
+# ------------------------------------------------------------------------------------------ in the pipeline
+
+def _resolve(p, url: str | None) -> FilterConfig:
+    return validate(FilterConfig, p.cfg.filter, "filter")
+
+
+def _show(p, c) -> None:
+    show_config("filter: resolved config", _resolve(p, None).model_dump(mode="json"))
+
+
+def _unit(p) -> stage.Unit:
+    trajectories = layout.trajectories(p.run)
+    return stage.Unit(layout.FILTER, layout.stage_dir(p.run, layout.FILTER),
+                      settings_of(_resolve(p, None).model_dump(mode="json")),
+                      {layout.in_run(p.run, trajectories): content_digest(trajectories)})
+
+
+def _work(p) -> dict:
+    report = p.entry("filter")(layout.trajectories(p.run), layout.kept(p.run), _resolve(p, None))
+    print(format_report(report))
+    if report["kept"] == 0:
+        raise DistillError("the filter kept no trajectory: more samples_per_question or more questions")
+    return {"kept": report["kept"], "input_records": report["input_records"]}
+
+
+STAGE = stage.Stage(layout.FILTER, FilterConfig, resolve=_resolve, show=_show, unit=_unit, work=_work,
+                    after=(layout.GENERATE,))
 
 
 # ------------------------------------------------------------------------------------------ command line

@@ -21,7 +21,7 @@ from pydantic import Field, model_validator
 
 from distill.core import layout, stage
 from distill.core.check import CallKind, TokenCounter, estimate_stage, show_config
-from distill.core.config import AgentConfig, ModelSpec
+from distill.core.config import SERVER_PLACEHOLDER, AgentConfig, ModelSpec, fill_server, validate
 from distill.core.data import DatasetSource, check_no_leak, check_unique_ids, load_source, question_set, sample_mix
 from distill.core.errors import DistillError
 from distill.core.metrics import judge_messages
@@ -34,6 +34,7 @@ from distill.llm import check_prices
 from distill.rewoo.prompts import planner_messages, solver_messages
 from distill.rewoo.record import TrajectoryRecord
 from distill.tools.registry import tool_descriptions
+from distill.training import launch
 
 TRAJECTORIES = layout.TRAJECTORIES
 ERRORS = "errors.jsonl"  # one line per failed attempt at a record; a rerun retries them
@@ -237,8 +238,36 @@ def _report(cfg: GenerateConfig, summary: dict) -> None:
     print(f"trajectories: {cfg.output_dir}/{TRAJECTORIES}")
 
 
+# ------------------------------------------------------------------------------------------ in the pipeline
+
+def _resolve(p, url: str | None) -> GenerateConfig:
+    paths = {"output_dir": str(layout.stage_dir(p.run, layout.GENERATE)), "cache": str(layout.call_cache(p.run))}
+    return validate(GenerateConfig, launch.trackers(p) | fill_server(p.cfg.generate, url) | paths, "generate")
+
+
+def _show(p, c):
+    """The teacher's server, then generate's config, endpoints and estimate."""
+    if p.cfg.teacher_server is not None:
+        p.check_server(c.world, "teacher_server", c.gpus)
+    return check_run(_resolve(p, c.url if p.cfg.teacher_server else None), c.world, c.counter, "generate.", {c.url})
+
+
+def _unit(p) -> stage.Unit:
+    cfg = _resolve(p, SERVER_PLACEHOLDER)
+    settings = settings_of(cfg.model_dump(mode="json")) | {"teacher_server": p.server_settings("teacher_server")}
+    sources = [ds.source for ds in [*cfg.datasets, *cfg.eval_sets]] + [cfg.wikipedia_corpus]
+    return stage.Unit(layout.GENERATE, layout.stage_dir(p.run, layout.GENERATE), settings, source_digests(sources))
+
+
+def _work(p) -> dict:
+    """Records made with other settings are set aside: what the pipeline keeps is what it was told."""
+    with p.server("teacher_server") as srv:
+        return p.entry("generate")(_resolve(p, srv.base_url if srv else None), p.config_path, fresh=True) \
+            | stage.served_by(srv)
+
+
 STAGE = stage.Stage("generate", GenerateConfig, "configs/generate_teacher.yaml", run=generate, check=_check,
-              report=_report)
+                    report=_report, resolve=_resolve, show=_show, unit=_unit, work=_work)
 
 
 if __name__ == "__main__":  # `python -m distill.generate` runs its `distill` command

@@ -501,8 +501,49 @@ def _report(cfg: ImproveConfig, result: dict) -> None:
     print(f"adapter: {result['adapter']}")
 
 
-STAGE = stage.Stage("improve", ImproveConfig, "configs/improve_smollm2_cpu.yaml", run=improve, check=_check,
-              report=_report)
+# ------------------------------------------------------------------------------------------ in the pipeline
+
+def in_pipeline(p, url: str | None = None) -> ImproveConfig:
+    """The improve section over the run's own questions, leak guard, student prompt and tools; with `url`,
+    `@server` (each round's own server) made that address, as a check sees the round's endpoints."""
+    name = p.improved_student()
+    gen, sft = p.cfg.generate, p.config(layout.SFT_DATA, name)
+    defaults = {"datasets": gen.get("datasets", []), "eval_sets": gen.get("eval_sets", []),
+                "planner_prompt": sft.student_prompt, "tools": sft.tools}
+    defaults |= {k: gen[k] for k in ("wikipedia_backend", "wikipedia_corpus", "wikipedia_scope") if k in gen}
+    defaults["server"] = {k: v for k, v in p.cfg.student_server.items() if k not in ("adapter", "adapters")}
+    section = {k: v for k, v in p.cfg.improve.items() if k != "student"}
+    paths = {"adapter": str(layout.adapter(p.run, name)), "output_dir": str(layout.improved(p.run, name))}
+    cfg = validate(ImproveConfig, defaults | section | paths, "improve")
+    return cfg if url is None else validate(ImproveConfig, fill_server(cfg.model_dump(mode="json"), url), "improve")
+
+
+def _show(p, c) -> None:
+    """The improve section as `check_run` sees it: its resolved config, what it would launch (its rounds train
+    on the student's base model), its endpoints' keys, servers and prices; `@server`, the round's own server, is
+    not called."""
+    base = p.config(layout.TRAIN, p.improved_student()).model.model_name_or_path
+    check_run(in_pipeline(p, c.url), c.world, "improve.", {c.url}, base, c.gpus)
+
+
+def _unit(p) -> stage.Unit:
+    name = p.improved_student()
+    settings = settings_of(in_pipeline(p).model_dump(mode="json", exclude={"adapter", "output_dir"}))
+    adapter = layout.adapter(p.run, name)
+    return stage.Unit(layout.IMPROVE, layout.stage_dir(p.run, layout.IMPROVE), settings,
+                      {layout.in_run(p.run, adapter): weights_fingerprint(str(adapter))})
+
+
+def _work(p) -> dict:
+    """Rounds made with other settings (or from another adapter) are redone; finished ones are skipped."""
+    result = p.entry("improve")(in_pipeline(p), p.config_path, fresh=True)
+    return {"rounds": [{k: r.get(k) for k in ("mean_reward", "mean_best_reward", "kept", "valid_plan_rate")}
+                       for r in result["rounds"]], "adapter": result["adapter"]}
+
+
+STAGE = stage.Stage(layout.IMPROVE, ImproveConfig, "configs/improve_smollm2_cpu.yaml", run=improve, check=_check,
+                    report=_report, resolve=lambda p, url: in_pipeline(p), show=_show, unit=_unit, work=_work,
+                    after=(layout.TRAIN,), students=lambda p: [p.improved_student()])
 
 
 if __name__ == "__main__":  # `python -m distill.improve` runs its `distill` command

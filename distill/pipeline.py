@@ -40,55 +40,46 @@ exit 2) and its estimated calls, tokens and dollars (see distill.core.check).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pkgutil
-import shlex
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
+from distill import evaluate
+from distill import filter as filtering
+from distill import generate, improve, report, sft_data
 from distill.core import layout
-from distill.core.check import Check, TokenCounter, add_check_args, print_estimates, show_config, wants_check
+from distill.core.check import Check, TokenCounter, add_check_args, print_estimates, wants_check
 from distill.core.config import (ENDPOINT_IDENTITY, SERVER_PLACEHOLDER, AgentConfig, ModelSpec, Strict, _merge,
-                                 add_config_args, fill_server, load_config, read_json_model, read_yaml, validate)
+                                 add_config_args, load_config, read_yaml, validate)
 from distill.core.errors import DistillError
 from distill.core.layout import STAGES
-from distill.core.run import describe_changes, fingerprint, folder_lock, set_aside, settings_of, source_digests
-from distill.core.store import content_digest, write_json
-from distill.core.tracking import PACKAGES
-from distill.evaluate import EvalConfig
-from distill.filter import FilterConfig, format_report
-from distill.generate import GenerateConfig, check_run
-from distill.improve import ImproveConfig, final_adapter
-from distill.llm.base import weights_fingerprint
-from distill.report import ReportConfig, prompt_budget_summary, summary_lines
-from distill.serving.serve import MODULE_NAME, ServeConfig, build_command, format_command, platform_of, served_name
-from distill.sft_data import SftDataConfig, format_summary
+from distill.core.run import folder_lock, set_aside, settings_of
+from distill.core.stage import STAGE_CONFIG, CheckContext, Stage, Unit, label, read_marker
+from distill.core.store import write_json
+from distill.improve import final_adapter
+from distill.report import ReportConfig
+from distill.serving.serve import MODULE_NAME, ServeConfig, served_name, show_would_run
 from distill.tools.registry import tool_descriptions
-from distill.train import DEFAULTS, TrainConfig
-from distill.training.launch import launch_command
+from distill.training import launch
+from distill.training.launch import AUTO
 
 IMPROVED = "{}_improved"  # the LoRA module (and eval row model) of a student's improved adapter
 SERVER = SERVER_PLACEHOLDER  # the pipeline fills in the address of the stage's own server
-STAGE_CONFIG = "config"
-AUTO = "auto"  # `train.config: auto`: the training config for the visible GPUs (distill.training.launch.GPU_CONFIGS)
 # The sections that are a stage's config (or a server's): each may name its stage config file (`config: FILE`).
 SECTIONS = ("generate", "teacher_server", "filter", "sft_data", "train", "improve", "student_server", "eval")
 # The endpoints that take the pipeline's `teacher:` by default, per stage, beside eval's teacher rows (`is_teacher_row`).
 # The model that writes the plans also answers from them and runs the LLM tool while generating, and the paper's
 # evaluation keeps it as every method's Solver and judge. improve's endpoints are the student's and its base's.
 TEACHER_ROLES = {"generate": ("planner", "solver", "llm_tool", "judge"), "eval": ("solver", "llm_tool", "judge")}
-# Files in a student's sft-data folder that are not its training data: the marker, and the cache files `datasets`
-# writes beside the data when training maps over it (a rerun must not take them for new data).
-SFT_DATA_NOT_INPUT = (layout.DONE, "cache-*.arrow", "tmp*")
 # The library function behind each stage, and the server class; `Pipeline(entries=...)` swaps some of them so
 # a test can check what every stage is handed without running a model.
 ENTRIES = {
@@ -145,11 +136,6 @@ def with_teacher(stage: str, file: Mapping[str, Any], own: Mapping[str, Any], te
         if role not in section and field and (default := field.get_default(call_default_factory=True)):
             section[role] = default.model_dump(exclude_unset=True)
     return teacher_endpoints(stage, section, lambda _, e: dict(teacher) | e)
-
-
-def read_stage_config(path: str, over: Mapping[str, Any]) -> dict:
-    """A stage config file with the section's other keys over it."""
-    return _merge(read_yaml(path), dict(over))
 
 
 class PipelineConfig(Strict):
@@ -248,79 +234,40 @@ class PipelineConfig(Strict):
         return value
 
 
-def served_by(server) -> dict:
-    """What a stage's marker keeps of the vLLM server it ran against: on a CPU, how it shared the machine."""
-    binding = getattr(server, "binding", None)
-    return {"server_cpu_binding": binding} if binding else {}
+def teacher_slots(cfg: PipelineConfig) -> list[tuple[str, str, dict]]:
+    """(stage, role or teacher row, endpoint) for each generate and eval endpoint that takes the teacher."""
+    out: list[tuple[str, str, dict]] = []
+    for stage in TEACHER_ROLES:
+        if isinstance(section := getattr(cfg, stage), Mapping):
+            teacher_endpoints(stage, section, lambda name, e, stage=stage: out.append((stage, name, e)) or e)
+    return out
 
 
-class StageMarker(BaseModel):
-    """`DONE.json`: a finished stage, or one student's part of a per-student stage, with what it was made from:
-    its settings (the resolved section, less distill.core.run's RUNTIME_KEYS), the digests of its inputs, and their
-    fingerprint. A rerun compares the fingerprint to decide, and the settings and inputs to say why."""
-
-    model_config = ConfigDict(extra="allow")
-
-    stage: str | None = None
-    fingerprint: str | None = None  # None: a marker written before stages kept one
-    settings: dict[str, Any] = Field(default_factory=dict)
-    inputs: dict[str, Any] = Field(default_factory=dict)
-    seconds: float = 0.0
+def teacher_priced(cfg: PipelineConfig) -> dict[str, str]:
+    """{endpoint, as check lines name it: `teacher`} for each generate and eval endpoint that is the teacher
+    (its model at its address, so it has the teacher's price too): pricing `teacher` prices them all."""
+    if (t := cfg.teacher) is None:
+        return {}
+    return {f"{stage}.{f'planners.{name}.spec' if is_teacher_row(name) else name}": "teacher"
+            for stage, name, e in teacher_slots(cfg)
+            if (e.get("model"), e.get("base_url"), e.get("backend", t.backend)) == (t.model, t.base_url, t.backend)}
 
 
-def read_marker(path: Path) -> StageMarker | None:
-    """The marker at `path`, None when the work is not done; one that cannot be read is one line naming it."""
-    return read_json_model(path, StageMarker, "stage marker", "delete it to redo that stage")
+def teacher_takers(cfg: PipelineConfig) -> str:
+    """Where the teacher went: per stage, the endpoints that take it and name its model."""
+    took = [(stage, name) for stage, name, e in teacher_slots(cfg) if e.get("model") == cfg.teacher.model]
+    return "; ".join(f"{stage} {', '.join(n for s, n in took if s == stage) or 'none'}" for stage in TEACHER_ROLES)
 
 
-def label(stage: str, student: str | None = None) -> str:
-    """A unit's name in the lines a run prints and in what it is made from: `filter`, `train planner`."""
-    return stage if student is None else f"{stage} {student}"
-
-
-@dataclass
-class Unit:
-    """One piece of work with its own marker: a stage, or one student's sft-data or training."""
-
-    stage: str
-    folder: Path
-    settings: Any
-    inputs: dict[str, Any]
-    student: str | None = None
-    followers: tuple[str, ...] = ()  # what must be redone after it (Pipeline.followers): named in its rerun line
-
-    @property
-    def label(self) -> str:
-        return label(self.stage, self.student)
-
-    @property
-    def fingerprint(self) -> str:
-        return fingerprint({"settings": self.settings, "inputs": self.inputs})
-
-    def head(self) -> dict:
-        return {"stage": self.stage, "fingerprint": self.fingerprint, "settings": self.settings, "inputs": self.inputs}
-
-    def why(self, marker: StageMarker | None, after: list[str]) -> str | None:
-        """Why this unit must run, as its line says it; None when its marker says it is done as configured."""
-        if marker is None:
-            return "running (not done yet)"
-        if after:
-            return f"rerunning ({', '.join(after)} redone)"
-        if marker.fingerprint == self.fingerprint:
-            return None
-        if marker.fingerprint is None:
-            reason = "made before stages kept fingerprints"
-        elif marker.settings != self.settings:
-            reason = f"settings changed ({describe_changes(marker.settings, self.settings)})"
-        elif changed := sorted(k for k in marker.inputs.keys() | self.inputs.keys()
-                               if marker.inputs.get(k) != self.inputs.get(k)):
-            reason = f"input changed ({', '.join(changed)})"
-        else:
-            reason = "fingerprint changed"
-        return f"{reason}: rerunning" + (f"; {', '.join(self.followers)} follow" if self.followers else "")
+# The stages in the order they run, each declared by its own module (distill.core.stage.Stage).
+PIPELINE = (generate.STAGE, filtering.STAGE, sft_data.STAGE, launch.STAGE, improve.STAGE, evaluate.STAGE, report.STAGE)
+assert tuple(s.name for s in PIPELINE) == STAGES
 
 
 class Pipeline:
+    """The engine: the stages in order, each unit skipped or redone by its fingerprint and what it is made from,
+    the servers the stages run against, and the students. What a stage is, it says itself (its `STAGE`)."""
+
     def __init__(self, cfg: PipelineConfig, config_path: str | None = None,
                  entries: Mapping[str, Callable] | None = None):
         self.cfg = cfg
@@ -332,37 +279,18 @@ class Pipeline:
         # what each would do; `forced` holds the stages `--from` would set aside
         self.dry = False
         self.forced: tuple[str, ...] = ()
-        self._gpus: list[int] | None = None
-        self._train: dict | None = None
-        self._trains: dict[str, Any] = {}  # student -> its TrainConfig, parsed once
+        self.memo: dict[Any, Any] = {}  # what is worked out once per run: the GPUs, each student's TrainConfig
 
     def entry(self, name: str) -> Callable:
         return self.entries.get(name) or pkgutil.resolve_name(ENTRIES[name])
 
     def gpu_memory(self) -> list[int]:
         """The visible GPUs' total memory in bytes, asked once (distill.core.check.gpu_memory, or the `gpus` entry)."""
-        if self._gpus is None:
-            self._gpus = list(self.entry("gpus")())
-        return self._gpus
+        if "gpus" not in self.memo:
+            self.memo["gpus"] = list(self.entry("gpus")())
+        return self.memo["gpus"]
 
-    def train_base(self) -> dict:
-        """The shared train section; with `config: auto`, over the config for this machine's GPUs, chosen once and
-        said in one line. The choice is part of the section, so training on other GPUs that pick another config
-        retrains, as a changed key would."""
-        if self._train is None:
-            section = self.cfg.train
-            if section.get(STAGE_CONFIG) == AUTO:
-                from distill.training.launch import config_for_gpus
-
-                path, why = config_for_gpus(self.gpu_memory())
-                shown = os.path.relpath(path)
-                shown = shown if not shown.startswith("..") else str(path)
-                print(f"[pipeline] train.config auto: {shown} ({why})", flush=True)
-                section = read_stage_config(str(path), {k: v for k, v in section.items() if k != STAGE_CONFIG})
-            self._train = section
-        return self._train
-
-    def once(self, stage: Step, unit: Unit) -> dict:
+    def once(self, stage: Stage, unit: Unit) -> dict:
         """The stage's work for the unit unless its marker holds its fingerprint and nothing it is made from was
         redone in this run; the marker keeps what the work returned, its time and what it was made from."""
         student = () if unit.student is None else (unit.student,)
@@ -382,7 +310,7 @@ class Pipeline:
                 set_aside(unit.folder)
         unit.folder.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        info = unit.head() | stage.run(self, *student) | {"seconds": round(time.perf_counter() - t0, 1)}
+        info = unit.head() | stage.work(self, *student) | {"seconds": round(time.perf_counter() - t0, 1)}
         write_json(path, info)
         print(f"[pipeline] {unit.label}: finished in {info['seconds']:.0f}s", flush=True)
         return info
@@ -392,7 +320,7 @@ class Pipeline:
         prefix, skip = ("  ", "done, would be skipped") if self.dry else ("[pipeline] ", "done, skipped")
         print(f"{prefix}{label}: {why or f'{skip} (same settings and inputs)'}", flush=True)
 
-    def run_stage(self, stage: Step) -> None:
+    def run_stage(self, stage: Stage) -> None:
         """A stage made once is one unit. A per-student one is a unit per student, each with its own
         `<stage>/<name>/DONE.json`, so that a student added or retrained redoes that student alone; the stage's
         marker lists them all (and is skipped as a whole when none has work)."""
@@ -416,27 +344,28 @@ class Pipeline:
         seconds = round(sum(info["seconds"] for info in students.values()), 1)
         write_json(layout.marker(whole.folder), whole.head() | {"students": keep, "seconds": seconds})
 
-    def stages(self) -> tuple[Step, ...]:
+    def stages(self) -> tuple[Stage, ...]:
         """The stages this pipeline runs: `improve` only where it has a section."""
         return tuple(s for s in PIPELINE if s.name != layout.IMPROVE or self.cfg.improve is not None)
 
-    def each(self, stage: Step) -> list[tuple[str, ...]]:
+    def each(self, stage: Stage) -> list[tuple[str, ...]]:
         """The arguments of a stage's units: one per student, or none."""
         return [(name,) for name in self.students()] if stage.per_student else [()]
 
-    def unit(self, stage: Step, *student: str) -> Unit:
+    def unit(self, stage: Stage, *student: str) -> Unit:
         return replace(stage.unit(self, *student), followers=self.followers(stage, *student))
 
-    def made_from(self, stage: Step, student: str | None = None) -> list[str]:
+    def made_from(self, stage: Stage, student: str | None = None) -> list[str]:
         """The units this one is made from: one of them redone in this run redoes it. A student's unit is made
-        from that student's units, a stage made once from those of the students it reads (`Step.students`)."""
+        from that student's units, a stage made once from those of the students it reads (`Stage.students`)."""
         out = []
         for up in (s for s in self.stages() if s.name in stage.after):
-            students = ([student] if stage.per_student else stage.students(self)) if up.per_student else [None]
+            reads = stage.students(self) if stage.students else self.students()
+            students = ([student] if stage.per_student else reads) if up.per_student else [None]
             out += [label(up.name, n) for n in students]
         return out
 
-    def followers(self, stage: Step, student: str | None = None) -> tuple[str, ...]:
+    def followers(self, stage: Stage, student: str | None = None) -> tuple[str, ...]:
         """What a unit's rerun redoes after it, as its line names them: the same student's units by label
         (`train planner`), the others by stage (`sft-data, train, eval`)."""
         redone, out = {label(stage.name, student)}, []
@@ -455,7 +384,7 @@ class Pipeline:
             return
         print(f"--- {self.run}: what a rerun would do" + (f" (--from {start})" if start else ""))
         walker = Pipeline(self.cfg, self.config_path, self.entries)
-        walker.dry, walker._gpus, walker._train, walker._trains = True, self._gpus, self._train, self._trains
+        walker.dry, walker.memo = True, self.memo
         walker.forced = STAGES[STAGES.index(start):] if start else ()
         try:
             walker.run_all()
@@ -473,42 +402,14 @@ class Pipeline:
         """{name: sft_data overrides}; without `students`, one student named as its LoRA module always was."""
         if self.cfg.students is not None:
             return self.cfg.students
-
         return {self.cfg.student_server.get("lora_name") or ServeConfig.model_fields["lora_name"].default: {}}
 
-    def generate_config(self, url: str | None):
-        paths = {"output_dir": str(layout.stage_dir(self.run, layout.GENERATE)),
-                 "cache": str(layout.call_cache(self.run))}
-        return validate(GenerateConfig, self.tracking() | fill_server(self.cfg.generate, url) | paths, "generate")
+    def step(self, name: str) -> Stage:
+        return next(s for s in PIPELINE if s.name == name)
 
-    def filter_config(self):
-        return validate(FilterConfig, self.cfg.filter, "filter")
-
-    def sft_data_config(self, name: str):
-        paths = {"kept": str(layout.kept(self.run)), "out": str(layout.sft_data(self.run, name))}
-        where = "sft_data" if self.cfg.students is None else f"students.{name}"
-        own = {k: v for k, v in self.students()[name].items() if k != "train"}
-        return validate(SftDataConfig, self.cfg.sft_data | own | paths, f"{where} (pipeline)")
-
-    def train_config(self, name: str):
-        """A student's TrainConfig (its own `train:` keys over the shared ones, with its folders), parsed once by
-        distill.train's own (TRL) parser and then handed on as that object: to its fingerprint, its check and its
-        launch. A compact-prompt student's steps are ~3x cheaper and it must learn the format the full prompt
-        spells out, so it may take more of them in the same time."""
-        if name in self._trains:
-            return self._trains[name]
-
-        own = self.students()[name].get("train") or {}
-        if not isinstance(own, Mapping):
-            raise DistillError(f"students.{name}.train: expected train config keys")
-        data = self.train_base() | own | {"dataset_dir": str(layout.sft_data(self.run, name)),
-                                          "output_dir": str(layout.adapter(self.run, name))}
-        try:
-            cfg = validate(TrainConfig, data, "train (pipeline)")
-        except DistillError as exc:  # TRL's parser names no section: say which student's keys were read
-            raise DistillError(f"students.{name}.train over train: {exc}" if own else str(exc)) from None
-        self._trains[name] = cfg
-        return cfg
+    def config(self, name: str, *student: str, url: str | None = None):
+        """A stage's config as this run resolves it (`url`: the address of the stage's own server)."""
+        return self.step(name).resolve(self, url, *student)
 
     def server_config(self, name: str):
         """`teacher_server`, or `student_server` loading every student's adapter as the LoRA module of its name."""
@@ -531,38 +432,7 @@ class Pipeline:
         if (name := self.improved_student()) is None:
             return {}
 
-        return {IMPROVED.format(name): str(final_adapter(self.improve_config()))}
-
-    def improve_config(self, url: str | None = None):
-        """The improve section over the run's own questions, leak guard, student prompt and tools; with `url`,
-        `@server` (each round's own server) made that address, as a check sees the round's endpoints."""
-        name = self.improved_student()
-        gen, sft = self.cfg.generate, self.sft_data_config(name)
-        defaults = {"datasets": gen.get("datasets", []), "eval_sets": gen.get("eval_sets", []),
-                    "planner_prompt": sft.student_prompt, "tools": sft.tools}
-        defaults |= {k: gen[k] for k in ("wikipedia_backend", "wikipedia_corpus", "wikipedia_scope") if k in gen}
-        defaults["server"] = {k: v for k, v in self.cfg.student_server.items() if k not in ("adapter", "adapters")}
-        section = {k: v for k, v in self.cfg.improve.items() if k != "student"}
-        paths = {"adapter": str(layout.adapter(self.run, name)), "output_dir": str(layout.improved(self.run, name))}
-        cfg = validate(ImproveConfig, defaults | section | paths, "improve")
-        return cfg if url is None else validate(ImproveConfig, fill_server(cfg.model_dump(mode="json"), url), "improve")
-
-    def eval_config(self, url: str | None):
-        # per-method caches in the output folder: latency stays honest
-        section = self.tracking() | fill_server(self.cfg.eval, url) | {
-            "output_dir": str(layout.stage_dir(self.run, layout.EVAL))}
-        return validate(EvalConfig, section, "eval")
-
-    def tracking(self) -> dict:
-        """Generation and evaluation report their progress where training reports (`train.report_to`) unless
-        their own section says otherwise: one tracker for the whole run."""
-        try:
-            train = self.train_base()
-        except DistillError:  # `auto` with no GPU to pick for: the train section's own check says so
-            train = self.cfg.train
-        report_to = train.get("report_to", [])
-        named = [report_to] if isinstance(report_to, str) else list(report_to)
-        return {"report_to": [r for r in named if r in PACKAGES]}
+        return {IMPROVED.format(name): str(final_adapter(self.config(layout.IMPROVE)))}
 
     def check(self, world=None, start: str | None = None) -> None:
         """Validate every stage's section before the first one runs: a typo in `eval` should not wait an hour, nor
@@ -570,30 +440,16 @@ class Pipeline:
         every problem is collected rather than raised, and each stage's config, commands, prerequisites and
         estimate are printed (see `check_world`)."""
         attempt, url = partial(collect, world), "http://127.0.0.1:1/v1"
-        made = {label(step.name, *student): attempt(step.config, self, url, *student)
+        made = {label(step.name, *student): attempt(step.resolve, self, url, *student)
                 for step in self.stages() for student in self.each(step)}
-        gen, ev, imp = made[layout.GENERATE], made[layout.EVAL], made.get(layout.IMPROVE)
-        sft = {name: made[label(layout.SFT_DATA, name)] for name in self.students()}
-        if self.cfg.teacher_server is not None:
-            attempt(self.server_config, "teacher_server")
-        if imp is not None and (improved := self.improved_student()) is not None:
-            if sft[improved] is not None:
-                attempt(check_improved_as_trained, imp, sft[improved], improved)
-            sft[IMPROVED.format(improved)] = sft[improved]  # served on the prompt and tools it was trained on
-        student_server = attempt(self.server_config, "student_server")
-        if ev is not None and student_server is not None and None not in sft.values():
-            attempt(check_students_served_as_trained, sft, ev, url, {served_name(student_server), *sft})
-        if gen is not None and ev is not None:
-            attempt(check_leak_guard_covers_eval, gen, ev)
-            if line := teacher_mismatch(gen, ev):
-                print(f"warning: {line}", file=sys.stderr, flush=True)
+        gen, ev, imp = check_sections(self, made, attempt, url)
         if world is not None:
             self.check_world(world, url, start)
             return
 
-        prices = Check(offline=True, shared_prices=self.teacher_priced())  # the same lines as `--check`'s
+        prices = Check(offline=True, shared_prices=teacher_priced(self.cfg))  # the same lines as `--check`'s
         if imp is not None:
-            imp = self.improve_config(url)  # its rounds' endpoints, as the check sees them
+            imp = improve.in_pipeline(self, url)  # its rounds' endpoints, as the check sees them
         for prefix, cfg in (("generate.", gen), ("eval.", ev), ("improve.", imp)):
             if cfg is not None:
                 prices.unpriced(cfg.endpoints(), cfg.prices, prefix)
@@ -604,107 +460,24 @@ class Pipeline:
         """`--check`: each stage's resolved config and the commands it would launch, what the run needs of this
         machine and the endpoints (one line per problem in `world`), and the estimate; nothing is written."""
         counter, attempt = TokenCounter(), partial(collect, world)
-        world.shared_prices |= self.teacher_priced()
+        world.shared_prices |= teacher_priced(self.cfg)
         gpus = attempt(lambda: len(self.gpu_memory()))
         if self.cfg.teacher is not None:
-            print(f"--- teacher: {self.cfg.teacher.model} ({self.teacher_takers()})")
-        estimates = [attempt(step.check, self, CheckContext(world, url, gpus, counter), *student)
+            print(f"--- teacher: {self.cfg.teacher.model} ({teacher_takers(self.cfg)})")
+        estimates = [attempt(step.show, self, CheckContext(world, url, gpus, counter), *student)
                      for step in self.stages() for student in self.each(step)]
         self.show_rerun(start)
         print_estimates([e for e in estimates if e is not None])
         world.disk(self.run)
 
-    # ---------------------------------------------------------------- each stage's `--check`, in PIPELINE
-    def check_generate(self, c: CheckContext):
-        """The teacher's server, then generate's config, endpoints and estimate."""
-        if self.cfg.teacher_server is not None:
-            self.check_server(c.world, "teacher_server", c.gpus)
-        return check_run(self.generate_config(c.url if self.cfg.teacher_server else None), c.world, c.counter,
-                         "generate.", {c.url})
-
-    def check_filter(self, c: CheckContext) -> None:
-        show_config("filter: resolved config", self.filter_config().model_dump(mode="json"))
-
-    def check_sft_data(self, c: CheckContext, name: str) -> None:
-        show_config(f"sft-data {name}: resolved config", self.sft_data_config(name).model_dump(mode="json"))
-
-    def check_train(self, c: CheckContext, name: str) -> None:
-        """A student's train section and the launch command launch.launch would run, its report_to integrations
-        and its GPUs."""
-        cfg = self.train_config(name)
-        show_config(f"train {name}: resolved section", cfg.data)
-        where = "train" if self.cfg.students is None else f"students.{name}.train over train"
-        c.world.report_to(cfg.sft.report_to or [], where)
-        if c.gpus is None:
-            return
-        try:
-            cmd = launch_command(layout.adapter(self.run, name) / "stage_config.yaml", cfg, c.gpus)
-            print(f"train {name} would run: {shlex.join(cmd)}")
-        except DistillError as exc:
-            c.world.problem(f"{where}: {exc}")
-        wants = next((f"{where}.{k}: true" for k in ("bf16", "fp16") if getattr(cfg.sft, k)), None)
-        c.world.gpus(f"train {name}", wants, c.gpus, "training")
-
-    def check_improve(self, c: CheckContext) -> None:
-        """The improve section as distill.improve.check_run sees it: its resolved config, what it would launch
-        (its rounds train on the student's base model), its endpoints' keys, servers and prices; `@server`, the
-        round's own server, is not called."""
-        from distill.improve import check_run
-
-        base = self.train_config(self.improved_student()).model.model_name_or_path
-        check_run(self.improve_config(c.url), c.world, "improve.", {c.url}, base, c.gpus)
-
-    def check_eval(self, c: CheckContext):
-        """The students' server, then eval's config, endpoints and estimate."""
-        from distill.evaluate import check_run
-
-        self.check_server(c.world, "student_server", c.gpus)
-        return check_run(self.eval_config(c.url), c.world, c.counter, "eval.", {c.url})
-
-    def teacher_slots(self) -> list[tuple[str, str, dict]]:
-        """(stage, role or teacher row, endpoint) for each generate and eval endpoint that takes the teacher."""
-        out: list[tuple[str, str, dict]] = []
-        for stage in TEACHER_ROLES:
-            if isinstance(section := getattr(self.cfg, stage), Mapping):
-                teacher_endpoints(stage, section, lambda name, e, stage=stage: out.append((stage, name, e)) or e)
-        return out
-
-    def teacher_priced(self) -> dict[str, str]:
-        """{endpoint, as check lines name it: `teacher`} for each generate and eval endpoint that is the teacher
-        (its model at its address, so it has the teacher's price too): pricing `teacher` prices them all."""
-        if (t := self.cfg.teacher) is None:
-            return {}
-        return {f"{stage}.{f'planners.{name}.spec' if is_teacher_row(name) else name}": "teacher"
-                for stage, name, e in self.teacher_slots()
-                if (e.get("model"), e.get("base_url"), e.get("backend", t.backend)) == (t.model, t.base_url, t.backend)}
-
     def check_server(self, world, name: str, gpus: int | None) -> None:
-        """The vLLM command line VLLMServer would run (its port is picked at start; the students' adapters are
-        added once trained), and whether the config wants GPUs this machine lacks."""
+        """The vLLM command line the stage's server would run, and whether it wants GPUs this machine lacks."""
         try:
             cfg = self.server_config(name)
-            adapters = cfg.adapters
-            shown = cfg.model_copy(update={"port": cfg.port or 8000, "adapters": {}})
-            argv, env = build_command(shown, platform_of(cfg))
         except DistillError as exc:
             world.problem(f"{name}: {exc}")
             return
-        line = format_command(argv, env).replace(f"--port {shown.port}", "--port <free port>" if not cfg.port else
-                                                 f"--port {cfg.port}")
-        if adapters:
-            line += " --enable-lora --lora-modules " + " ".join(f"{n}={p}" for n, p in adapters.items()) + \
-                    " (once trained)"
-        print(f"{name} would run: {line}")
-        section = getattr(self.cfg, name) or {}
-        wants = next((f"{name}.{k}" for k in ("device", "tensor_parallel_size", "gpu_memory_utilization")
-                      if k in section and (k != "device" or cfg.device == "gpu")), None)
-        if gpus is not None:
-            world.gpus(name, wants, gpus, "vLLM")
-
-    def teacher_takers(self) -> str:
-        """Where the teacher went: per stage, the endpoints that take it and name its model."""
-        took = [(stage, name) for stage, name, e in self.teacher_slots() if e.get("model") == self.cfg.teacher.model]
-        return "; ".join(f"{stage} {', '.join(n for s, n in took if s == stage) or 'none'}" for stage in TEACHER_ROLES)
+        show_would_run(name, cfg, getattr(self.cfg, name) or {}, world, gpus)
 
     # ------------------------------------------------------------------ what each unit is made from
     def server_settings(self, name: str) -> dict | None:
@@ -714,52 +487,6 @@ class Pipeline:
         cfg = self.server_config(name)
         return settings_of(cfg.model_dump(mode="json", exclude={"adapters"})) | {"adapters": sorted(cfg.adapters)}
 
-    def generate_unit(self) -> Unit:
-        cfg = self.generate_config(SERVER)
-        settings = settings_of(cfg.model_dump(mode="json")) | {"teacher_server": self.server_settings("teacher_server")}
-        sources = [ds.source for ds in [*cfg.datasets, *cfg.eval_sets]] + [cfg.wikipedia_corpus]
-        return Unit(layout.GENERATE, layout.stage_dir(self.run, layout.GENERATE), settings, source_digests(sources))
-
-    def filter_unit(self) -> Unit:
-        trajectories = layout.trajectories(self.run)
-        return Unit(layout.FILTER, layout.stage_dir(self.run, layout.FILTER),
-                    settings_of(self.filter_config().model_dump(mode="json")),
-                    {layout.in_run(self.run, trajectories): content_digest(trajectories)})
-
-    def sft_data_unit(self, name: str) -> Unit:
-        settings = settings_of(self.sft_data_config(name).model_dump(mode="json", exclude={"kept", "out"}))
-        kept = layout.kept(self.run)
-        return Unit(layout.SFT_DATA, layout.sft_data(self.run, name), settings,
-                    {layout.in_run(self.run, kept): content_digest(kept)}, name)
-
-    def train_unit(self, name: str) -> Unit:
-        settings = settings_of(DEFAULTS | {k: v for k, v in self.train_config(name).data.items() if k != "dataset_dir"})
-        data = layout.sft_data(self.run, name)
-        return Unit(layout.TRAIN, layout.adapter(self.run, name), settings,
-                    {layout.in_run(self.run, data): content_digest(data, skip=SFT_DATA_NOT_INPUT)}, name)
-
-    def improve_unit(self) -> Unit:
-        name = self.improved_student()
-        settings = settings_of(self.improve_config().model_dump(mode="json", exclude={"adapter", "output_dir"}))
-        adapter = layout.adapter(self.run, name)
-        return Unit(layout.IMPROVE, layout.stage_dir(self.run, layout.IMPROVE), settings,
-                    {layout.in_run(self.run, adapter): weights_fingerprint(str(adapter))})
-
-    def eval_unit(self) -> Unit:
-        cfg = self.eval_config(SERVER)
-        settings = settings_of(cfg.model_dump(mode="json")) | {"student_server": self.server_settings("student_server")}
-        trained = {n: layout.adapter(self.run, n) for n in self.students()}
-        adapters = {layout.in_run(self.run, p): weights_fingerprint(str(p)) for p in trained.values()}
-        # an improved adapter is named by its LoRA module under improve/, not by its folder
-        adapters |= {f"{layout.IMPROVE}/{m}": weights_fingerprint(p) for m, p in self.improved_adapters().items()}
-        sources = [ds.source for ds in cfg.datasets] + [cfg.wikipedia_corpus]
-        return Unit(layout.EVAL, layout.stage_dir(self.run, layout.EVAL), settings, adapters | source_digests(sources))
-
-    def report_unit(self) -> Unit:
-        records = layout.records_dir(layout.stage_dir(self.run, layout.EVAL))
-        return Unit(layout.REPORT, layout.stage_dir(self.run, layout.REPORT), dict(self.cfg.report),
-                    {layout.in_run(self.run, records): content_digest(records)})
-
     # ------------------------------------------------------------------ stages
     def server(self, name: str):
         if getattr(self.cfg, name) is None:
@@ -767,52 +494,6 @@ class Pipeline:
         log = layout.server_log(self.run, name)
         print(f"[pipeline] starting vLLM for the {name} (log: {log})", flush=True)
         return self.entry("server")(self.server_config(name), log_path=log)
-
-    def generate(self) -> dict:
-        """Records made with other settings are set aside: what the pipeline keeps is what it was told."""
-        with self.server("teacher_server") as srv:
-            cfg = self.generate_config(srv.base_url if srv else None)
-            return self.entry("generate")(cfg, self.config_path, fresh=True) | served_by(srv)
-
-    def filter(self) -> dict:
-        report = self.entry("filter")(layout.trajectories(self.run), layout.kept(self.run), self.filter_config())
-        print(format_report(report))
-        if report["kept"] == 0:
-            raise DistillError("the filter kept no trajectory: more samples_per_question or more questions")
-        return {"kept": report["kept"], "input_records": report["input_records"]}
-
-    def sft_data(self, name: str) -> dict:
-        summary = self.entry("sft-data")(self.sft_data_config(name))
-        print(format_summary(summary))
-        return {"student_prompt": summary["student_prompt"],
-                "examples": {split: s["examples"] for split, s in summary["splits"].items()}}
-
-    def train(self, name: str) -> dict:
-        # accelerate launch with one process per visible GPU (one plain process on CPU), from the parsed config
-        info = self.entry("train")(self.train_config(name))
-        return {k: info.get(k) for k in ("global_step", "final_train_loss", "final_eval_loss", "wall_s")}
-
-    def improve(self) -> dict:
-        """Rounds made with other settings (or from another adapter) are redone; finished ones are skipped."""
-        result = self.entry("improve")(self.improve_config(), self.config_path, fresh=True)
-        return {"rounds": [{k: r.get(k) for k in ("mean_reward", "mean_best_reward", "kept", "valid_plan_rate")}
-                           for r in result["rounds"]], "adapter": result["adapter"]}
-
-    def eval(self) -> dict:
-        """Methods whose records were made otherwise (a retrained student) are redone; the others resume."""
-        with self.server("student_server") as srv:
-            cfg = self.eval_config(srv.base_url if srv else None)
-            manifest = self.entry("eval")(cfg, self.config_path, fresh=True)
-        return {"methods": [m["name"] for m in manifest["methods"]]} | served_by(srv)
-
-    def report(self) -> dict:
-        """The report from the evaluation's records, at the run folder's root, with the stage timings."""
-        results = self.entry("report")(layout.stage_dir(self.run, layout.EVAL), self.run, **self.cfg.report)
-        print("\n".join(summary_lines(results) + prompt_budget_summary(results)))
-        timings = {s.name: read_marker(layout.marker(layout.stage_dir(self.run, s.name))).seconds
-                   for s in self.stages()[:-1]}
-        write_json(layout.pipeline_info(self.run), {"stage_seconds": timings, "config_file": self.config_path})
-        return {"stage_seconds": timings}
 
     def run_all(self, start: str | None = None) -> None:
         """Every stage in order, each unit skipped when its marker says it is done as configured; a unit that
@@ -834,57 +515,6 @@ class Pipeline:
         print(f"results: {self.run / layout.RESULTS}")
 
 
-@dataclass(frozen=True)
-class CheckContext:
-    """What every stage's `--check` reads: the problems so far (a distill.core.check.Check), the address standing for
-    the servers the pipeline starts, the visible GPUs (None: unknown) and the token counter of the estimates."""
-
-    world: Any
-    url: str
-    gpus: int | None
-    counter: Any
-
-
-@dataclass(frozen=True)
-class Step:
-    """One stage as the pipeline runs it (a command's own shape is distill.core.stage.Stage): its config (`config`:
-    resolved and checked before any stage runs), what `--check` prints of it (`check`: its config, commands and
-    prerequisites; an estimate or None), what its markers are made from (`unit`: the settings and input digests of
-    one unit), the work (`run`: what its marker keeps), and the stages it reads (`after`), which are what decides,
-    on a rerun, what follows a redone unit."""
-
-    name: str  # its folder (distill.core.layout)
-    config: Callable[..., Any]  # (pipeline, url[, student]) -> its config
-    check: Callable[..., Any]  # (pipeline, CheckContext[, student]) -> a StageEstimate or None
-    unit: Callable[..., Unit]  # (pipeline[, student]) -> Unit
-    run: Callable[..., dict]  # (pipeline[, student]) -> what its DONE.json keeps
-    after: tuple[str, ...] = ()  # the stages it is made from
-    per_student: bool = False  # one unit and folder per student
-    # a stage made once from per-student ones: the students it reads (improve: the one it improves)
-    students: Callable[[Pipeline], Any] = Pipeline.students
-
-
-def _nothing(*_: Any) -> None:
-    return None
-
-
-PIPELINE = (
-    Step(layout.GENERATE, Pipeline.generate_config, Pipeline.check_generate, Pipeline.generate_unit, Pipeline.generate),
-    Step(layout.FILTER, lambda p, url: p.filter_config(), Pipeline.check_filter, Pipeline.filter_unit, Pipeline.filter,
-         after=(layout.GENERATE,)),
-    Step(layout.SFT_DATA, lambda p, url, name: p.sft_data_config(name), Pipeline.check_sft_data,
-         Pipeline.sft_data_unit, Pipeline.sft_data, after=(layout.FILTER,), per_student=True),
-    Step(layout.TRAIN, lambda p, url, name: p.train_config(name), Pipeline.check_train, Pipeline.train_unit,
-         Pipeline.train, after=(layout.SFT_DATA,), per_student=True),
-    Step(layout.IMPROVE, lambda p, url: p.improve_config(), Pipeline.check_improve, Pipeline.improve_unit,
-         Pipeline.improve, after=(layout.TRAIN,), students=lambda p: [p.improved_student()]),
-    Step(layout.EVAL, Pipeline.eval_config, Pipeline.check_eval, Pipeline.eval_unit, Pipeline.eval,
-         after=(layout.TRAIN, layout.IMPROVE)),
-    Step(layout.REPORT, _nothing, _nothing, Pipeline.report_unit, Pipeline.report, after=(layout.EVAL,)),
-)
-assert tuple(s.name for s in PIPELINE) == STAGES
-
-
 def collect(world, step: Callable, *args) -> Any:
     """`step(*args)`; under `--check` (a distill.core.check.Check as `world`) its error is one more problem line, and
     None, so that every problem is said at once."""
@@ -895,6 +525,28 @@ def collect(world, step: Callable, *args) -> Any:
             raise
         world.problem(str(exc))
         return None
+
+
+def check_sections(p: Pipeline, made: Mapping[str, Any], attempt: Callable, url: str) -> tuple:
+    """What no stage can check alone: the teacher's server, the improved and served students on the prompt and
+    tools they were trained on, the leak guard over eval's datasets, the teacher eval compares against. Returns
+    the generate, eval and improve configs (None where one did not resolve)."""
+    gen, ev, imp = made[layout.GENERATE], made[layout.EVAL], made.get(layout.IMPROVE)
+    sft = {name: made[label(layout.SFT_DATA, name)] for name in p.students()}
+    if p.cfg.teacher_server is not None:
+        attempt(p.server_config, "teacher_server")
+    if imp is not None and (improved := p.improved_student()) is not None:
+        if sft[improved] is not None:
+            attempt(check_improved_as_trained, imp, sft[improved], improved)
+        sft[IMPROVED.format(improved)] = sft[improved]  # served on the prompt and tools it was trained on
+    student_server = attempt(p.server_config, "student_server")
+    if ev is not None and student_server is not None and None not in sft.values():
+        attempt(check_students_served_as_trained, sft, ev, url, {served_name(student_server), *sft})
+    if gen is not None and ev is not None:
+        attempt(check_leak_guard_covers_eval, gen, ev)
+        if line := teacher_mismatch(gen, ev):
+            print(f"warning: {line}", file=sys.stderr, flush=True)
+    return gen, ev, imp
 
 
 def teacher_mismatch(gen: Any, ev: Any) -> str | None:

@@ -32,12 +32,12 @@ import numpy as np
 from pydantic import field_validator
 
 from distill.agent.baselines import FINISH
-from distill.core import layout
+from distill.core import layout, stage
 from distill.core.config import Strict, validate
 from distill.core.errors import DistillError
 from distill.core.metrics import answer_in_text, bootstrap_ci, evidence_recall, metric_of, paired_bootstrap, score
 from distill.core.run import read_manifest
-from distill.core.store import dedupe, read_jsonl, replace_files, write_json
+from distill.core.store import content_digest, dedupe, read_jsonl, replace_files, write_json
 from distill.evaluate import EvalRecord, PromptBudget, record_key
 from distill.reporting import flywheel_report
 from distill.reporting.provenance import collect as collect_provenance
@@ -1052,6 +1052,32 @@ def summary_lines(results: dict) -> list[str]:
             f"${pm['cost_per_question_usd']:.5f}/q  p50 {pm['latency_s']['p50']:.2f}s"
         )
     return lines
+
+
+# ------------------------------------------------------------------------------------------ in the pipeline
+
+def _unit(p) -> stage.Unit:
+    records = layout.records_dir(layout.stage_dir(p.run, layout.EVAL))
+    return stage.Unit(layout.REPORT, layout.stage_dir(p.run, layout.REPORT), dict(p.cfg.report),
+                      {layout.in_run(p.run, records): content_digest(records)})
+
+
+def _work(p) -> dict:
+    """The report from the evaluation's records, at the run folder's root, with the stage timings."""
+    results = p.entry("report")(layout.stage_dir(p.run, layout.EVAL), p.run, **p.cfg.report)
+    print("\n".join(summary_lines(results) + prompt_budget_summary(results)))
+    timings = {s.name: stage.read_marker(layout.marker(layout.stage_dir(p.run, s.name))).seconds
+               for s in p.stages()[:-1]}
+    write_json(layout.pipeline_info(p.run), {"stage_seconds": timings, "config_file": p.config_path})
+    return {"stage_seconds": timings}
+
+
+def _nothing(*_: Any) -> None:
+    return None
+
+
+STAGE = stage.Stage(layout.REPORT, ReportConfig, resolve=_nothing, show=_nothing, unit=_unit, work=_work,
+                    after=(layout.EVAL,))
 
 
 # ------------------------------------------------------------------------------------------ command line

@@ -23,11 +23,13 @@ from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from distill import code_version
-from distill.core import layout
+from distill.core import layout, stage
+from distill.core.check import show_config
 from distill.core.config import PlannerPrompt, Strict, add_config_args, parse_overrides, read_yaml, validate
 from distill.core.data import normalize_question
 from distill.core.errors import DistillError
-from distill.core.store import describe, iter_jsonl, replace_folder, write_json, write_jsonl
+from distill.core.run import settings_of
+from distill.core.store import content_digest, describe, iter_jsonl, replace_folder, write_json, write_jsonl
 from distill.filter import KeptRecord
 from distill.llm.embedded import resolve_model_path
 from distill.reporting.verdict import small_training_set
@@ -384,6 +386,38 @@ def build_sft_data(cfg: SftDataConfig) -> dict:
         shutil.rmtree(cache, ignore_errors=True)
         write_json(tmp / layout.SUMMARY, summary)
     return summary
+
+
+# ------------------------------------------------------------------------------------------ in the pipeline
+
+def _resolve(p, url: str | None, name: str) -> SftDataConfig:
+    """A student's section: its own keys (`students.<name>`, less `train`) over the shared `sft_data`."""
+    paths = {"kept": str(layout.kept(p.run)), "out": str(layout.sft_data(p.run, name))}
+    where = "sft_data" if p.cfg.students is None else f"students.{name}"
+    own = {k: v for k, v in p.students()[name].items() if k != "train"}
+    return validate(SftDataConfig, p.cfg.sft_data | own | paths, f"{where} (pipeline)")
+
+
+def _show(p, c, name: str) -> None:
+    show_config(f"sft-data {name}: resolved config", _resolve(p, None, name).model_dump(mode="json"))
+
+
+def _unit(p, name: str) -> stage.Unit:
+    settings = settings_of(_resolve(p, None, name).model_dump(mode="json", exclude={"kept", "out"}))
+    kept = layout.kept(p.run)
+    return stage.Unit(layout.SFT_DATA, layout.sft_data(p.run, name), settings,
+                      {layout.in_run(p.run, kept): content_digest(kept)}, name)
+
+
+def _work(p, name: str) -> dict:
+    summary = p.entry("sft-data")(_resolve(p, None, name))
+    print(format_summary(summary))
+    return {"student_prompt": summary["student_prompt"],
+            "examples": {split: s["examples"] for split, s in summary["splits"].items()}}
+
+
+STAGE = stage.Stage(layout.SFT_DATA, SftDataConfig, resolve=_resolve, show=_show, unit=_unit, work=_work,
+                    after=(layout.FILTER,), per_student=True)
 
 
 # ------------------------------------------------------------------------------------------ command line

@@ -44,12 +44,12 @@ def build_run(run: Path) -> Path:
     for name in names:
         (run / "sft-data" / name).mkdir(parents=True)
         (run / "sft-data" / name / "data.arrow").write_text(name)
-    units = [p.generate_unit(), p.filter_unit()]
-    for stage, unit_of in (("sft-data", p.sft_data_unit), ("train", p.train_unit)):
-        per_student = {name: unit_of(name) for name in names}
+    units = [p.unit(p.step("generate")), p.unit(p.step("filter"))]
+    for stage in ("sft-data", "train"):
+        per_student = {name: p.unit(p.step(stage), name) for name in names}
         units += [*per_student.values(), Unit(stage, run / stage, {}, {n: u.fingerprint for n, u in
                                                                         per_student.items()})]
-    units += [p.improve_unit(), p.eval_unit(), p.report_unit()]
+    units += [p.unit(p.step(s)) for s in ("improve", "eval", "report")]
     for unit in units:
         unit.folder.mkdir(parents=True, exist_ok=True)
         write_json(unit.folder / "DONE.json", unit.head())

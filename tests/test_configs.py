@@ -87,7 +87,7 @@ def test_the_demo_report_sets_its_zero_shot_planners_against_the_teacher_at_a_fi
     """The demo's prompt budget names the rows its report compared before it was a setting: every ReWOO planner
     on a zero-shot prompt, against the few-shot teacher."""
     monkeypatch.chdir(ROOT)
-    ev = load_pipeline(CONFIGS / "demo_smollm2_cpu.yaml").eval_config("http://127.0.0.1:1/v1")
+    ev = load_pipeline(CONFIGS / "demo_smollm2_cpu.yaml").config("eval", url="http://127.0.0.1:1/v1")
     zero_shot = [p.name for p in ev.planners if p.prompt != "fewshot"]
     assert ev.prompt_budget.model_dump() == {"reference": "teacher", "methods": zero_shot, "max_prompt_fraction": 0.2}
 
@@ -114,11 +114,11 @@ def test_set_reaches_one_item_of_a_list():
     assert cfg.datasets[0].n == 5 and cfg.datasets[0].name == before.datasets[0].name
     assert cfg.datasets[1:] == before.datasets[1:]
     pipeline = load_config(PipelineConfig, CONFIGS / "demo_smollm2_cpu.yaml", ["generate.datasets.0.n=5"])
-    gen = Pipeline(pipeline).generate_config("http://127.0.0.1:1/v1")
+    gen = Pipeline(pipeline).config("generate", url="http://127.0.0.1:1/v1")
     assert gen.datasets[0].n == 5 and gen.datasets[0].source == "data/demo/train.jsonl"
     # its generate section is `config: generate_teacher.yaml`: the index reaches into that file
     real = load_config(PipelineConfig, CONFIGS / "pipeline_hotpot_trivia_7b.yaml", ["generate.datasets.0.n=5"])
-    gen = Pipeline(real).generate_config("http://127.0.0.1:1/v1")
+    gen = Pipeline(real).config("generate", url="http://127.0.0.1:1/v1")
     assert gen.datasets[0].n == 5 and gen.datasets[1:] == before.datasets[1:]
     with pytest.raises(DistillError, match=r"--set datasets.7: datasets has 2 item\(s\), numbered from 0"):
         load_config(GenerateConfig, CONFIGS / "generate_teacher.yaml", ["datasets.7.n=5"])

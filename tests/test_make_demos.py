@@ -60,14 +60,14 @@ def test_make_demo_full_passes_its_check_at_the_verdicts_scale(tmp_path, capsys,
     short = pipeline_of(make_command("demo"), tmp_path / "short")
     full = pipeline_of(argv, tmp_path / "run")
     assert "run_dir=runs/demo_full" in argv  # its own folder: make demo's run is not redone
-    improve, short_improve = full.improve_config(), short.improve_config()
+    improve, short_improve = full.config("improve"), short.config("improve")
     assert (improve.rounds, improve.samples, improve.train["max_steps"]) == (2, 4, 48)
     assert (short_improve.rounds, short_improve.samples) == (1, 2)
-    assert [d.n for d in full.eval_config(URL).datasets] == [105]
+    assert [d.n for d in full.config("eval", url=URL).datasets] == [105]
     # everything else is the demo's own: the same questions, teacher and students
     assert improve.datasets == short_improve.datasets
     same = {"exclude": {"output_dir", "cache"}}
-    assert full.generate_config(URL).model_dump(**same) == short.generate_config(URL).model_dump(**same)
+    assert full.config("generate", url=URL).model_dump(**same) == short.config("generate", url=URL).model_dump(**same)
 
 
 def test_make_demo_real_reads_hotpotqa_from_the_hub_by_default(tmp_path, capsys, monkeypatch):
@@ -75,7 +75,7 @@ def test_make_demo_real_reads_hotpotqa_from_the_hub_by_default(tmp_path, capsys,
     out = checked(argv, tmp_path / "run", capsys, monkeypatch)
     assert "hub datasets are not read by a check" in out  # --offline: the Hub is never called
     pipeline = pipeline_of(argv, tmp_path / "run")
-    gen, improve, ev = pipeline.generate_config(URL), pipeline.improve_config(), pipeline.eval_config(URL)
+    gen, improve, ev = pipeline.config("generate", url=URL), pipeline.config("improve"), pipeline.config("eval", url=URL)
     hub = "hub:hotpotqa/hotpot_qa:distractor"
     for stage in (gen, improve):
         assert [(d.source, d.split, d.n) for d in stage.datasets] == [(hub, "train", 128)]
@@ -103,7 +103,7 @@ def test_make_demo_real_reads_local_copies_of_the_official_files(tmp_path, capsy
     dev = official_file(tmp_path / "hotpot_dev_distractor_v1.json", "dev", 200)
     argv = make_command("demo-real", f"HOTPOTQA_TRAIN={train}", f"HOTPOTQA_DEV={dev}")
     checked(argv, tmp_path / "run", capsys, monkeypatch)
-    ev = pipeline_of(argv, tmp_path / "run").eval_config(URL)
+    ev = pipeline_of(argv, tmp_path / "run").config("eval", url=URL)
     assert [(d.source, d.n) for d in ev.datasets] == [(str(dev), 200)]
 
 

@@ -637,10 +637,10 @@ def test_generation_and_evaluation_report_where_training_reports_unless_their_se
     cfg = wiring_config(tmp_path)
     cfg["train"] = cfg["train"] | {"report_to": ["tensorboard", "mlflow"]}  # mlflow: training's alone
     pipe = Pipeline(validate(PipelineConfig, cfg), "p.yaml")
-    assert pipe.generate_config("http://127.0.0.1:1/v1").report_to == ["tensorboard"]
-    assert pipe.eval_config("http://127.0.0.1:1/v1").report_to == ["tensorboard"]
+    assert pipe.config("generate", url="http://127.0.0.1:1/v1").report_to == ["tensorboard"]
+    assert pipe.config("eval", url="http://127.0.0.1:1/v1").report_to == ["tensorboard"]
     cfg["eval"] = cfg["eval"] | {"report_to": ["none"]}
-    assert Pipeline(validate(PipelineConfig, cfg), "p.yaml").eval_config("http://127.0.0.1:1/v1").report_to == ["none"]
+    assert Pipeline(validate(PipelineConfig, cfg), "p.yaml").config("eval", url="http://127.0.0.1:1/v1").report_to == ["none"]
 
 
 def with_improve(tmp_path: Path, **improve) -> dict:
@@ -715,7 +715,7 @@ def test_a_grpo_improve_section_serves_the_grpo_runs_adapter(tmp_path, monkeypat
     cfg["improve"] = {"student": "student_compact", "method": "grpo", "grpo": {"max_steps": 2}}
     pipe = Pipeline(validate(PipelineConfig, cfg), "p.yaml")
     pipe.check()
-    assert pipe.improve_config().method == "grpo"
+    assert pipe.config("improve").method == "grpo"
     assert pipe.server_config("student_server").adapters["student_compact_improved"] == str(
         tmp_path / "run" / "improve" / "student_compact" / "grpo" / "adapter")
 
@@ -768,7 +768,7 @@ def test_the_teacher_replaces_the_model_a_stage_config_names_and_the_pipelines_o
              "teacher.api_key_env=null"]  # a teacher on a server of one's own, which takes no key
     pipe = Pipeline(load_config(PipelineConfig, path, local + ["eval.judge.model=gpt-4o",
                                                               "eval.judge.api_key_env=OPENAI_API_KEY"]))
-    gen, ev = pipe.generate_config(None), pipe.eval_config("http://127.0.0.1:1/v1")
+    gen, ev = pipe.config("generate", url=None), pipe.config("eval", url="http://127.0.0.1:1/v1")
     rows = {p.name: p.spec for p in ev.planners}
     teacher = [gen.planner, gen.solver, rows["teacher"], rows["teacher+replan"], ev.solver]
     assert {(e.model, e.base_url, e.api_key_env) for e in teacher} == {
@@ -858,7 +858,7 @@ def test_a_stage_config_is_read_from_the_folder_of_the_file_that_names_it(tmp_pa
     (folder / "p.yaml").write_text(yaml.safe_dump(cfg))
 
     def train(*overrides: str) -> dict:
-        return Pipeline(load_config(PipelineConfig, folder / "p.yaml", list(overrides))).train_config("planner").data
+        return Pipeline(load_config(PipelineConfig, folder / "p.yaml", list(overrides))).config("train", "planner").data
 
     assert train()["learning_rate"] == 3e-4 and train()["max_steps"] == 2  # mine/train.yaml, not ROOT's
     assert train("train.config=configs/smollm2-135m_lora_cpu.yaml")["learning_rate"] == 1e-3  # from the cwd
@@ -896,7 +896,7 @@ def test_train_config_auto_picks_the_readmes_config_for_the_gpus_memory(tmp_path
     cfg["train"] = {"config": "auto", "max_steps": 2}
     pipe = Pipeline(validate(PipelineConfig, cfg), "p.yaml", {"gpus": gpus(*mib)})
     pipe.check()
-    section = pipe.train_config("planner").data
+    section = pipe.config("train", "planner").data
     assert section == read_yaml(ROOT / "configs" / chosen) | {"max_steps": 2} | {
         "dataset_dir": str(tmp_path / "run" / "sft-data" / "planner"), "output_dir": str(tmp_path / "run" / "train" / "planner")}
     lines = [line for line in capsys.readouterr().out.splitlines() if "train.config auto" in line]
@@ -905,7 +905,7 @@ def test_train_config_auto_picks_the_readmes_config_for_the_gpus_memory(tmp_path
         f"has {gib:.1f} GiB" in lines[0], lines  # once, however often the section is read
     # which config is part of what training is made from: other GPUs that pick another retrain
     other = Pipeline(validate(PipelineConfig, cfg), "p.yaml", {"gpus": gpus(143771 if gib < 70 else 23034)})
-    assert other.train_unit("planner").fingerprint != pipe.train_unit("planner").fingerprint
+    assert other.unit(other.step("train"), "planner").fingerprint != pipe.unit(pipe.step("train"), "planner").fingerprint
 
 
 @pytest.mark.parametrize("mib, message", [

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
-from typing import IO, Literal, Mapping
+from typing import IO, Any, Literal, Mapping
 
 from pydantic import Field, model_validator
 
@@ -538,6 +538,29 @@ def format_command(argv: list[str], env: dict[str, str]) -> str:
     shown = {k: v if v == MASK else shlex.quote(mask(v, secrets)) for k, v in masked_env(env).items()
              if k != "PYTHONUNBUFFERED"}
     return " ".join([*(f"{k}={v}" for k, v in shown.items()), mask(shlex.join(masked_argv(argv)), secrets)])
+
+
+def show_would_run(name: str, cfg: ServeConfig, section: Mapping[str, Any], world, gpus: int | None) -> None:
+    """`--check`'s line for a server a stage starts: the vLLM command line VLLMServer would run (its port is picked
+    at start; the students' adapters are added once trained), and whether `section`, the server's config as
+    written, wants GPUs this machine lacks (`world`: a distill.core.check.Check)."""
+    adapters = cfg.adapters
+    shown = cfg.model_copy(update={"port": cfg.port or 8000, "adapters": {}})
+    try:
+        argv, env = build_command(shown, platform_of(cfg))
+    except DistillError as exc:
+        world.problem(f"{name}: {exc}")
+        return
+    line = format_command(argv, env).replace(f"--port {shown.port}", "--port <free port>" if not cfg.port else
+                                             f"--port {cfg.port}")
+    if adapters:
+        line += " --enable-lora --lora-modules " + " ".join(f"{n}={p}" for n, p in adapters.items()) + \
+                " (once trained)"
+    print(f"{name} would run: {line}")
+    wants = next((f"{name}.{k}" for k in ("device", "tensor_parallel_size", "gpu_memory_utilization")
+                  if k in section and (k != "device" or cfg.device == "gpu")), None)
+    if gpus is not None:
+        world.gpus(name, wants, gpus, "vLLM")
 
 
 # ---------------------------------------------------------------- the process

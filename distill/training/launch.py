@@ -13,23 +13,30 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shlex
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Mapping
 
 import yaml
 
 from distill import train
-from distill.core import layout
+from distill.core import layout, stage
 from distill.core.check import Check, add_check_args, gpu_count, show_config, wants_check
+from distill.core.config import _merge, read_yaml, validate
 from distill.core.errors import DistillError
+from distill.core.run import settings_of
+from distill.core.store import content_digest
+from distill.core.tracking import PACKAGES
 from distill.reporting.verdict import small_training_set
-from distill.train import TrainConfig, load_train_config, without_secrets
+from distill.train import DEFAULTS, TrainConfig, load_train_config, without_secrets
 from distill.training.merge import ADAPTER_INFO
 
+AUTO = "auto"  # `train: {config: auto}` in a pipeline: the training config for the visible GPUs (GPU_CONFIGS)
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ACCELERATE_CONFIGS = CONFIGS / "accelerate"
 # `train.config: auto` in `distill pipeline`: the 7B student's training config for the memory of the smallest
@@ -152,6 +159,97 @@ def check_run(cfg: TrainConfig, check, config_path: str | Path, where: str = "tr
         check.problem(f"{where}.use_liger_kernel: liger_kernel is not installed (pip install liger-kernel)")
     check.disk(cfg.sft.output_dir)
 
+
+# ------------------------------------------------------------------------------------------ in the pipeline
+# Files in a student's sft-data folder that are not its training data: the marker, and the cache files `datasets`
+# writes beside the data when training maps over it (a rerun must not take them for new data).
+SFT_DATA_NOT_INPUT = (layout.DONE, "cache-*.arrow", "tmp*")
+
+
+def shared_section(p) -> dict:
+    """The pipeline's train section; with `config: auto`, over the config for this machine's GPUs, chosen once and
+    said in one line. The choice is part of the section, so training on other GPUs that pick another config
+    retrains, as a changed key would."""
+    if "train" not in p.memo:
+        section = p.cfg.train
+        if section.get(stage.STAGE_CONFIG) == AUTO:
+            path, why = config_for_gpus(p.gpu_memory())
+            shown = os.path.relpath(path)
+            shown = shown if not shown.startswith("..") else str(path)
+            print(f"[pipeline] train.config auto: {shown} ({why})", flush=True)
+            section = _merge(read_yaml(str(path)), {k: v for k, v in section.items() if k != stage.STAGE_CONFIG})
+        p.memo["train"] = section
+    return p.memo["train"]
+
+
+def trackers(p) -> dict:
+    """Generation and evaluation report their progress where training reports (`train.report_to`) unless
+    their own section says otherwise: one tracker for the whole run."""
+    try:
+        section = shared_section(p)
+    except DistillError:  # `auto` with no GPU to pick for: the train section's own check says so
+        section = p.cfg.train
+    report_to = section.get("report_to", [])
+    named = [report_to] if isinstance(report_to, str) else list(report_to)
+    return {"report_to": [r for r in named if r in PACKAGES]}
+
+
+def _resolve(p, url: str | None, name: str) -> TrainConfig:
+    """A student's TrainConfig (its own `train:` keys over the shared ones, with its folders), parsed once by
+    distill.train's own (TRL) parser and then handed on as that object: to its fingerprint, its check and its
+    launch. A compact-prompt student's steps are ~3x cheaper and it must learn the format the full prompt
+    spells out, so it may take more of them in the same time."""
+    if (layout.TRAIN, name) in p.memo:
+        return p.memo[layout.TRAIN, name]
+    own = p.students()[name].get("train") or {}
+    if not isinstance(own, Mapping):
+        raise DistillError(f"students.{name}.train: expected train config keys")
+    data = shared_section(p) | own | {"dataset_dir": str(layout.sft_data(p.run, name)),
+                                   "output_dir": str(layout.adapter(p.run, name))}
+    try:
+        cfg = validate(TrainConfig, data, "train (pipeline)")
+    except DistillError as exc:  # TRL's parser names no section: say which student's keys were read
+        raise DistillError(f"students.{name}.train over train: {exc}" if own else str(exc)) from None
+    p.memo[layout.TRAIN, name] = cfg
+    return cfg
+
+
+def _show(p, c, name: str) -> None:
+    """A student's train section and the launch command `launch` would run, its report_to integrations and its
+    GPUs."""
+    cfg = _resolve(p, None, name)
+    show_config(f"train {name}: resolved section", cfg.data)
+    where = "train" if p.cfg.students is None else f"students.{name}.train over train"
+    c.world.report_to(cfg.sft.report_to or [], where)
+    if c.gpus is None:
+        return
+    try:
+        cmd = launch_command(layout.adapter(p.run, name) / "stage_config.yaml", cfg, c.gpus)
+        print(f"train {name} would run: {shlex.join(cmd)}")
+    except DistillError as exc:
+        c.world.problem(f"{where}: {exc}")
+    wants = next((f"{where}.{k}: true" for k in ("bf16", "fp16") if getattr(cfg.sft, k)), None)
+    c.world.gpus(f"train {name}", wants, c.gpus, "training")
+
+
+def _unit(p, name: str) -> stage.Unit:
+    settings = settings_of(DEFAULTS | {k: v for k, v in _resolve(p, None, name).data.items() if k != "dataset_dir"})
+    data = layout.sft_data(p.run, name)
+    return stage.Unit(layout.TRAIN, layout.adapter(p.run, name), settings,
+                      {layout.in_run(p.run, data): content_digest(data, skip=SFT_DATA_NOT_INPUT)}, name)
+
+
+def _work(p, name: str) -> dict:
+    # accelerate launch with one process per visible GPU (one plain process on CPU), from the parsed config
+    info = p.entry("train")(_resolve(p, None, name))
+    return {k: info.get(k) for k in ("global_step", "final_train_loss", "final_eval_loss", "wall_s")}
+
+
+STAGE = stage.Stage(layout.TRAIN, TrainConfig, resolve=_resolve, show=_show, unit=_unit, work=_work,
+                    after=(layout.SFT_DATA,), per_student=True)
+
+
+# ------------------------------------------------------------------------------------------ command line
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     train.configure_parser(parser)
