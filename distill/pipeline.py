@@ -62,12 +62,12 @@ from distill.core.config import (ENDPOINT_IDENTITY, SERVER_PLACEHOLDER, AgentCon
                                  add_config_args, load_config, read_yaml, validate)
 from distill.core.errors import DistillError
 from distill.core.layout import STAGES
-from distill.core.run import folder_lock, set_aside, settings_of
+from distill.core.run import folder_lock, set_aside
 from distill.core.stage import STAGE_CONFIG, CheckContext, Stage, Unit, label, read_marker
 from distill.core.store import write_json
 from distill.improve import final_adapter
 from distill.report import ReportConfig
-from distill.serving.serve import MODULE_NAME, ServeConfig, served_name, show_would_run
+from distill.serving.serve import MODULE_NAME, ServeConfig, served_name, served_settings, show_would_run
 from distill.tools.registry import tool_descriptions
 from distill.training import launch
 from distill.training.launch import AUTO
@@ -269,8 +269,8 @@ class Pipeline:
     the servers the stages run against, and the students. What a stage is, it says itself (its `STAGE`)."""
 
     def __init__(self, cfg: PipelineConfig, config_path: str | None = None,
-                 entries: Mapping[str, Callable] | None = None):
-        self.cfg = cfg
+                 entries: Mapping[str, Callable] | None = None, order: tuple[Stage, ...] = PIPELINE):
+        self.cfg, self.order = cfg, order
         self.run = Path(cfg.run_dir)
         self.config_path = config_path
         self.entries = dict(entries or {})
@@ -346,7 +346,7 @@ class Pipeline:
 
     def stages(self) -> tuple[Stage, ...]:
         """The stages this pipeline runs: `improve` only where it has a section."""
-        return tuple(s for s in PIPELINE if s.name != layout.IMPROVE or self.cfg.improve is not None)
+        return tuple(s for s in self.order if s.name != layout.IMPROVE or self.cfg.improve is not None)
 
     def each(self, stage: Stage) -> list[tuple[str, ...]]:
         """The arguments of a stage's units: one per student, or none."""
@@ -383,9 +383,9 @@ class Pipeline:
             print(f"--- {self.run}: no run here yet: every stage would run")
             return
         print(f"--- {self.run}: what a rerun would do" + (f" (--from {start})" if start else ""))
-        walker = Pipeline(self.cfg, self.config_path, self.entries)
+        walker = Pipeline(self.cfg, self.config_path, self.entries, self.order)
         walker.dry, walker.memo = True, self.memo
-        walker.forced = STAGES[STAGES.index(start):] if start else ()
+        walker.forced = self.names()[self.names().index(start):] if start else ()
         try:
             walker.run_all()
         except DistillError as exc:  # a stage's settings that do not resolve: said by the check already
@@ -393,7 +393,7 @@ class Pipeline:
 
     def rerun_from(self, stage: str) -> None:
         """Move the stage's folder and every later one aside, so they rerun from scratch, losing nothing."""
-        for d in (layout.stage_dir(self.run, s) for s in STAGES[STAGES.index(stage):]):
+        for d in (layout.stage_dir(self.run, s) for s in self.names()[self.names().index(stage):]):
             if d.exists():
                 set_aside(d)
 
@@ -404,8 +404,11 @@ class Pipeline:
             return self.cfg.students
         return {self.cfg.student_server.get("lora_name") or ServeConfig.model_fields["lora_name"].default: {}}
 
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.order)
+
     def step(self, name: str) -> Stage:
-        return next(s for s in PIPELINE if s.name == name)
+        return next(s for s in self.order if s.name == name)
 
     def config(self, name: str, *student: str, url: str | None = None):
         """A stage's config as this run resolves it (`url`: the address of the stage's own server)."""
@@ -481,11 +484,7 @@ class Pipeline:
 
     # ------------------------------------------------------------------ what each unit is made from
     def server_settings(self, name: str) -> dict | None:
-        """A server's settings stand for the models it serves: its address is chosen when it starts."""
-        if getattr(self.cfg, name) is None:
-            return None
-        cfg = self.server_config(name)
-        return settings_of(cfg.model_dump(mode="json", exclude={"adapters"})) | {"adapters": sorted(cfg.adapters)}
+        return None if getattr(self.cfg, name) is None else served_settings(self.server_config(name))
 
     # ------------------------------------------------------------------ stages
     def server(self, name: str):

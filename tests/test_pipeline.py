@@ -238,6 +238,57 @@ def test_each_stage_gets_its_folders_and_settings_and_done_json_its_counts(tmp_p
     assert again.calls == [] and capsys.readouterr().out.count("done, skipped") == len(RUN_STAGES)
 
 
+def test_a_stage_is_one_declaration_its_place_in_the_order_and_the_engine_runs_skips_and_follows_it(
+        tmp_path, monkeypatch, capsys):
+    """Adding a stage is its `Stage` (here a toy one, which counts the kept plans) and its place in the order
+    (distill.pipeline.PIPELINE; here handed to the engine): the engine runs it after what it is made from, skips
+    it when nothing changed, reruns it when the filter is redone, names it among what follows, and `--from` it
+    sets it and the later stages aside."""
+    from distill.core import layout
+    from distill.core.config import validate
+    from distill.core.stage import Stage, Unit
+    from distill.core.store import content_digest, read_jsonl
+    from distill.pipeline import PIPELINE, Pipeline, PipelineConfig
+
+    def unit(p) -> Unit:
+        kept = layout.kept(p.run)
+        return Unit("count", p.run / "count", {"counts": "kept"}, {layout.in_run(p.run, kept): content_digest(kept)})
+
+    def work(p) -> dict:
+        return {"kept": len(read_jsonl(layout.kept(p.run)))}
+
+    toy = Stage("count", dict, resolve=lambda p, url: {}, show=lambda p, c: print("count: the kept plans"), unit=unit,
+                work=work, after=(layout.FILTER,))
+    order = (*PIPELINE[:2], toy, *PIPELINE[2:])
+    monkeypatch.chdir(ROOT)
+    run, cfg = tmp_path / "run", wiring_config(tmp_path)
+
+    def pipeline() -> Pipeline:
+        return Pipeline(validate(PipelineConfig, cfg), "p.yaml", Recorder().entries(), order)
+
+    pipeline().run_all()
+    out = capsys.readouterr().out
+    assert out.index("[pipeline] filter: running") < out.index("[pipeline] count: running") < out.index(
+        "[pipeline] sft-data planner: running")
+    done = json.loads((run / "count" / "DONE.json").read_text())
+    assert done["kept"] == json.loads((run / "filter" / "DONE.json").read_text())["kept"] == 6
+    assert "count" in json.loads((run / "report" / "DONE.json").read_text())["stage_seconds"]
+
+    pipeline().run_all()
+    assert "[pipeline] count: done, skipped (same settings and inputs)" in capsys.readouterr().out
+
+    cfg["filter"]["min_f1"] = 0.4
+    pipeline().run_all()
+    out = capsys.readouterr().out
+    assert "[pipeline] filter: settings changed (min_f1 0.5 -> 0.4): rerunning; count, sft-data, train, eval, report follow" in out
+    assert "[pipeline] count: rerunning (filter redone)" in out
+
+    pipeline().run_all(start="count")
+    out = capsys.readouterr().out
+    assert "[pipeline] filter: done, skipped" in out and "[pipeline] count: running (not done yet)" in out
+    assert list(run.glob("count.before-*")) and list(run.glob("sft-data.before-*"))
+
+
 def two_students(tmp_path: Path) -> dict:
     cfg = wiring_config(tmp_path)
     cfg["students"] = {"student": {"student_prompt": "full"},

@@ -37,6 +37,7 @@ from pydantic import Field, model_validator
 
 from distill.core.config import Strict, add_config_args, load_config
 from distill.core.errors import DistillError
+from distill.core.run import settings_of
 from distill.core.secrets import MASK, mask, masked_argv, masked_env, secret_values
 from distill.llm.embedded import EMBEDDED_NAME, cache_root, is_embedded, resolve_model_path
 from distill.training.merge import lora_patterns, read_json, trained_base, trained_prompt
@@ -530,6 +531,12 @@ def cpu_binding(env: Mapping[str, str], platform: Platform) -> dict | None:
     return {"cores": usable_cores(), "reserved_cores": int(reserved) if reserved else "vllm's rule",
             "omp_threads_bind": merged.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
             "omp_wait_policy": merged.get("OMP_WAIT_POLICY", "default")}
+
+
+def served_settings(cfg: ServeConfig) -> dict:
+    """A server's settings as a stage's fingerprint holds them: they stand for the models it serves (its adapters
+    by module name; their weights are the stage's inputs), not for the address it is given when it starts."""
+    return settings_of(cfg.model_dump(mode="json", exclude={"adapters"})) | {"adapters": sorted(cfg.adapters)}
 
 
 def format_command(argv: list[str], env: dict[str, str]) -> str:
