@@ -233,10 +233,10 @@ def _parser(classes: tuple | None = None, where: str = "train config"):
 
 @functools.cache
 def _defaults(**dynamic) -> tuple:
-    """TRL's own defaults on this machine, which `resolved_keys` leaves out."""
-    parser = _parser()
-    parser.set_defaults_with_config(**dynamic)
-    return tuple(parser.parse_args_into_dataclasses(args=[]))
+    """TRL's own defaults on this machine, which `resolved_keys` leaves out: each argument class built from the
+    machine's keys alone, as TRL's parser would build it from an empty command line, without parsing twice."""
+    return tuple(cls(**{k: v for k, v in dynamic.items() if k in {f.name for f in dataclasses.fields(cls) if f.init}})
+                 for cls in _sft_classes())
 
 
 # Settings of TRL's argument classes that TRL itself leaves unchecked, and the ranges where they make sense:
