@@ -37,11 +37,10 @@ from distill.core.config import Strict, validate
 from distill.core.errors import DistillError
 from distill.core.metrics import answer_in_text, bootstrap_ci, evidence_recall, metric_of, paired_bootstrap, score
 from distill.core.run import read_manifest
-from distill.core.store import content_digest, dedupe, read_jsonl, replace_files, write_json
+from distill.core.store import content_digest, dedupe, read_json, read_jsonl, replace_files, write_json
 from distill.evaluate import EvalRecord, PromptBudget, record_key
 from distill.reporting import flywheel_report
 from distill.reporting.provenance import collect as collect_provenance
-from distill.reporting.provenance import read_json
 from distill.reporting.verdict import headline, question_outcomes, read_measures, verdict
 from distill.reporting.viewer import VIEWER, write_viewer
 from distill.rewoo.plan import duplicate_steps
@@ -655,7 +654,7 @@ def _plot_losses(students: dict, path: Path) -> None:
     """Training (solid) and validation (dashed) loss against optimiser step, a colour per student."""
     with _figure(path, (7.5, 4.4)) as (_, (ax,)):
         for i, (name, s) in enumerate(students.items()):
-            history = read_json(Path(s["loss_history"])) if s.get("loss_history") else None
+            history = read_json(Path(s["loss_history"]), optional=True) if s.get("loss_history") else None
             for part, key, style in (("train", "loss", "-"), ("eval", "eval_loss", "--")):
                 points = [(e["step"], e[key]) for e in (history or {}).get(part) or [] if key in e and "step" in e]
                 if points:

@@ -37,10 +37,9 @@ from distill.core import layout
 from distill.core.config import add_config_args, load_config
 from distill.core.errors import DistillError
 from distill.core.secrets import MaskingFormatter, is_secret_name, mask, mask_log_record, masked_mapping, remember
-from distill.core.store import replace_files, write_json
+from distill.core.store import read_json, replace_files, write_json
 from distill.core.tracking import require as require_trackers
 from distill.llm.embedded import resolve_model_path
-from distill.reporting.provenance import read_json as read_optional
 from distill.reporting.verdict import small_training_set
 from distill.sft_data import check_rows
 from distill.training.merge import ADAPTER_INFO
@@ -630,7 +629,7 @@ def trained_on(dataset_dir: str, train_examples: int, validation_examples: int) 
     dataset folder is named by a path that means nothing once the adapter is moved or pushed, and push, serve,
     improve, eval and the report must know the prompt and tools it was trained on without it. The counts are
     the rows training read."""
-    summary = read_optional(Path(dataset_dir) / layout.SUMMARY) or {}
+    summary = read_json(Path(dataset_dir) / layout.SUMMARY, optional=True) or {}
     splits = summary.get("splits") if isinstance(summary.get("splits"), dict) else {}
     tools = summary.get("tool_descriptions") or summary.get("tools")
     if not summary:

@@ -249,6 +249,23 @@ def write_jsonl(path: str | Path, records: Iterable[dict]) -> None:
     _replace(path, lambda handle: handle.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
+def read_json(path: str | Path, optional: bool = False) -> dict | None:
+    """The one reader of a JSON object file (an adapter's or a model's config, a summary, a marker read for a
+    report). Unreadable or not an object: one DistillError line naming the file; `optional` (what provenance and
+    the report read, best effort): None instead."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        if optional:
+            return None
+        raise DistillError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        if optional:
+            return None
+        raise DistillError(f"{path}: expected a JSON object")
+    return data
+
+
 def write_json(path: str | Path, obj: Any) -> None:
     _replace(path, lambda handle: handle.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n"))
 

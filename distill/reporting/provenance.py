@@ -12,23 +12,14 @@ below the provenance are still worth reading without it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
 from distill.core import layout
+from distill.core.store import read_json
 from distill.training.merge import ADAPTER_INFO
 
 STAGE_MARKERS = tuple(s for s in layout.STAGES if s != layout.REPORT)  # the report's is written after it
-
-
-def read_json(path: Path) -> dict | None:
-    """The object in `path`, or None when it is missing or not a JSON object (provenance is best effort)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def served_adapters(fingerprints: Any) -> dict[str, str]:
@@ -79,7 +70,7 @@ def student(folder: Path, summary: Mapping[str, Any] | None = None) -> dict:
     """What an adapter folder says about the student it holds: distill_adapter.json, which training fills with
     its prompt, tools, example counts, teacher and datasets (`summary`: the SFT data's summary.json, for an
     adapter recorded before that)."""
-    adapter = read_json(folder / ADAPTER_INFO) or {}
+    adapter = read_json(folder / ADAPTER_INFO, optional=True) or {}
     summary = summary or {}
     splits = summary.get("splits") if isinstance(summary.get("splits"), dict) else {}
     tools = adapter.get("tools") or summary.get("tools")
@@ -113,7 +104,8 @@ def students(run: Path | None) -> dict[str, dict]:
         return {}
     names = sorted({p.parent.name for p in layout.stage_dir(run, layout.TRAIN).glob(f"*/{ADAPTER_INFO}")}
                    | {p.parent.name for p in layout.stage_dir(run, layout.SFT_DATA).glob(f"*/{layout.SUMMARY}")})
-    return {name: student(layout.adapter(run, name), read_json(layout.sft_data(run, name) / layout.SUMMARY))
+    return {name: student(layout.adapter(run, name),
+                          read_json(layout.sft_data(run, name) / layout.SUMMARY, optional=True))
             for name in names}
 
 
@@ -140,7 +132,7 @@ def improvement(run: Path | None) -> dict[str, dict]:
         summaries = sorted(folder.glob(f"{layout.ROUND.format('*')}/{layout.SUMMARY}"),
                            key=lambda p: int(n) if (n := p.parent.name.removeprefix(prefix)).isdigit() else 0)
         for summary in [*summaries, folder / layout.GRPO / layout.SUMMARY]:  # expert iteration's rounds, or GRPO's run
-            if (found := read_json(summary)) is not None:
+            if (found := read_json(summary, optional=True)) is not None:
                 rounds.append(found | {"round": summary.parent.name.removeprefix(prefix)})
         if rounds:
             out[folder.name] = {"folder": str(folder), "rounds": rounds}
@@ -167,7 +159,7 @@ def collect(eval_dir: str | Path, manifest: Mapping[str, Any], results: Mapping[
     eval_dir = Path(eval_dir)
     run = run_folder(eval_dir)
     config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
-    generate = (read_json(layout.manifest(layout.stage_dir(run, layout.GENERATE))) if run else None) or {}
+    generate = (read_json(layout.manifest(layout.stage_dir(run, layout.GENERATE)), optional=True) if run else None) or {}
     gen_config = generate.get("config") if isinstance(generate.get("config"), dict) else {}
     version, commit = _version(manifest.get("code_version"))
     trained = students(run)
@@ -187,7 +179,7 @@ def collect(eval_dir: str | Path, manifest: Mapping[str, Any], results: Mapping[
     reference = results["reference"]
     fingerprints = {}
     for stage in STAGE_MARKERS:
-        marker = (read_json(layout.marker(layout.stage_dir(run, stage))) if run else None) or {}
+        marker = (read_json(layout.marker(layout.stage_dir(run, stage)), optional=True) if run else None) or {}
         if found := {k: v for k, v in marker.items() if "fingerprint" in k}:
             fingerprints[stage] = found
     return {

@@ -39,8 +39,9 @@ from distill.core.config import Strict, add_config_args, load_config
 from distill.core.errors import DistillError
 from distill.core.run import settings_of
 from distill.core.secrets import MASK, mask, masked_argv, masked_env, secret_values
+from distill.core.store import read_json
 from distill.llm.embedded import EMBEDDED_NAME, cache_root, is_embedded, resolve_model_path
-from distill.training.merge import lora_patterns, read_json, trained_base, trained_prompt
+from distill.training.merge import lora_patterns, trained_base, trained_prompt
 
 log = logging.getLogger(__name__)
 

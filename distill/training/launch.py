@@ -30,7 +30,7 @@ from distill.core.check import Check, add_check_args, gpu_count, show_config, wa
 from distill.core.config import _merge, read_yaml, validate
 from distill.core.errors import DistillError
 from distill.core.run import settings_of
-from distill.core.store import content_digest
+from distill.core.store import content_digest, read_json
 from distill.core.tracking import PACKAGES
 from distill.reporting.verdict import small_training_set
 from distill.train import DEFAULTS, TrainConfig, load_train_config, without_secrets
@@ -149,9 +149,8 @@ def check_run(cfg: TrainConfig, check, config_path: str | Path, where: str = "tr
         check.problem(f"{where}.dataset_dir: {summary} is missing: the adapter could not record the prompt and tools "
                       "it is trained on (make the data with `distill sft-data`)")
     else:
-        from distill.reporting.provenance import read_json as read_optional
-
-        splits = (read_optional(summary) or {}).get("splits") or {}
+        
+        splits = (read_json(summary, optional=True) or {}).get("splits") or {}
         examples = (splits.get("train") or {}).get("examples")
         if isinstance(examples, int) and (warning := small_training_set(examples)):
             print(f"{where}: WARNING: {warning}")

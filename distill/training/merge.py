@@ -7,26 +7,15 @@ loads it applies the prompt format the student learnt.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
 from distill.core import layout
 from distill.core.errors import DistillError
+from distill.core.store import read_json
 from distill.llm.embedded import resolve_model_path
 
 ADAPTER_INFO = "distill_adapter.json"
-
-
-def read_json(path: Path) -> dict:
-    """A JSON object from a model or adapter folder, or one DistillError line."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise DistillError(f"cannot read {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise DistillError(f"{path}: expected a JSON object")
-    return data
 
 
 _JSON_KINDS = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number",

@@ -25,7 +25,7 @@ from distill.core.errors import DistillError
 from distill.core.secrets import mask, remember, url_refusal
 from distill.llm.embedded import is_embedded
 from distill.tools.registry import tool_descriptions
-from distill.training.merge import ADAPTER_INFO, read_json, trained_base, trained_prompt, training_record
+from distill.training.merge import ADAPTER_INFO, trained_base, trained_prompt, training_record
 
 CARD = "README.md"
 # What a user needs to serve the adapter (and to see how it was made); everything else stays on the machine.
