@@ -50,7 +50,7 @@ from distill.core.config import (AgentConfig, ModelSpec, Strict, add_config_args
 from distill.core.data import load_source, normalize_question, question_set, rows_to_examples
 from distill.core.errors import DistillError, clip
 from distill.core.metrics import answer_in_text, evidence_recall, metric_of, paired_bootstrap, score
-from distill.core.retry import Fault, retry_after_s, with_retries
+from distill.core.retry import KEEPALIVE_EXPIRY_S, Fault, retry_after_s, with_retries
 from distill.core.run import MAX_BOOTSTRAP_SAMPLES, folder_lock
 from distill.core.secrets import mask, remember
 from distill.core.store import JsonlStore, iter_jsonl, read_jsonl, write_json, write_jsonl
@@ -940,7 +940,8 @@ async def _swap(service: ServiceConfig, name: str, adapter: str, round_: int, to
 
     settings = _Settings(service)
     folder = Path(adapter).resolve()
-    async with httpx.AsyncClient(timeout=service.timeout_s) as http:
+    limits = httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S)  # under the agents' and vLLM's idle close
+    async with httpx.AsyncClient(timeout=service.timeout_s, limits=limits) as http:
         listed = await _call(http, settings, "GET", f"{service.vllm_url}/models")
         modules = {m.get("id"): m for m in (listed.get("data") or [] if isinstance(listed, dict) else [])
                    if isinstance(m, dict)}

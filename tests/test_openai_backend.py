@@ -115,3 +115,54 @@ def test_a_retrained_adapter_served_under_the_same_name_misses_the_old_cache(tmp
         with serving(api.handler) as again:
             cached, third = ask(f"{again}/v1")
         assert cached and third == second and api.calls == 2
+
+
+def test_an_idle_connection_is_not_reused_near_the_servers_keep_alive_deadline():
+    """uvicorn (vLLM's server, the agent server) closes a connection idle for 5 s. A client that reuses one that
+    long gets its request reset as the server closes it (ReadError), which with `max_retries: 0` stops a run. The
+    pool reuses a connection while it is fresh and drops it once idle for KEEPALIVE_EXPIRY_S, well before that.
+    Served by a real uvicorn server with its default keep-alive, as vLLM's is."""
+    import json
+    import threading
+    import time
+
+    import uvicorn
+
+    from distill.core.retry import KEEPALIVE_EXPIRY_S
+    from distill.serving.serve import free_port
+
+    ports: list[int] = []
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        ports.append(scope["client"][1])  # the client's end of the connection this request came on
+        body = json.dumps({"choices": [{"message": {"content": "Paris"}}],
+                           "usage": {"prompt_tokens": 3, "completion_tokens": 1}}).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    assert server.config.timeout_keep_alive == 5 and KEEPALIVE_EXPIRY_S < server.config.timeout_keep_alive
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        model = OpenAIChat("m", [f"http://127.0.0.1:{port}/v1"], max_retries=0)
+
+        async def three_calls():
+            ask = [{"role": "user", "content": "Capital of France?"}]
+            await model.chat(ask)
+            await model.chat(ask)  # at once: the same connection
+            await asyncio.sleep(KEEPALIVE_EXPIRY_S + 0.5)  # idle past the pool's expiry, short of the server's 5 s
+            return await model.chat(ask)
+
+        assert asyncio.run(three_calls()).text == "Paris"
+        assert ports[0] == ports[1] and ports[2] != ports[1], ports
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -280,7 +280,8 @@ def test_a_stage_is_one_declaration_its_place_in_the_order_and_the_engine_runs_s
     cfg["filter"]["min_f1"] = 0.4
     pipeline().run_all()
     out = capsys.readouterr().out
-    assert "[pipeline] filter: settings changed (min_f1 0.5 -> 0.4): rerunning; count, sft-data, train, eval, report follow" in out
+    assert ("[pipeline] filter: settings changed (min_f1 0.5 -> 0.4): rerunning; count, sft-data, train, eval, "
+            "report follow") in out
     assert "[pipeline] count: rerunning (filter redone)" in out
 
     pipeline().run_all(start="count")

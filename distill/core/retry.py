@@ -82,6 +82,13 @@ async def with_retries(client: Any, attempt: Callable[[], Awaitable[Any]], deadl
     raise AssertionError("unreachable")
 
 
+# How long an idle pooled connection is reused: well under the 5 s after which uvicorn (vLLM's server and the
+# agent server) closes an idle connection. httpx's default is those same 5 s, so a request could go out on a
+# connection the server was closing at that moment and be reset (ReadError): one failed attempt, and with
+# `max_retries: 0` a stopped run.
+KEEPALIVE_EXPIRY_S = 2.0
+
+
 async def bind(client: Any, **options: Any) -> None:
     """One pooled httpx client and one semaphore (`client.max_concurrency` requests in flight) per event loop,
     kept as `client._client` and `client._sem`: both belong to the loop that made them, and `run_plan_sync`
@@ -93,7 +100,8 @@ async def bind(client: Any, **options: Any) -> None:
         return
     client._loop = loop
     # No pool limit: the semaphore is the cap, and it queues without the pool's timeout.
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=client.max_concurrency)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=client.max_concurrency,
+                          keepalive_expiry=KEEPALIVE_EXPIRY_S)
     client._client = httpx.AsyncClient(limits=limits, **options)
     client._sem = asyncio.Semaphore(client.max_concurrency)
     client._closer = _close_when_loop_ends(client._client)
