@@ -61,7 +61,6 @@ from distill.core.check import Check, TokenCounter, add_check_args, print_estima
 from distill.core.config import (ENDPOINT_IDENTITY, SERVER_PLACEHOLDER, AgentConfig, ModelSpec, Strict, _merge,
                                  add_config_args, load_config, read_yaml, validate)
 from distill.core.errors import DistillError
-from distill.core.layout import STAGES
 from distill.core.run import folder_lock, set_aside
 from distill.core.stage import STAGE_CONFIG, CheckContext, Stage, Unit, label, read_marker
 from distill.core.store import write_json
@@ -261,7 +260,7 @@ def teacher_takers(cfg: PipelineConfig) -> str:
 
 # The stages in the order they run, each declared by its own module (distill.core.stage.Stage).
 PIPELINE = (generate.STAGE, filtering.STAGE, sft_data.STAGE, launch.STAGE, improve.STAGE, evaluate.STAGE, report.STAGE)
-assert tuple(s.name for s in PIPELINE) == STAGES
+STAGES = tuple(s.name for s in PIPELINE)  # `--from`'s choices: the stage folders, in order
 
 
 class Pipeline:

@@ -1062,12 +1062,13 @@ def _unit(p) -> stage.Unit:
 
 
 def _work(p) -> dict:
-    """The report from the evaluation's records, at the run folder's root, with the stage timings."""
-    results = p.entry("report")(layout.stage_dir(p.run, layout.EVAL), p.run, **p.cfg.report)
-    print("\n".join(summary_lines(results) + prompt_budget_summary(results)))
+    """The report from the evaluation's records, at the run folder's root, with the stage timings: written
+    first, since they are also the order of the stages the report's provenance lists."""
     timings = {s.name: stage.read_marker(layout.marker(layout.stage_dir(p.run, s.name))).seconds
                for s in p.stages()[:-1]}
     write_json(layout.pipeline_info(p.run), {"stage_seconds": timings, "config_file": p.config_path})
+    results = p.entry("report")(layout.stage_dir(p.run, layout.EVAL), p.run, **p.cfg.report)
+    print("\n".join(summary_lines(results) + prompt_budget_summary(results)))
     return {"stage_seconds": timings}
 
 

@@ -243,7 +243,7 @@ def test_a_stage_is_one_declaration_its_place_in_the_order_and_the_engine_runs_s
     """Adding a stage is its `Stage` (here a toy one, which counts the kept plans) and its place in the order
     (distill.pipeline.PIPELINE; here handed to the engine): the engine runs it after what it is made from, skips
     it when nothing changed, reruns it when the filter is redone, names it among what follows, and `--from` it
-    sets it and the later stages aside."""
+    sets it and the later stages aside; the report's provenance lists its fingerprint in its place."""
     from distill.core import layout
     from distill.core.config import validate
     from distill.core.stage import Stage, Unit
@@ -273,6 +273,10 @@ def test_a_stage_is_one_declaration_its_place_in_the_order_and_the_engine_runs_s
     done = json.loads((run / "count" / "DONE.json").read_text())
     assert done["kept"] == json.loads((run / "filter" / "DONE.json").read_text())["kept"] == 6
     assert "count" in json.loads((run / "report" / "DONE.json").read_text())["stage_seconds"]
+    # the report's provenance lists its fingerprint in its place, with nothing else declared for it
+    fingerprints = json.loads((run / "results.json").read_text())["provenance"]["fingerprints"]
+    assert list(fingerprints) == ["generate", "filter", "count", "sft-data", "train", "eval"]
+    assert fingerprints["count"] == {"fingerprint": done["fingerprint"]}
 
     pipeline().run_all()
     assert "[pipeline] count: done, skipped (same settings and inputs)" in capsys.readouterr().out

@@ -37,7 +37,6 @@ TRAIN = "train"  # one adapter folder per student
 IMPROVE = "improve"  # one folder per improved student
 EVAL = "eval"
 REPORT = "report"  # its marker only: the report's files are at the run folder's root
-STAGES = (GENERATE, FILTER, SFT_DATA, TRAIN, IMPROVE, EVAL, REPORT)  # in the order the pipeline runs them
 
 # --------------------------------------------------------------------------------- files
 DONE = "DONE.json"  # a stage's marker, or one student's part of a per-student stage

@@ -19,7 +19,6 @@ from distill.core import layout
 from distill.core.store import read_json
 from distill.training.merge import ADAPTER_INFO
 
-STAGE_MARKERS = tuple(s for s in layout.STAGES if s != layout.REPORT)  # the report's is written after it
 
 
 def served_adapters(fingerprints: Any) -> dict[str, str]:
@@ -178,8 +177,8 @@ def collect(eval_dir: str | Path, manifest: Mapping[str, Any], results: Mapping[
         version, commit = _version(next((s["code_version"] for s in trained.values() if s.get("code_version")), None))
     reference = results["reference"]
     fingerprints = {}
-    for stage in STAGE_MARKERS:
-        marker = (read_json(layout.marker(layout.stage_dir(run, stage)), optional=True) if run else None) or {}
+    for stage in stage_markers(run) if run else ():
+        marker = read_json(layout.marker(layout.stage_dir(run, stage)), optional=True) or {}
         if found := {k: v for k, v in marker.items() if "fingerprint" in k}:
             fingerprints[stage] = found
     return {
@@ -198,6 +197,15 @@ def collect(eval_dir: str | Path, manifest: Mapping[str, Any], results: Mapping[
         "improve": improvement(run) or None,
         "fingerprints": fingerprints or None,
     }
+
+
+def stage_markers(run: Path) -> list[str]:
+    """The run folder's stage folders holding a marker, the report's aside (it is written after the report): in
+    the order the pipeline ran them, as pipeline.json lists them (the report stage writes it first), then any
+    other by name. The pipeline's own list of stages is the one source of that order; this reads what it wrote."""
+    ran = list((read_json(layout.pipeline_info(run), optional=True) or {}).get("stage_seconds") or ())
+    found = {d.name for d in run.iterdir() if layout.marker(d).is_file()} - {layout.REPORT}
+    return [s for s in ran if s in found] + sorted(found - set(ran))
 
 
 def _first_solver(per_method: Mapping[str, Mapping[str, Any]]) -> str | None:
