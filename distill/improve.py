@@ -440,11 +440,11 @@ class PlannerReward:
 
 
 def grpo_args(cfg: ImproveConfig, out: Path):
-    """TRL's GRPOConfig from `grpo` over what the improve config already says (samples per question, the
-    planner's sampling), with the run's folder; parsed as train parses SFT's, so a bad key is one line naming it."""
+    """TRL's GRPOConfig with distill's recipe (distill.training.recipe.GRPO) from `grpo` over what the improve config
+    already says (samples per question, the planner's sampling), with the run's folder; parsed as train parses
+    SFT's, so a bad key is one line naming it."""
     keys = {"num_generations": cfg.samples, "temperature": cfg.planner.temperature or 1.0,
-            "max_completion_length": cfg.planner.max_tokens, "seed": cfg.seed, "report_to": "none",
-            "save_strategy": "steps", "save_steps": 10, "save_total_limit": 1, "logging_steps": 1,
+            "max_completion_length": cfg.planner.max_tokens, "seed": cfg.seed,
             "use_cpu": not _cuda(), "bf16": _cuda()} | cfg.grpo | {"output_dir": str(out)}
     return parse_grpo_config(keys)
 

@@ -42,6 +42,7 @@ from distill.core.tracking import require as require_trackers
 from distill.llm.embedded import resolve_model_path
 from distill.reporting.verdict import small_training_set
 from distill.sft_data import check_rows
+from distill.training import recipe
 from distill.training.merge import ADAPTER_INFO
 from distill.training.push import model_card_problem, write_model_card
 
@@ -66,18 +67,6 @@ class DistillArguments:
     init_adapter: str | None = field(
         default=None, metadata={"help": "continue this LoRA adapter (its weights and LoRA config) instead of a new one"}
     )
-
-
-# distill's recipe where it differs from TRL's defaults (the paper: LoRA r 8, alpha 16 on all linear layers,
-# lr 1e-4, 10 epochs, cosine); bf16 and gradient checkpointing only when a config asks, as a CPU run pays for both.
-DEFAULTS: dict[str, Any] = {
-    "model_name_or_path": "smollm2-135m-instruct", "completion_only_loss": True,
-    "use_peft": True, "lora_r": 8, "lora_alpha": 16, "lora_target_modules": "all-linear",
-    "learning_rate": 1e-4, "num_train_epochs": 10, "lr_scheduler_type": "cosine",
-    "eval_strategy": "epoch", "save_strategy": "epoch", "save_total_limit": 2, "logging_first_step": True,
-    "bf16": False, "gradient_checkpointing": False, "gradient_checkpointing_kwargs": {"use_reentrant": False},
-    "ddp_find_unused_parameters": False,
-}
 
 
 @dataclass
@@ -132,31 +121,16 @@ def _fail(message: str, where: str = "train config"):
     raise DistillError(f"{where}: {message}")
 
 
-def import_trl() -> None:
-    """TRL's import sets VLLM_LOGGING_LEVEL=ERROR, which every vLLM server the pipeline starts later would inherit
-    (their logs lost every vLLM line); later imports do not run that code again."""
-    saved = os.environ.get("VLLM_LOGGING_LEVEL")
-    import trl  # noqa: F401
-
-    if saved is None:
-        os.environ.pop("VLLM_LOGGING_LEVEL", None)
-    else:
-        os.environ["VLLM_LOGGING_LEVEL"] = saved
-
-
 def parse_train_config(data: dict, argv: list[str] | None = None, processes: int | None = None) -> TrainConfig:
     """TRL's `TrlParser` over our flat dict (YAML + `--set`) and TRL-style flags; every problem is one line."""
     import torch
-
-    import_trl()
-    from trl import SFTConfig
 
     if "gradient_accumulation_steps" in data:
         _fail("gradient_accumulation_steps is derived from global_batch_size and the number of processes; "
               "set global_batch_size instead")
     # YAML reads a bare `no` (as in `--set eval_strategy=no`) as false
     given = {k: "no" if v is False and k.endswith("_strategy") else v for k, v in data.items()}
-    if "warmup_ratio" in given and "warmup_ratio" not in {f.name for f in dataclasses.fields(SFTConfig)}:
+    if "warmup_ratio" in given and "warmup_ratio" not in {f.name for f in dataclasses.fields(recipe.SFTConfig)}:
         # configs say warmup_ratio; transformers 5 dropped the field and reads a warmup_steps below 1 as a ratio
         ratio = given.pop("warmup_ratio")
         if "warmup_steps" in given:
@@ -166,7 +140,7 @@ def parse_train_config(data: dict, argv: list[str] | None = None, processes: int
         given["warmup_steps"] = float(ratio)
     accelerator = torch.cuda.is_available() or torch.backends.mps.is_available() or torch.xpu.is_available()
     dynamic = {"use_cpu": not accelerator, "disable_tqdm": not sys.stderr.isatty()}
-    distill, sft, model = _parse(_sft_classes(), DEFAULTS | dynamic | given, given, argv,
+    distill, sft, model = _parse(_sft_classes(), dynamic | given, given, argv,
                                  "SFTConfig, ModelConfig and DistillArguments fields: see docs/TRAINING.md")
     if not distill.dataset_dir:
         _fail("dataset_dir is required")
@@ -177,7 +151,7 @@ def parse_train_config(data: dict, argv: list[str] | None = None, processes: int
     if sft.hub_token:  # every checkpoint pickles the arguments (training_args.bin): the token goes where
         remember(sft.hub_token)  # huggingface_hub reads one anyway, the environment, which children inherit
         os.environ["HF_TOKEN"], sft.hub_token = sft.hub_token, None
-    resolved = resolved_keys((distill, sft, model), _defaults(**dynamic), set(given) | set(DEFAULTS))
+    resolved = resolved_keys((distill, sft, model), _defaults(**dynamic), set(given) | set(recipe.SFT))
     cfg = TrainConfig(dict(data), distill, sft, model, resolved)
     sft.gradient_accumulation_steps = cfg.accumulation(world_size() if processes is None else processes)
     return cfg
@@ -186,17 +160,12 @@ def parse_train_config(data: dict, argv: list[str] | None = None, processes: int
 def parse_grpo_config(keys: dict):
     """TRL's `GRPOConfig` through the same parser and the same one-line refusals as SFT's config (an unknown key
     with its nearest names, a number out of range), each naming the `grpo` section."""
-    import_trl()
-    from trl import GRPOConfig
-
-    (args,) = _parse((GRPOConfig,), keys, keys, None, "GRPOConfig fields: see docs/improve.md", where="grpo")
+    (args,) = _parse((recipe.GRPOConfig,), keys, keys, None, "GRPOConfig fields: see docs/improve.md", where="grpo")
     return args
 
 
 def _sft_classes() -> tuple:
-    from trl import ModelConfig, SFTConfig
-
-    return DistillArguments, SFTConfig, ModelConfig
+    return DistillArguments, recipe.SFTConfig, recipe.ModelConfig
 
 
 def _parse(classes: tuple, keys: dict, given: dict, argv: list[str] | None, keys_are: str,
@@ -224,7 +193,10 @@ def _parse(classes: tuple, keys: dict, given: dict, argv: list[str] | None, keys
 def _parser(classes: tuple | None = None, where: str = "train config"):
     from trl import TrlParser
 
-    parser = TrlParser(classes or _sft_classes(), prog="distill.train")
+    parser = TrlParser(classes := classes or _sft_classes(), prog="distill.train")
+    for name in (name for cls in classes for name in recipe.turned_off(cls)):
+        parser.add_argument(f"--no_{name}", f"--no-{name.replace('_', '-')}", action="store_false", dest=name,
+                            help=f"set {name} false")
     # argparse would print the whole usage of ~200 TRL options, then exit
     parser.error = functools.partial(_fail, where=where)
     return parser
@@ -232,10 +204,12 @@ def _parser(classes: tuple | None = None, where: str = "train config"):
 
 @functools.cache
 def _defaults(**dynamic) -> tuple:
-    """TRL's own defaults on this machine, which `resolved_keys` leaves out: each argument class built from the
-    machine's keys alone, as TRL's parser would build it from an empty command line, without parsing twice."""
+    """TRL's own defaults on this machine, which `resolved_keys` leaves out: each of TRL's argument classes (not
+    the recipe's) built from the machine's keys alone, as TRL's parser would build it from an empty command line,
+    without parsing twice."""
+    classes = DistillArguments, recipe.trl_class("SFTConfig"), recipe.trl_class("ModelConfig")
     return tuple(cls(**{k: v for k, v in dynamic.items() if k in {f.name for f in dataclasses.fields(cls) if f.init}})
-                 for cls in _sft_classes())
+                 for cls in classes)
 
 
 # Settings of TRL's argument classes that TRL itself leaves unchecked, and the ranges where they make sense:
@@ -491,7 +465,7 @@ def build_trainer(cfg: TrainConfig | GRPORun, callbacks: list | None = None, res
     if isinstance(cfg, GRPORun):
         return grpo_trainer(cfg, callbacks)
 
-    import_trl()
+    recipe.import_trl()
     from trl import SFTTrainer, get_peft_config
 
     args = cfg.sft
@@ -539,7 +513,7 @@ def build_trainer(cfg: TrainConfig | GRPORun, callbacks: list | None = None, res
 def grpo_trainer(run: GRPORun, callbacks: list | None = None):
     from transformers import AutoTokenizer
 
-    import_trl()
+    recipe.import_trl()
     from trl import GRPOTrainer
 
     path = resolve_model_path(run.model_name_or_path)
@@ -695,9 +669,15 @@ def train(cfg: TrainConfig | GRPORun, callbacks: list | None = None) -> dict:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_config_args(parser)
+    parser.add_argument("--trl-help", action="store_true",
+                        help="print every option of TRL's SFTConfig and ModelConfig (a config key or a flag), with "
+                             "distill's recipe as their defaults, and exit")
 
 
 def main(args: argparse.Namespace, rest: list[str] | None = None) -> int:
+    if args.trl_help:
+        print(_parser().format_help())
+        return 0
     cfg = load_train_config(args.config, args.set, rest)
     info = train(cfg)
     if info:

@@ -148,7 +148,8 @@ def config_page() -> str:
 
 
 def train_section() -> list[str]:
-    from distill.train import DEFAULTS, DistillArguments
+    from distill.train import DistillArguments
+    from distill.training import recipe
 
     lines = ["## Train (`TrainConfig`)", "",
              "Used by `distill train`, `accelerate launch -m distill.train`, the pipeline's `train` section and "
@@ -162,8 +163,13 @@ def train_section() -> list[str]:
     for f in dataclasses.fields(DistillArguments):
         lines.append(f"| `{f.name}` | {cell(type_name(hints[f.name]))} | `{json.dumps(f.default)}` | {cell(f.metadata['help'])} |")
     lines += ["", "Where distill's defaults differ from TRL's (the paper's recipe: LoRA r 8, alpha 16 on all linear "
-                  "layers, lr 1e-4, 10 epochs, cosine):", "", "| key | default |", "|---|---|"]
-    lines += [f"| `{k}` | `{json.dumps(v)}` |" for k, v in DEFAULTS.items()]
+                  "layers, lr 1e-4, 10 epochs, cosine), they are the field defaults of the `SFTConfig` and "
+                  "`ModelConfig` the parser fills (`distill.training.recipe`):", "", "| key | default |", "|---|---|"]
+    lines += [f"| `{k}` | `{json.dumps(v)}` |" for k, v in recipe.SFT.items()]
+    lines += ["", "Improve's GRPO run (`method: grpo`) parses its `grpo` keys into TRL's `GRPOConfig` with these "
+                  "defaults of distill's; improve sets `num_generations`, `temperature`, `max_completion_length`, "
+                  "`seed` and the device from its own config:", "", "| key | default |", "|---|---|"]
+    lines += [f"| `{k}` | `{json.dumps(v)}` |" for k, v in recipe.GRPO.items()]
     return lines + [""]
 
 

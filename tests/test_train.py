@@ -3,6 +3,8 @@ equal to the inference prompt, adapter-only updates, config arithmetic, and a CP
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -167,6 +169,38 @@ def test_paper_hyperparameters_and_qlora():
     assert qlora.sft.per_device_train_batch_size == 4 and qlora.distill.global_batch_size == 128
     smoke = load_config(TrainConfig, SMOKE)
     assert smoke.model.dtype == "float32" and not smoke.sft.bf16 and smoke.sft.report_to == [] and smoke.sft.eval_on_start
+
+
+def test_the_recipe_is_the_field_defaults_of_trls_own_classes_so_help_parser_and_trainer_agree(tmp_path, capsys):
+    """distill's recipe is not a second layer of defaults over TRL's: it is the default of the field the parser
+    fills, so a key no config names gets it, `--trl-help` shows it, TRL's own default stays what
+    train_config.yaml compares against, and the arguments a checkpoint pickles load again."""
+    import pickle
+
+    from trl import ModelConfig, SFTConfig
+
+    from distill.train import main as train_main
+    from distill.training import recipe
+
+    cfg = parse_train_config({"dataset_dir": str(tmp_path), "output_dir": str(tmp_path / "a"), "num_train_epochs": 3},
+                             processes=1)
+    assert isinstance(cfg.sft, SFTConfig) and isinstance(cfg.model, ModelConfig)
+    for part in (cfg.sft, cfg.model):
+        for f in dataclasses.fields(part):
+            if f.name in recipe.SFT and f.name != "num_train_epochs":
+                assert f.default == recipe.SFT[f.name] or f.default_factory() == recipe.SFT[f.name], f.name
+    assert cfg.sft.lr_scheduler_type == "cosine" and cfg.sft.save_total_limit == 2 and cfg.sft.num_train_epochs == 3
+    assert SFTConfig.__dataclass_fields__["learning_rate"].default != recipe.SFT["learning_rate"]  # TRL's own: 2e-5
+    assert cfg.resolved["learning_rate"] == 1e-4 and cfg.resolved["lora_r"] == 8  # the recipe's, recorded
+    again = pickle.loads(pickle.dumps(cfg.sft))  # training_args.bin
+    assert type(again) is type(cfg.sft) and again.learning_rate == 1e-4
+    grpo = recipe.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False)
+    assert (grpo.save_steps, grpo.save_total_limit, grpo.logging_steps, grpo.report_to) == (10, 1, 1, [])
+
+    assert train_main(argparse.Namespace(trl_help=True, config=None, set=[])) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "--learning_rate LEARNING_RATE, --learning-rate LEARNING_RATE The initial learning rate for AdamW. " \
+           "(default: 0.0001)" in shown and "--lora_r LORA_R" in shown
 
 
 @pytest.mark.parametrize(

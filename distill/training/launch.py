@@ -33,7 +33,8 @@ from distill.core.run import settings_of
 from distill.core.store import content_digest, read_json
 from distill.core.tracking import PACKAGES
 from distill.reporting.verdict import small_training_set
-from distill.train import DEFAULTS, TrainConfig, load_train_config, without_secrets
+from distill.train import TrainConfig, load_train_config, without_secrets
+from distill.training import recipe
 from distill.training.merge import ADAPTER_INFO
 
 AUTO = "auto"  # `train: {config: auto}` in a pipeline: the training config for the visible GPUs (GPU_CONFIGS)
@@ -232,7 +233,7 @@ def _show(p, c, name: str) -> None:
 
 
 def _unit(p, name: str) -> stage.Unit:
-    settings = settings_of(DEFAULTS | {k: v for k, v in _resolve(p, None, name).data.items() if k != "dataset_dir"})
+    settings = settings_of(recipe.SFT | {k: v for k, v in _resolve(p, None, name).data.items() if k != "dataset_dir"})
     data = layout.sft_data(p.run, name)
     return stage.Unit(layout.TRAIN, layout.adapter(p.run, name), settings,
                       {layout.in_run(p.run, data): content_digest(data, skip=SFT_DATA_NOT_INPUT)}, name)
