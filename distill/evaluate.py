@@ -31,6 +31,7 @@ from typing import Annotated, Any, Literal, Mapping
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from distill.agent.baselines import direct_messages, react_messages
+from distill.agent.factory import build_agent
 from distill.core import layout, stage
 from distill.core.check import CallKind, TokenCounter, estimate_stage, show_config
 from distill.core.config import SERVER_PLACEHOLDER, AgentConfig, ModelSpec, PlannerPrompt, Strict, fill_server, validate
@@ -47,7 +48,7 @@ from distill.llm.base import weights_fingerprint
 from distill.reporting.provenance import served_adapters
 from distill.rewoo.plan import duplicate_steps
 from distill.rewoo.prompts import planner_messages, solver_messages
-from distill.rewoo.record import CallShape, Count, Seconds, Shape, TokensShape, TrajectoryRecord
+from distill.rewoo.record import Count, Seconds, Shape, TokensShape, TrajectoryRecord
 from distill.rewoo.worker import InjectedToolFailure
 from distill.tools.registry import tool_descriptions
 from distill.training import launch
@@ -373,8 +374,6 @@ def examples_for(cfg: EvalConfig, method: Method, examples: list) -> list:
 def build_method(cfg: EvalConfig, method: Method, cache=None):
     """A fresh agent for one method. Built per method because each method runs under its own event loop,
     and HTTP clients belong to the loop they were first used in (in-process weights are shared anyway)."""
-    from distill.agent.factory import build_agent
-
     return build_agent(
         cfg, cache, kind=method.kind, planner=method.spec, planner_prompt=method.prompt, method=method.name,
         seed=cfg.seed, react_max_steps=cfg.react_max_steps, react_max_tokens=cfg.react_max_tokens,

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import json
 import os
 import re
 import statistics
@@ -43,7 +42,9 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from distill.agent.reward import answer_in_evidence
+import distill.evaluate
+import distill.improve
+from distill.agent.reward import RewardConfig, answer_in_evidence
 from distill.core import layout, stage, traces
 from distill.core.config import (AgentConfig, ModelSpec, Strict, add_config_args, check_base_url, fill_server,
                                  load_config, read_json_model, validate)
@@ -551,8 +552,6 @@ def measure_of(rec: Mapping[str, Any], measure: str, reward_cfg=None) -> float |
         golds = _gold_pages(rec)
         return float(evidence_recall(golds, rec.get("evidence") or [])["recall"]) if golds else None
     if measure == "reward":
-        from distill.agent.reward import RewardConfig
-
         return record_reward(rec, reward_cfg or RewardConfig())
     raise DistillError(f"unknown measure {measure!r}; expected one of {', '.join(MEASURES)}")
 
@@ -667,10 +666,8 @@ def eval_config(cfg: FlywheelConfig, url: str, rows_file: Path, out: Path, names
 
 def round_server(cfg: FlywheelConfig, adapters: Mapping[str, str], log_path: Path, later: int = 0):
     """The round's vLLM server (improve's, with each adapter as its round's module; `later` runtime modules)."""
-    from distill.improve import round_server
-
     print(f"[flywheel] starting vLLM with {', '.join(adapters)} (log: {log_path})", flush=True)
-    return round_server(cfg, adapters, log_path, later)
+    return distill.improve.round_server(cfg, adapters, log_path, later)
 
 
 def server_outlives_training(cfg: FlywheelConfig) -> bool:
@@ -793,9 +790,6 @@ def check_adapter(cfg: FlywheelConfig, adapter: str) -> None:
 
 def flywheel(cfg: FlywheelConfig, config_path: str | None = None, fresh: bool = False) -> dict | None:
     """One round (see the module's docstring); None when there are too few new questions (one line said so)."""
-    from distill.evaluate import evaluate
-    from distill.improve import run_round
-
     out = Path(cfg.output_dir)
     t0 = time.perf_counter()
     r, start = next_round(out)
@@ -829,7 +823,7 @@ def flywheel(cfg: FlywheelConfig, config_path: str | None = None, fresh: bool = 
         def judge(server) -> dict:
             """Both modules on the held-out side: the paired evaluation, then the diversity samples."""
             t = time.perf_counter()
-            evaluate(eval_config(cfg, server.base_url, folder / HELDOUT, folder / EVAL, names), config_path, fresh)
+            distill.evaluate.evaluate(eval_config(cfg, server.base_url, folder / HELDOUT, folder / EVAL, names), config_path, fresh)
             wall["eval"] = time.perf_counter() - t
             t = time.perf_counter()
             diversity = sample_diversity(cfg, server.base_url, names, heldout) if cfg.diversity_samples else {}
@@ -839,13 +833,13 @@ def flywheel(cfg: FlywheelConfig, config_path: str | None = None, fresh: bool = 
         t = time.perf_counter()
         if server_outlives_training(cfg):
             with round_server(cfg, {names[0]: start.adapter_in}, folder / "vllm.log", later=1) as server:
-                summary = run_round(icfg, r, start.adapter_in, train, fresh, server, names[0])
+                summary = distill.improve.run_round(icfg, r, start.adapter_in, train, fresh, server, names[0])
                 wall["train"] = time.perf_counter() - t
                 adapter = summary["adapter"]
                 server.load_adapter(names[1], adapter)
                 diversity = judge(server)
         else:
-            summary = run_round(icfg, r, start.adapter_in, train, fresh)
+            summary = distill.improve.run_round(icfg, r, start.adapter_in, train, fresh)
             wall["train"] = time.perf_counter() - t
             adapter = summary["adapter"]
             with round_server(cfg, dict(zip(names, [start.adapter_in, adapter])), folder / "eval.vllm.log") as server:

@@ -19,12 +19,13 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from distill.agent.factory import build_agent, retries_of
 from distill.core import layout, stage
 from distill.core.check import CallKind, TokenCounter, estimate_stage, show_config
 from distill.core.config import SERVER_PLACEHOLDER, AgentConfig, ModelSpec, fill_server, validate
 from distill.core.data import DatasetSource, check_no_leak, check_unique_ids, load_source, question_set, sample_mix
 from distill.core.errors import DistillError
-from distill.core.metrics import judge_messages
+from distill.core.metrics import JUDGE_MAX_TOKENS, judge_messages
 from distill.core.run import (CostCap, add_judgement, build_judge, check_fingerprint, fingerprint, manifest_header,
                               model_identities, read_manifest, run_lifecycle, run_records, settings_of, source_digests,
                               with_identity)
@@ -130,8 +131,6 @@ def check_resumable(out: Path, fp: str, settings: dict, fresh: bool) -> set:
 def generate(cfg: GenerateConfig, config_path: str | None = None, fresh: bool = False) -> dict:
     """Run (or resume) generation; returns the summary that is also written to summary.json. `fresh` sets
     records made with other settings aside instead of refusing them."""
-    from distill.agent.factory import build_agent, retries_of
-
     check_prices(cfg)
     out = Path(cfg.output_dir)
     examples = load_questions(cfg)
@@ -215,8 +214,6 @@ def check_run(cfg: GenerateConfig, check, counter, prefix: str = "", started=())
         kinds.append(CallKind("re-plans (at most)", cfg.planner, items, cfg.max_replans, plans,
                               cfg.planner.max_tokens, grows_by=cfg.planner.max_tokens))
     if cfg.judge is not None:
-        from distill.core.metrics import JUDGE_MAX_TOKENS
-
         answers = [ex.answers for ex in examples] or [[""]]
         kinds.append(CallKind("judge", cfg.judge, items, 1, [judge_messages(q, a, "") for q, a in zip(questions, answers)],
                               JUDGE_MAX_TOKENS))

@@ -34,7 +34,7 @@ import yaml
 
 from distill import code_version
 from distill.core import layout
-from distill.core.config import add_config_args, load_config
+from distill.core.config import add_config_args, load_config, suggestion
 from distill.core.errors import DistillError
 from distill.core.secrets import MaskingFormatter, is_secret_name, mask, mask_log_record, masked_mapping, remember
 from distill.core.store import read_json, replace_files, write_json
@@ -175,8 +175,6 @@ def _parse(classes: tuple, keys: dict, given: dict, argv: list[str] | None, keys
     set, whose bounds are checked before TRL's own checks could fail on them less clearly."""
     parser = _parser(classes, where)
     if unknown := parser.set_defaults_with_config(**keys):
-        from distill.core.config import suggestion
-
         names = [u[2:] for u in unknown[::2]]
         known = [f.name for cls in classes for f in dataclasses.fields(cls)]
         hints = "".join(suggestion(n, known).replace("; did you mean", f"; {n}: did you mean") for n in names)

@@ -55,8 +55,6 @@ def make_tools_for(cfg, llm_tool_model, cache=None, wiki=None, wrap=None) -> Cal
         w, scope = wiki, ""
         if cfg.wikipedia_scope == "question" and "Wikipedia" in names:
             if example.context:
-                from distill.tools.wikipedia import LocalWikipedia
-
                 paragraphs = [(title, " ".join(sents)) for title, sents in example.context]
                 w = LocalWikipedia.scoped(paragraphs, top_k=cfg.wikipedia_top_k, max_chars=cfg.wikipedia_max_chars)
                 scope = f"question:{example.id}"

@@ -29,6 +29,7 @@ from distill.core.secrets import masked_mapping
 from distill.core.tracking import INTEGRATIONS
 from distill.llm import endpoint_urls, no_price_line, price_for, unpriced_endpoints, unpriced_url
 from distill.llm.base import Usage
+from distill.llm.embedded import resolve_model_path
 from distill.llm.openai_backend import OpenAIChat, ServerError
 
 # Records, the call cache, sft data and two LoRA checkpoints take a few hundred MB; below this a long run may die
@@ -106,8 +107,6 @@ class TokenCounter:
         if name not in self._loaded:
             try:
                 from transformers import AutoTokenizer
-
-                from distill.llm.embedded import resolve_model_path
 
                 self._loaded[name] = AutoTokenizer.from_pretrained(resolve_model_path(name), local_files_only=True)
             except Exception:  # not on this machine (no network here, and a check downloads nothing)

@@ -26,6 +26,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_serializer
 from pydantic.dataclasses import dataclass
 
+from distill.core import traces
 from distill.core.config import Strict
 from distill.core.errors import DistillError, clip
 from distill.core.metrics import DATASET_RULES, Metric, metric_for
@@ -361,8 +362,6 @@ def load_examples(source: str | os.PathLike, dataset: str | None, split: str, li
     path = Path(source)
     expected = "/".join(LOCAL_SUFFIXES)
     if path.is_dir():
-        from distill.core import traces
-
         if not traces.is_traces_folder(path):
             raise DistillError(f"{path} is a folder without trace files (traces-NNNNNN.jsonl); a dataset source is "
                                f"a {expected} file, a served agent's traces folder, or hub:<name>[:<config>]")

@@ -95,7 +95,6 @@ def conform(schema: Schema | None, record: dict, where: str) -> dict:
         return schema.model_validate(record).model_dump()
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-        first = errors[0]
         raise DistillError(clip(f"{where}: {describe(errors)}", 500)) from None
     except RecursionError:
         raise DistillError(f"{where}: a field is nested too deeply to check") from None
