@@ -70,6 +70,7 @@ from distill.serving.serve import MODULE_NAME, ServeConfig, served_name, served_
 from distill.tools.registry import tool_descriptions
 from distill.training import launch
 from distill.training.launch import AUTO
+from distill.training.merge import same_as_trained
 
 IMPROVED = "{}_improved"  # the LoRA module (and eval row model) of a student's improved adapter
 SERVER = SERVER_PLACEHOLDER  # the pipeline fills in the address of the stage's own server
@@ -586,10 +587,10 @@ def check_leak_guard_covers_eval(gen: Any, ev: Any) -> None:
 def check_improved_as_trained(imp: Any, sft: Any, student: str) -> None:
     """improve samples the student's plans from the prompt it was trained on: its kind and its tool list. Other
     tools would be a prompt the student never saw, and plans calling tools it has no line for."""
-    if imp.planner_prompt != sft.student_prompt:
+    if not same_as_trained(sft.student_prompt, imp.planner_prompt):
         raise DistillError(f"improve.planner_prompt {imp.planner_prompt} differs from student {student}'s "
                            f"student_prompt {sft.student_prompt}: it was trained on that prompt")
-    if list(tool_descriptions(imp.tools)) != sft.tools:
+    if not same_as_trained(sft.tools, tool_descriptions(imp.tools)):
         raise DistillError(f"improve.tools {imp.tools} differ from student {student}'s sft_data tools {sft.tools}: "
                            "it was trained on a prompt listing those")
 
@@ -608,10 +609,10 @@ def check_students_served_as_trained(sft: Mapping[str, Any], ev: Any, url: str, 
         cfg = sft.get(row.spec.model) if row.spec.base_url == url else None
         if cfg is None:
             continue
-        if row.prompt != cfg.student_prompt:
+        if not same_as_trained(cfg.student_prompt, row.prompt):
             raise DistillError(f"eval planner {row.name} serves student {row.spec.model} with prompt {row.prompt}, "
                                f"but it is trained on student_prompt {cfg.student_prompt}")
-        if list(tool_descriptions(ev.tools)) != cfg.tools:
+        if not same_as_trained(cfg.tools, tool_descriptions(ev.tools)):
             raise DistillError(f"eval tools {ev.tools} differ from student {row.spec.model}'s sft_data tools "
                                f"{cfg.tools}: its prompt lists them")
 

@@ -36,7 +36,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from distill.agent.factory import with_planner
 from distill.core.config import AgentConfig, add_config_args, load_config
@@ -341,8 +345,6 @@ class AgentService:
         try:
             await asyncio.to_thread(self.traces.write, record)
         except Exception as exc:  # a full disk: the request fails rather than goes untraced (nothing of it is kept)
-            from distill.core.traces import NotWritten
-
             log.error("trace not written, the request answered 503: %s", one_line(exc))
             reason = exc.reason if isinstance(exc, NotWritten) else (
                 exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__)
@@ -449,255 +451,281 @@ class ClientLeft(Exception):
     """The client closed its connection before its request was read or answered."""
 
 
-def build_app(service: AgentService):
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-    from starlette.exceptions import HTTPException as StarletteHTTPException
-    from starlette.requests import ClientDisconnect
+# ------------------------------------------------------------------------------------------ the HTTP layer
 
-    cfg, metrics = service.cfg, service.metrics
-    CountedStream = _counted_stream_class()
+async def service_of(request: Request) -> AgentService:
+    """The service `build_app` put on its app: the routes are module-level, one router for every app."""
+    return request.app.state.service
 
-    @asynccontextmanager
-    async def lifespan(app):
-        yield
-        await service.drain()
 
-    app = FastAPI(title=f"distill agent {cfg.name}", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+Service = Annotated[AgentService, Depends(service_of)]
 
-    def error_response(err: ApiError, path: str) -> JSONResponse:
-        metrics.observe(path, err.status, code=err.code)
-        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+router = APIRouter()
 
-    def client_left(path: str, seconds: float | None = None) -> Response:
-        """Counted as nginx counts it (499, `client_closed`), not as a server error; the reply goes nowhere."""
-        metrics.observe(path, 499, seconds, "client_closed")
-        return Response(status_code=499)
 
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError):
-        return error_response(exc, request.url.path)
+class CountedStream(StreamingResponse):
+    """A stream that reports how it ended, once, however it ended: every event sent, the client gone (the
+    response is cut short without an error), or a failure while sending."""
 
-    @app.exception_handler(ClientLeft)
-    @app.exception_handler(ClientDisconnect)
-    async def _client_left(request: Request, exc: Exception):
-        return client_left(request.url.path)
+    def __init__(self, content, on_end, **kwargs):
+        super().__init__(content, **kwargs)
+        self.on_end = on_end
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
-        err = ApiError(exc.status_code, message.get(exc.status_code, str(exc.detail)), "invalid_request_error", code)
-        metrics.observe("other", err.status, code=err.code)
-        return JSONResponse(err.body(), status_code=err.status)
-
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, exc: Exception):
-        log.error("unhandled: %s", one_line(exc), exc_info=True)
-        err = ApiError(500, f"internal error ({type(exc).__name__})", "server_error", "internal_error")
-        return error_response(err, request.url.path)
-
-    def authorize(request: Request) -> None:
-        if service.token is None:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, value = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), service.token.encode()):
-            raise ApiError(401, "missing or wrong bearer token (Authorization: Bearer ...)", "authentication_error",
-                           "invalid_api_key", {"WWW-Authenticate": "Bearer"})
-
-    async def read_json(request: Request) -> Any:
-        """The body, refused past max_body_bytes whether or not the client declared its length, and past
-        body_timeout_s however slowly it trickles in. Nothing is held for the request while it arrives."""
-        limit = cfg.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise ApiError(413, f"request body of {int(declared)} bytes is over max_body_bytes ({limit})",
-                           "invalid_request_error", "body_too_large", {"Connection": "close"})
-        body = bytearray()
-        metrics.reading += 1
+    async def __call__(self, scope, receive, send) -> None:
+        failed = False
         try:
-            async with asyncio.timeout(cfg.body_timeout_s):
-                async for chunk in request.stream():
-                    body += chunk
-                    if len(body) > limit:
-                        raise ApiError(413, f"request body is over max_body_bytes ({limit})", "invalid_request_error",
-                                       "body_too_large", {"Connection": "close"})
-        except TimeoutError:
-            raise ApiError(408, f"the request body did not arrive within body_timeout_s ({cfg.body_timeout_s:g} s)",
-                           "invalid_request_error", "body_timeout", {"Connection": "close"}) from None
-        except ClientDisconnect:
-            raise ClientLeft() from None
+            await super().__call__(scope, receive, send)
+        except (ClientDisconnect, OSError):
+            pass  # the client went away mid-stream: counted as such, nothing to log
+        except Exception:
+            failed = True
+            raise
         finally:
-            metrics.reading -= 1
-        try:
-            return json.loads(bytes(body))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise _bad_request(f"the body is not JSON ({one_line(exc, 120)})", "invalid_json") from None
-        except RecursionError:
-            raise _bad_request("the body is nested too deeply", "invalid_json") from None
+            self.on_end(failed)
 
-    def parse(model: type[BaseModel], data: Any) -> Any:
-        try:
-            return model.model_validate(data)
-        except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            where = ".".join(str(p) for p in first["loc"]) or "body"
-            raise _bad_request(f"{where}: {first['msg']}") from None
 
-    @app.get("/health")
-    async def health():
-        status = "draining" if service.draining else "ok"
-        return JSONResponse({"status": status, "model": cfg.name, "in_flight": metrics.in_flight},
-                            status_code=503 if service.draining else 200)
+def error_response(metrics: Metrics, err: ApiError, path: str) -> JSONResponse:
+    metrics.observe(path, err.status, code=err.code)
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
-    @app.get("/metrics")
-    async def prometheus(request: Request):
-        authorize(request)
-        return PlainTextResponse(metrics.text(), media_type="text/plain; version=0.0.4")
 
-    @app.get("/v1/models")
-    async def models(request: Request):
-        authorize(request)
-        metrics.observe("/v1/models", 200)
-        return {"object": "list", "data": [{"id": cfg.name, "object": "model", "created": 0, "owned_by": "distill"}]}
+def client_left(metrics: Metrics, path: str, seconds: float | None = None) -> Response:
+    """Counted as nginx counts it (499, `client_closed`), not as a server error; the reply goes nowhere."""
+    metrics.observe(path, 499, seconds, "client_closed")
+    return Response(status_code=499)
 
-    @app.get("/v1/admin/planner")
-    async def planner(request: Request):
-        authorize(request)
-        metrics.observe("/v1/admin/planner", 200)
-        return {"object": "planner", **service.planner}
 
-    @app.post("/v1/admin/planner")
-    async def swap_planner(request: Request):
-        authorize(request)
-        data = await read_json(request)
-        swapped = await service.swap_planner(parse(PlannerSwap, data))
-        metrics.observe("/v1/admin/planner", 200)
-        return swapped
+async def _api_error(request: Request, exc: ApiError):
+    return error_response(request.app.state.service.metrics, exc, request.url.path)
 
-    @app.post("/v1/feedback")
-    async def feedback(request: Request):
-        authorize(request)
-        item = parse(Feedback, await read_json(request))
-        if item.at is not None:
-            raise _bad_request("at: set by the server")
-        try:
-            stored = await asyncio.to_thread(service.traces.feedback, item)
-        except NotWritten as exc:  # a full disk: one line here, a 503 the client can retry
-            log.error("feedback not written, the request answered 503: %s", one_line(exc))
-            raise ApiError(503, f"the feedback could not be stored ({clip(exc.reason, 200)})", "server_error",
-                           "feedback_not_written", {"Retry-After": str(cfg.retry_after_s)}) from None
-        if not stored:
-            raise ApiError(404, f"id {item.id!r} was not served by this agent", "invalid_request_error", "unknown_id")
-        metrics.observe("/v1/feedback", 200)
-        return {"id": item.id, "object": "feedback", "stored": True}
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        path = "/v1/chat/completions"
-        authorize(request)
-        data = await read_json(request)  # a client that stalls here holds no slot
-        if service.draining:
-            raise ApiError(503, "the server is shutting down", "server_error", "draining",
-                           {"Retry-After": str(cfg.retry_after_s)})
-        req = parse(ChatRequest, data)
-        if req.model != cfg.name:
-            raise ApiError(404, f"model {req.model[:80]!r} is not served here; this agent is {cfg.name!r}",
-                           "invalid_request_error", "model_not_found")
-        question = question_of(req, cfg)
-        if metrics.in_flight >= cfg.max_in_flight:
-            raise ApiError(429, f"{metrics.in_flight} requests in flight, the most this server takes "
-                           f"(max_in_flight); retry after {cfg.retry_after_s} s", "rate_limit_error",
-                           "too_many_requests", {"Retry-After": str(cfg.retry_after_s)})
-        metrics.in_flight += 1  # no await since the check: the event loop runs one handler at a time
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
-        t0 = time.perf_counter()
-        if not req.stream:
-            record, err = await asyncio.shield(service.start(question, rid, False, None))
-            if await request.is_disconnected():
-                return client_left(path, time.perf_counter() - t0)
-            if err is not None:
-                metrics.observe(path, err.status, time.perf_counter() - t0, err.code)
-                return JSONResponse(err.body() | {"id": rid}, status_code=err.status, headers=err.headers)
-            metrics.observe(path, 200, time.perf_counter() - t0)
-            return {
-                "id": rid, "object": "chat.completion", "created": created, "model": cfg.name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": record.get("prediction") or ""},
-                             "finish_reason": "stop"}],
-                "usage": usage_of(record), "rewoo": rewoo_of(record),
-            }
+async def _client_left(request: Request, exc: Exception):
+    return client_left(request.app.state.service.metrics, request.url.path)
 
-        queue: asyncio.Queue = asyncio.Queue()
-        task = service.start(question, rid, True, lambda kind, payload: queue.put_nowait((kind, payload)))
-        task.add_done_callback(lambda t: queue.put_nowait(("end", None)))
-        # how the stream ended, for /metrics: (status, error code) once the last event is out
-        ended: dict[str, Any] = {}
 
-        def chunk(delta: dict, finish: str | None = None, **extra) -> str:
-            body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": cfg.name,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]} | extra
-            return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+async def _http_error(request: Request, exc: StarletteHTTPException):
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+    err = ApiError(exc.status_code, message.get(exc.status_code, str(exc.detail)), "invalid_request_error", code)
+    request.app.state.service.metrics.observe("other", err.status, code=err.code)
+    return JSONResponse(err.body(), status_code=err.status)
 
-        async def events():
-            yield chunk({"role": "assistant", "content": ""})
-            while True:
-                kind, payload = await queue.get()
-                if kind == "plan":
-                    yield chunk({}, rewoo={"event": "plan", "plan": payload})
-                elif kind == "step":
-                    step = {k: payload.get(k) for k in ("id", "tool", "input", "output", "status", "error")}
-                    yield chunk({}, rewoo={"event": "step", "step": step})
-                elif kind == "end":
-                    break
-            record, err = task.result() if not task.cancelled() else ({}, ApiError(
-                503, "the request was cancelled", "server_error", "cancelled"))
-            if err is not None:
-                yield f"data: {json.dumps(err.body())}\n\n"
-            else:
-                yield chunk({"content": record.get("prediction") or ""})
-                yield chunk({}, "stop", usage=usage_of(record),
-                            rewoo={"event": "done", **rewoo_of(record)})
-            yield "data: [DONE]\n\n"
-            ended["outcome"] = (err.status, err.code) if err is not None else (200, None)
 
-        def on_end(failed: bool) -> None:
-            status, code = ended.get("outcome", (500, "internal_error") if failed else (499, "client_closed"))
-            metrics.observe(path, status, time.perf_counter() - t0, code)
+async def _bug(request: Request, exc: Exception):
+    log.error("unhandled: %s", one_line(exc), exc_info=True)
+    err = ApiError(500, f"internal error ({type(exc).__name__})", "server_error", "internal_error")
+    return error_response(request.app.state.service.metrics, err, request.url.path)
 
-        return CountedStream(events(), on_end, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Request-Id": rid})
 
+def authorize(service: AgentService, request: Request) -> None:
+    if service.token is None:
+        return
+    given = request.headers.get("authorization", "")
+    scheme, _, value = given.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), service.token.encode()):
+        raise ApiError(401, "missing or wrong bearer token (Authorization: Bearer ...)", "authentication_error",
+                       "invalid_api_key", {"WWW-Authenticate": "Bearer"})
+
+
+async def read_json(service: AgentService, request: Request) -> Any:
+    """The body, refused past max_body_bytes whether or not the client declared its length, and past
+    body_timeout_s however slowly it trickles in. Nothing is held for the request while it arrives."""
+    cfg, metrics = service.cfg, service.metrics
+    limit = cfg.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body of {int(declared)} bytes is over max_body_bytes ({limit})",
+                       "invalid_request_error", "body_too_large", {"Connection": "close"})
+    body = bytearray()
+    metrics.reading += 1
+    try:
+        async with asyncio.timeout(cfg.body_timeout_s):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise ApiError(413, f"request body is over max_body_bytes ({limit})", "invalid_request_error",
+                                   "body_too_large", {"Connection": "close"})
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within body_timeout_s ({cfg.body_timeout_s:g} s)",
+                       "invalid_request_error", "body_timeout", {"Connection": "close"}) from None
+    except ClientDisconnect:
+        raise ClientLeft() from None
+    finally:
+        metrics.reading -= 1
+    try:
+        return json.loads(bytes(body))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _bad_request(f"the body is not JSON ({one_line(exc, 120)})", "invalid_json") from None
+    except RecursionError:
+        raise _bad_request("the body is nested too deeply", "invalid_json") from None
+
+
+def parse(model: type[BaseModel], data: Any) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise _bad_request(f"{where}: {first['msg']}") from None
+
+
+@router.get("/health")
+async def health(service: Service):
+    status = "draining" if service.draining else "ok"
+    return JSONResponse({"status": status, "model": service.cfg.name, "in_flight": service.metrics.in_flight},
+                        status_code=503 if service.draining else 200)
+
+
+@router.get("/metrics")
+async def prometheus(request: Request, service: Service):
+    authorize(service, request)
+    return PlainTextResponse(service.metrics.text(), media_type="text/plain; version=0.0.4")
+
+
+@router.get("/v1/models")
+async def models(request: Request, service: Service):
+    authorize(service, request)
+    service.metrics.observe("/v1/models", 200)
+    return {"object": "list",
+            "data": [{"id": service.cfg.name, "object": "model", "created": 0, "owned_by": "distill"}]}
+
+
+@router.get("/v1/admin/planner")
+async def planner(request: Request, service: Service):
+    authorize(service, request)
+    service.metrics.observe("/v1/admin/planner", 200)
+    return {"object": "planner", **service.planner}
+
+
+@router.post("/v1/admin/planner")
+async def swap_planner(request: Request, service: Service):
+    authorize(service, request)
+    data = await read_json(service, request)
+    swapped = await service.swap_planner(parse(PlannerSwap, data))
+    service.metrics.observe("/v1/admin/planner", 200)
+    return swapped
+
+
+@router.post("/v1/feedback")
+async def feedback(request: Request, service: Service):
+    authorize(service, request)
+    item = parse(Feedback, await read_json(service, request))
+    if item.at is not None:
+        raise _bad_request("at: set by the server")
+    try:
+        stored = await asyncio.to_thread(service.traces.feedback, item)
+    except NotWritten as exc:  # a full disk: one line here, a 503 the client can retry
+        log.error("feedback not written, the request answered 503: %s", one_line(exc))
+        raise ApiError(503, f"the feedback could not be stored ({clip(exc.reason, 200)})", "server_error",
+                       "feedback_not_written", {"Retry-After": str(service.cfg.retry_after_s)}) from None
+    if not stored:
+        raise ApiError(404, f"id {item.id!r} was not served by this agent", "invalid_request_error", "unknown_id")
+    service.metrics.observe("/v1/feedback", 200)
+    return {"id": item.id, "object": "feedback", "stored": True}
+
+
+@router.post("/v1/chat/completions")
+async def chat(request: Request, service: Service):
+    path = "/v1/chat/completions"
+    cfg, metrics = service.cfg, service.metrics
+    authorize(service, request)
+    data = await read_json(service, request)  # a client that stalls here holds no slot
+    if service.draining:
+        raise ApiError(503, "the server is shutting down", "server_error", "draining",
+                       {"Retry-After": str(cfg.retry_after_s)})
+    req = parse(ChatRequest, data)
+    if req.model != cfg.name:
+        raise ApiError(404, f"model {req.model[:80]!r} is not served here; this agent is {cfg.name!r}",
+                       "invalid_request_error", "model_not_found")
+    question = question_of(req, cfg)
+    if metrics.in_flight >= cfg.max_in_flight:
+        raise ApiError(429, f"{metrics.in_flight} requests in flight, the most this server takes "
+                       f"(max_in_flight); retry after {cfg.retry_after_s} s", "rate_limit_error",
+                       "too_many_requests", {"Retry-After": str(cfg.retry_after_s)})
+    metrics.in_flight += 1  # no await since the check: the event loop runs one handler at a time
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    t0 = time.perf_counter()
+    if not req.stream:
+        record, err = await asyncio.shield(service.start(question, rid, False, None))
+        if await request.is_disconnected():
+            return client_left(metrics, path, time.perf_counter() - t0)
+        if err is not None:
+            metrics.observe(path, err.status, time.perf_counter() - t0, err.code)
+            return JSONResponse(err.body() | {"id": rid}, status_code=err.status, headers=err.headers)
+        metrics.observe(path, 200, time.perf_counter() - t0)
+        return {
+            "id": rid, "object": "chat.completion", "created": created, "model": cfg.name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": record.get("prediction") or ""},
+                         "finish_reason": "stop"}],
+            "usage": usage_of(record), "rewoo": rewoo_of(record),
+        }
+    return _stream(service, question, rid, created, t0, path)
+
+
+def _stream(service: AgentService, question: str, rid: str, created: int, t0: float, path: str) -> CountedStream:
+    """The answer as server-sent chunks while the agent works: the plan, each step, then the answer and usage.
+    The request's slot is already taken; its task ends it, whether or not the client stays."""
+    cfg, metrics = service.cfg, service.metrics
+    queue: asyncio.Queue = asyncio.Queue()
+    task = service.start(question, rid, True, lambda kind, payload: queue.put_nowait((kind, payload)))
+    task.add_done_callback(lambda t: queue.put_nowait(("end", None)))
+    # how the stream ended, for /metrics: (status, error code) once the last event is out
+    ended: dict[str, Any] = {}
+
+    def chunk(delta: dict, finish: str | None = None, **extra) -> str:
+        body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": cfg.name,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]} | extra
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    async def events():
+        yield chunk({"role": "assistant", "content": ""})
+        while True:
+            kind, payload = await queue.get()
+            if kind == "plan":
+                yield chunk({}, rewoo={"event": "plan", "plan": payload})
+            elif kind == "step":
+                step = {k: payload.get(k) for k in ("id", "tool", "input", "output", "status", "error")}
+                yield chunk({}, rewoo={"event": "step", "step": step})
+            elif kind == "end":
+                break
+        record, err = task.result() if not task.cancelled() else ({}, ApiError(
+            503, "the request was cancelled", "server_error", "cancelled"))
+        if err is not None:
+            yield f"data: {json.dumps(err.body())}\n\n"
+        else:
+            yield chunk({"content": record.get("prediction") or ""})
+            yield chunk({}, "stop", usage=usage_of(record),
+                        rewoo={"event": "done", **rewoo_of(record)})
+        yield "data: [DONE]\n\n"
+        ended["outcome"] = (err.status, err.code) if err is not None else (200, None)
+
+    def on_end(failed: bool) -> None:
+        status, code = ended.get("outcome", (500, "internal_error") if failed else (499, "client_closed"))
+        metrics.observe(path, status, time.perf_counter() - t0, code)
+
+    return CountedStream(events(), on_end, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Request-Id": rid})
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI):
+    yield
+    await app.state.service.drain()
+
+
+def build_app(service: AgentService) -> FastAPI:
+    """One app per service; the routes (`router`) find the service on the app's state."""
+    app = FastAPI(title=f"distill agent {service.cfg.name}", lifespan=_lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.service = service
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(ClientLeft, _client_left)
+    app.add_exception_handler(ClientDisconnect, _client_left)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _bug)
+    app.include_router(router)
     return app
-
-
-def _counted_stream_class():
-    from fastapi.responses import StreamingResponse
-    from starlette.requests import ClientDisconnect
-
-    class CountedStream(StreamingResponse):
-        """A stream that reports how it ended, once, however it ended: every event sent, the client gone (the
-        response is cut short without an error), or a failure while sending."""
-
-        def __init__(self, content, on_end, **kwargs):
-            super().__init__(content, **kwargs)
-            self.on_end = on_end
-
-        async def __call__(self, scope, receive, send) -> None:
-            failed = False
-            try:
-                await super().__call__(scope, receive, send)
-            except (ClientDisconnect, OSError):
-                pass  # the client went away mid-stream: counted as such, nothing to log
-            except Exception:
-                failed = True
-                raise
-            finally:
-                self.on_end(failed)
-
-    return CountedStream
 
 
 # ------------------------------------------------------------------------------------------ command line

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from distill.core import layout
@@ -89,6 +90,23 @@ def trained_prompt(adapter_dir: str | Path) -> tuple[str | None, list[str] | Non
     return info.get("student_prompt"), names, tools if isinstance(tools, dict) and tools else None
 
 
+# a part of a student's prompt: its kind, or its tool list ({name: description}, or the names)
+PromptPart = str | Mapping[str, str] | Sequence[str]
+
+
+def same_as_trained(trained: PromptPart, sent: PromptPart) -> bool:
+    """Whether a student is sent what it was trained on, one part of its prompt at a time: the prompt kind, or the
+    tool list. Every "as trained" check decides through here, an adapter's record after training as a student's
+    sft_data settings before it, so they cannot disagree on what counts as the same prompt. Tools compare by
+    their descriptions where the training side recorded them ({name: description}: the prompt shows them), else
+    by their names in order."""
+    if isinstance(trained, str):
+        return trained == sent
+    if isinstance(trained, Mapping):
+        return dict(trained) == dict(sent)
+    return list(trained) == list(sent)
+
+
 def check_as_trained(adapter_dir: str | Path, prompt: str, tools: dict[str, str], who: str) -> None:
     """A student asked with another prompt kind or tool list than it was trained on answers a prompt it never
     saw (and plans with tools it has no line for): refused in one line naming both. An adapter whose records do
@@ -96,8 +114,8 @@ def check_as_trained(adapter_dir: str | Path, prompt: str, tools: dict[str, str]
     kind, names, descriptions = trained_prompt(adapter_dir)
     if kind is None or names is None:
         return
-    same_tools = (descriptions == dict(tools)) if descriptions else names == list(tools)
-    if kind != prompt or not same_tools:
+    same_tools = same_as_trained(descriptions or names, tools)
+    if not same_as_trained(kind, prompt) or not same_tools:
         raise DistillError(
             f"{who} asks adapter {adapter_dir} with planner prompt {prompt} and tools {', '.join(tools)}, but it "
             f"was trained on prompt {kind} with tools {', '.join(names)}"

@@ -25,7 +25,7 @@ from distill.core.errors import DistillError
 from distill.core.secrets import mask, remember, url_refusal
 from distill.llm.embedded import is_embedded
 from distill.tools.registry import tool_descriptions
-from distill.training.merge import ADAPTER_INFO, trained_base, trained_prompt, training_record
+from distill.training.merge import ADAPTER_INFO, same_as_trained, trained_base, trained_prompt, training_record
 
 CARD = "README.md"
 # What a user needs to serve the adapter (and to see how it was made); everything else stays on the machine.
@@ -47,9 +47,9 @@ def model_card_problem(folder: str | Path, prompt: str | None = None, tools: lis
     tools to send; a guessed default would teach them a prompt the adapter never saw."""
     kind, names, _ = trained_prompt(folder)
     where = f"{Path(folder) / ADAPTER_INFO}"
-    if prompt and kind and prompt != kind:
+    if prompt and kind and not same_as_trained(kind, prompt):
         return f"--student-prompt {prompt} differs from the {kind} recorded in {where}"
-    if tools and names and list(tools) != names:
+    if tools and names and not same_as_trained(names, tools):
         return f"--tools {','.join(tools)} differs from the {','.join(names)} recorded in {where}"
     missing = [what for what, known in (("student_prompt", kind or prompt), ("tools", names or tools)) if not known]
     if missing:
