@@ -40,6 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
+import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 import distill.evaluate
@@ -888,8 +889,6 @@ async def _call(http, settings: _Settings, method: str, url: str, body: dict | N
                 headers: dict | None = None) -> Any:
     """One request with bounded retries (timeouts, refused connections, 429 and 5xx); its JSON, or its text when
     it is not JSON (vLLM's load answers in words). A failure is one DistillError naming the URL."""
-    import httpx
-
     async def attempt():
         try:
             response = await http.request(method, url, json=body, headers=headers)
@@ -930,8 +929,6 @@ async def _swap(service: ServiceConfig, name: str, adapter: str, round_: int, to
                 ) -> tuple[list[str], list[str]]:
     """Load `adapter` as module `name` into the planner's vLLM (unless /v1/models lists it from that folder), then
     switch each agent to it: (agents switched, one line per agent that failed)."""
-    import httpx
-
     settings = _Settings(service)
     folder = Path(adapter).resolve()
     limits = httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S)  # under the agents' and vLLM's idle close

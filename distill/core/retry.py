@@ -16,6 +16,8 @@ import random
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 
+import httpx
+
 
 class Fault(Exception):
     """One failed attempt: `kind` counts it, `retry` says whether another attempt may help, `wait_s` is the
@@ -93,8 +95,6 @@ async def bind(client: Any, **options: Any) -> None:
     """One pooled httpx client and one semaphore (`client.max_concurrency` requests in flight) per event loop,
     kept as `client._client` and `client._sem`: both belong to the loop that made them, and `run_plan_sync`
     or an evaluation may start a new loop for each run, which then gets its own."""
-    import httpx
-
     loop = asyncio.get_running_loop()
     if getattr(client, "_loop", None) is loop:
         return

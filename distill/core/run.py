@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Hashable, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from tqdm import tqdm
 
 from distill import code_version  # noqa: F401 (manifests say which code made a run)
 from distill.core import layout
@@ -415,8 +416,6 @@ def run_resumable(
 ) -> RunResult:
     """Run every item whose key is not in the store yet (error records are retried); never raises for a
     question's failure or a stop: the result says how the run ended (see the module docstring)."""
-    from tqdm import tqdm
-
     stats = RunningStats()
     done = store.keys(key)
     wanted = {k for k, _ in items}

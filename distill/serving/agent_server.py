@@ -36,12 +36,15 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from distill.agent import factory
 from distill.agent.factory import with_planner
 from distill.core.config import AgentConfig, add_config_args, load_config
 from distill.core.data import _bad_characters
@@ -291,12 +294,10 @@ class AgentService:
     def __init__(self, cfg: AgentServerConfig, agent=None, token: str | None = None, adapter: str | None = None):
         """`adapter`: the adapter folder the planner server says it serves as cfg.planner.model, where known
         (`check_planner_as_trained` finds it at start)."""
-        from distill.agent.factory import build_agent
-
         self.cfg = cfg
         self.token = token
         # the factory `distill eval` builds its methods with: the served agent is the measured one
-        self.agent = agent if agent is not None else build_agent(cfg, method=cfg.name)
+        self.agent = agent if agent is not None else factory.build_agent(cfg, method=cfg.name)
         # what plans now; `agent` and `planner` are replaced together, between two awaits, by `swap_planner`
         self.planner = {"model": cfg.planner.model, "adapter": adapter, "round": cfg.planner_round, "since": now()}
         self.swap_lock = asyncio.Lock()  # one swap at a time: each probes the server, then replaces both
@@ -787,8 +788,6 @@ def http_protocol(cfg: AgentServerConfig, metrics: Metrics) -> type:
     client that connects and sends half a request line keeps its connection (and a file descriptor) for ever.
     The clock starts when the connection opens and again after each reply; it stops once a request's headers
     are in (the body has its own deadline, in the app)."""
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
     body = json.dumps(ApiError(408, f"the request headers did not arrive within header_timeout_s "
                                     f"({cfg.header_timeout_s:g} s)", "invalid_request_error",
                                "header_timeout").body()).encode()
@@ -835,8 +834,6 @@ def draining_server(config, service: AgentService):
     that /health answers 503 (a load balancer takes the process out of rotation) and new chat requests get 503
     `draining`, while the requests in flight (and bodies being read) finish, up to drain_timeout_s; then
     uvicorn's own shutdown runs with what is left of it. A second signal stops waiting."""
-    import uvicorn
-
     class DrainingServer(uvicorn.Server):
         def handle_exit(self, sig: int, frame) -> None:
             if not service.draining and not self.should_exit:
@@ -858,8 +855,6 @@ def draining_server(config, service: AgentService):
 
 
 def main(args: argparse.Namespace) -> int:
-    import uvicorn
-
     cfg = load_config(AgentServerConfig, args.config, args.set)
     token = token_of(cfg)
     if cfg.planner.backend != "openai":

@@ -33,6 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import IO, Any, Literal, Mapping
 
+import httpx
 from pydantic import Field, model_validator
 
 from distill.core.config import Strict, add_config_args, load_config
@@ -734,8 +735,6 @@ class VLLMServer:
         return DistillError(f"{summary}{where}; last log lines:\n{lines}")
 
     def _wait_ready(self, timeout_s: float) -> None:
-        import httpx
-
         deadline = time.monotonic() + timeout_s
         with httpx.Client(timeout=5.0, trust_env=False) as client:
             while True:
@@ -757,8 +756,6 @@ class VLLMServer:
         """Add a LoRA module to the running server (vLLM's runtime loading: started with
         VLLM_ALLOW_RUNTIME_LORA_UPDATING in `env`), refusing what a restart would refuse: another base, a rank
         above the served one, a chat template other than the one served."""
-        import httpx
-
         if not MODULE_NAME.fullmatch(name) or name in self.cfg.adapters:
             raise DistillError(f"LoRA module {name!r}: not a module name, or one this server already serves")
         served = {n: _checked_adapter(self.cfg, n, p) for n, p in self.cfg.adapters.items()}

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import httpx
+import numpy as np
+
 from distill import __version__
 from distill.core.errors import DistillError, clip, one_line
 from distill.core.retry import Fault, bind, retry_after_s, with_retries
@@ -91,8 +94,6 @@ class ScopedWikipedia:
 
     def _search(self, query: str) -> str:
         """The top_k paragraphs with a positive score; a page whose title is the query comes first."""
-        import numpy as np
-
         with self._lock:
             tokens = _bm25s().tokenize([query], return_ids=False, stopwords="en", stemmer=self._stemmer,
                                        show_progress=False)[0]
@@ -178,8 +179,6 @@ class OnlineWikipedia:
         if not self.contact:
             log.warning("online Wikipedia without a contact: set wikipedia_contact to a URL or email, as the "
                         "Wikimedia User-Agent policy asks (https://meta.wikimedia.org/wiki/User-Agent_policy)")
-        import httpx  # here: the registry imports this module, and only the online backend needs httpx
-
         about = "ReWOO planner distillation" + (f"; {self.contact}" if self.contact else "")
         self.user_agent = f"distill/{__version__} ({about}) httpx/{httpx.__version__}"
 
@@ -227,8 +226,6 @@ class OnlineWikipedia:
 
     async def _get(self, params: dict[str, str]) -> dict[str, Any]:
         """One attempt; every failure is a `Fault` that says whether another attempt may help."""
-        import httpx
-
         params = {"format": "json", "formatversion": "2", **params}
         async with self._sem:
             try:
