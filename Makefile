@@ -30,7 +30,7 @@ REAL_DEV := {name: hotpotqa, source: '$(HOTPOTQA_DEV)', split: validation}
 DEMO_REAL := --set run_dir=runs/demo_real $(DEMO_ROUNDS) \
 	$(foreach s,generate improve,--set "$(s).datasets=[$(REAL_TRAIN)]" --set "$(s).eval_sets=[$(REAL_DEV)]") \
 	--set "eval.datasets=[{name: hotpotqa, source: '$(HOTPOTQA_DEV)', split: validation, n: 200}]" \
-	$(foreach s,generate improve eval,--set $(s).wikipedia_scope=question --set $(s).wikipedia_corpus=null)
+	--set agent.wikipedia_scope=question --set agent.wikipedia_corpus=null
 # more --set for any demo, e.g. DEMO_SET="--set generate.seed=1 --set run_dir=runs/demo_seed1"
 DEMO_SET ?=
 PYTEST_ARGS ?=

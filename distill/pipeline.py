@@ -80,6 +80,12 @@ SECTIONS = ("generate", "teacher_server", "filter", "sft_data", "train", "improv
 # The model that writes the plans also answers from them and runs the LLM tool while generating, and the paper's
 # evaluation keeps it as every method's Solver and judge. improve's endpoints are the student's and its base's.
 TEACHER_ROLES = {"generate": ("planner", "solver", "llm_tool", "judge"), "eval": ("solver", "llm_tool", "judge")}
+# The pipeline's `agent:` keys (AgentConfig's tools and Wikipedia, and how the Worker runs them), per stage that
+# takes them: every agent of the run plans with the same tool list and retrieves from the same Wikipedia, and the
+# student's training data lists the same tools.
+AGENT_KEYS = ("tools", *(name for name in AgentConfig.model_fields if name.startswith("wikipedia_")),
+              "worker_max_concurrency", "tool_timeout_s", "evidence_max_chars")
+AGENT_TAKERS = {"generate": AGENT_KEYS, "sft_data": ("tools",), "improve": AGENT_KEYS, "eval": AGENT_KEYS}
 # The library function behind each stage, and the server class; `Pipeline(entries=...)` swaps some of them so
 # a test can check what every stage is handed without running a model.
 ENTRIES = {
@@ -154,6 +160,10 @@ class PipelineConfig(Strict):
     it by default; see `with_teacher` for what wins where. It becomes part of those sections, so their
     fingerprints hold it as they hold any endpoint: a new teacher redoes generation and everything after.
 
+    `agent:` (AgentConfig's `tools`, `wikipedia_*`, `worker_max_concurrency`, `tool_timeout_s`,
+    `evidence_max_chars`) is the agent's tools and Wikipedia, named once: generate, improve and eval take every key
+    and sft_data takes `tools`, over what a section's `config: FILE` says and under what the section says itself.
+
     `train: {config: auto}` picks the training config by the visible GPUs' memory (distill.training.launch.config_for_gpus),
     when the pipeline starts, saying which and why."""
 
@@ -163,6 +173,9 @@ class PipelineConfig(Strict):
     teacher: ModelSpec | None = None
     """the teacher's endpoint, named once: generate's planner, Solver, LLM tool and judge and eval's teacher rows,
     Solver, LLM tool and judge take it; null: every section names its models"""
+    agent: dict[str, Any] | None = None
+    """the tools and Wikipedia every agent of the run uses (AgentConfig keys: tools, wikipedia_*, ...), named once:
+    generate, improve and eval take them, sft_data its tools; null: every section names its own"""
     generate: dict[str, Any]
     """GenerateConfig keys, or config: FILE plus overrides (output_dir and cache are set by the pipeline)"""
     teacher_server: dict[str, Any] | None = None
@@ -190,11 +203,20 @@ class PipelineConfig(Strict):
     def _report(cls, value: dict[str, Any]) -> dict[str, Any]:
         return validate(ReportConfig, dict(value), "report").model_dump(exclude_defaults=True)
 
+    @field_validator("agent")
+    @classmethod
+    def _agent(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if bad := sorted(set(value or {}) - set(AGENT_KEYS)):
+            raise ValueError(f"{bad[0]} is not one of the agent's keys ({', '.join(AGENT_KEYS)}): the endpoints are "
+                             "the sections' and teacher's")
+        return value
+
     @field_validator(*SECTIONS, mode="before")
     @classmethod
     def _stage_config(cls, value: Any, info: ValidationInfo) -> Any:
         """A section that names its stage config runs exactly what that stage's own command would, so the
-        two cannot drift apart; generate and eval take the teacher where they do not say otherwise."""
+        two cannot drift apart; generate and eval take the teacher where they do not say otherwise, and the
+        stages that run an agent take the run's `agent:` the same way."""
         if not isinstance(value, Mapping):
             return value
         name, path = info.field_name, value.get(STAGE_CONFIG)
@@ -207,10 +229,12 @@ class PipelineConfig(Strict):
             return value  # chosen by the Pipeline, which knows the GPUs
         own = {k: v for k, v in value.items() if k != STAGE_CONFIG}
         file = read_yaml(path) if path is not None else {}
+        if agent := {k: v for k, v in (info.data.get("agent") or {}).items() if k in AGENT_TAKERS.get(name, ())}:
+            file = _merge(file, agent)  # the run's agent over the stage file's, under the section's own keys
         teacher = info.data.get("teacher")
         if name in TEACHER_ROLES and teacher is not None:
             return with_teacher(name, file, own, teacher.model_dump(mode="json", exclude_unset=True))
-        return _merge(file, own) if path is not None else value
+        return _merge(file, own) if path is not None or agent else value
 
     @classmethod
     def relative_to_file(cls, data: dict, folder: Path) -> dict:

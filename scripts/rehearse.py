@@ -216,7 +216,7 @@ SUBSTITUTIONS: list[Rule] = [
     Rule(r"^(OPENAI_API_KEY=\.\.\. )?distill pipeline --config configs/pipeline_hotpot_trivia_7b\.yaml$", "skip",
          "its stages are rehearsed one by one in the README's block above (the same configs and substitutions) and "
          "its --check is rehearsed; the whole run would only add a second vLLM server"),
-    Rule(r"^distill pipeline --config configs/demo_smollm2_cpu\.yaml --set 'generate\.tools", "skip",
+    Rule(r"^distill pipeline --config configs/demo_smollm2_cpu\.yaml --set 'agent\.tools", "skip",
          "an example with `...` for the user's own settings and tool module (mytools:Weather) that is not shipped"),
     Rule(r"\s\[--|\bKEPT\.jsonl|=DIR\b", "skip", "a synopsis: [optional flags] and placeholders (KEPT.jsonl, DIR); "
          "each command is rehearsed where a page gives it whole"),

@@ -835,6 +835,31 @@ def test_the_teacher_replaces_the_model_a_stage_config_names_and_the_pipelines_o
     assert (rows["student"].model, rows["base"].model) == ("planner", "base")
 
 
+def test_the_agent_named_once_is_every_stages_tools_and_wikipedia_and_a_sections_own_keys_win(monkeypatch, capsys):
+    """`agent:` names the tools and Wikipedia once: generate, improve and eval run them (over improve's own file),
+    sft_data lists the tools in the student's prompt; a section's own key wins; a key that is not the agent's is
+    one line naming it."""
+    from distill import cli
+    from distill.core.config import load_config
+    from distill.pipeline import Pipeline, PipelineConfig
+
+    monkeypatch.chdir(ROOT)
+    demo = ROOT / "configs" / "demo_smollm2_cpu.yaml"
+    pipe = Pipeline(load_config(PipelineConfig, demo, ["agent.wikipedia_top_k=5", "agent.tools=[Wikipedia]",
+                                                       "eval.wikipedia_top_k=2"]))
+    url = "http://127.0.0.1:1/v1"
+    gen, imp, ev = pipe.config("generate", url=url), pipe.config("improve", url=url), pipe.config("eval", url=url)
+    assert gen.tools == imp.tools == ev.tools == pipe.cfg.sft_data["tools"] == ["Wikipedia"]
+    assert (gen.wikipedia_top_k, imp.wikipedia_top_k, ev.wikipedia_top_k) == (5, 5, 2)  # improve's file says 3
+    assert gen.evidence_max_chars == imp.evidence_max_chars == ev.evidence_max_chars == 500
+    assert "tools" not in pipe.cfg.filter and "wikipedia_top_k" not in pipe.cfg.sft_data
+
+    assert cli.main(["pipeline", "--config", str(demo), "--set", "agent.planner_prompt=compact", "--check",
+                     "--offline"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "planner_prompt is not one of the agent's keys" in err[0], err
+
+
 def test_a_new_teacher_redoes_generation_and_everything_made_from_it(tmp_path, monkeypatch, capsys):
     """The teacher is part of the resolved sections, so of their fingerprints, as any endpoint setting is."""
     monkeypatch.chdir(ROOT)

@@ -75,7 +75,7 @@ def test_configs_that_use_the_demo_student_ask_it_as_it_was_trained():
     from distill.core.config import load_config
 
     demo = yaml.safe_load((ROOT / "configs" / "demo_smollm2_cpu.yaml").read_text())
-    trained = (demo["students"]["student"]["student_prompt"], demo["sft_data"]["tools"])
+    trained = (demo["students"]["student"]["student_prompt"], demo["agent"]["tools"])  # sft_data's, from `agent:`
     served = yaml.safe_load((ROOT / "configs" / "serve_planner.yaml").read_text())
     assert served["adapter"] == "runs/demo/train/student"
     asked = {}
