@@ -17,7 +17,7 @@ SHARED_DATA ?= ../shared/data
 DEMO_CONFIG ?= configs/demo_smollm2_cpu.yaml
 # `make demo-full`: the demo at the scale where its verdict can tell a student from the teacher: two expert-iteration
 # rounds of 4 plans per train question and 48 steps each, and all 105 demo dev questions (timings: BENCHMARKS.md)
-DEMO_ROUNDS := --set improve.rounds=2 --set improve.samples=4 --set improve.train.max_steps=48 \
+DEMO_ROUNDS := --set improve.rounds=2 --set improve.samples_per_question=4 --set improve.train.max_steps=48 \
 	--set improve.train.save_steps=24
 DEMO_FULL := --set run_dir=runs/demo_full $(DEMO_ROUNDS) --set eval.datasets.0.n=105
 # `make demo-real`: make demo-full's settings on real HotpotQA questions in the distractor setting (each question

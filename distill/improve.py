@@ -5,10 +5,10 @@
 Imitation of filtered teacher plans is the weakest way to train a planner (Search-R1, AgentFlow); a ReWOO
 Planner writes its whole plan in one generation, so improving it is a single-turn problem the Worker can score
 without a Solver call (`distill.agent.reward`). Each round serves the current adapter as the vLLM LoRA module
-`policy`, samples `samples` plans per training question from the student's own prompt, scores each with the
-planner reward, keeps the best plan of each question whose reward reaches `min_reward`, builds SFT examples
-from them with the one prompt builder (`distill sft-data`'s own code) and continues training the same adapter
-from its weights (`train.init_adapter`) for the few steps `train` says. Round i lives in `round_<i>/`:
+`policy`, samples `samples_per_question` plans per training question from the student's own prompt, scores each
+with the planner reward, keeps the best plan of each question whose reward reaches `min_reward`, builds SFT
+examples from them with the one prompt builder (`distill sft-data`'s own code) and continues training the same
+adapter from its weights (`train.init_adapter`) for the few steps `train` says. Round i lives in `round_<i>/`:
 `samples.jsonl` (every plan with its reward and the reward's parts), `kept.jsonl`, `sft-data/`, `adapter/`,
 `summary.json` (mean reward, kept, reward by part) and `DONE.json`. The last round's adapter is the result.
 
@@ -97,7 +97,7 @@ class ImproveConfig(AgentConfig):
     """seed of question sampling and plan sampling"""
     rounds: int = Field(default=1, ge=1, le=20)
     """expert-iteration rounds (grpo: 1)"""
-    samples: int = Field(default=4, ge=1, le=64)
+    samples_per_question: int = Field(default=4, ge=1, le=64)
     """plans sampled per question per round (grpo: num_generations unless grpo sets it)"""
     min_reward: float = Field(default=0.5, ge=0, le=20)
     """a question's best plan is kept from this reward up (the most a plan earns is valid_weight + ran_weight +
@@ -114,6 +114,7 @@ class ImproveConfig(AgentConfig):
     """questions sampled and scored at once"""
     grpo: dict[str, Any] = Field(default_factory=dict)
     """method grpo: TRL's GRPOConfig keys (max_steps, num_generations, max_completion_length, beta, use_vllm, ...)"""
+    RENAMED = {"samples": "samples_per_question"}  # generate's name for the same setting, so both stages say one
 
     def endpoints(self) -> dict:
         """The models a run calls: the policy's endpoint (expert iteration without `server`; with it, each round's
@@ -181,10 +182,17 @@ def base_model_of(adapter: str) -> str:
     return info.base_model
 
 
+def digested(dump: dict) -> dict:
+    """`settings_of` a config dump with each renamed key under its old name: fingerprints were made with the old
+    names, and a rename alone must not redo every finished round and pipeline stage."""
+    old_name = {new: old for old, new in ImproveConfig.RENAMED.items()}
+    return settings_of({old_name.get(k, k): v for k, v in dump.items()})
+
+
 def round_settings(cfg: ImproveConfig, adapter_in: str) -> dict:
     """What a round is made from: the settings but the round count and folders, the starting adapter's
     weights, the input files."""
-    data = settings_of(cfg.model_dump(mode="json", exclude={"rounds", "eval_sets", "leak_policy", "adapter"}))
+    data = digested(cfg.model_dump(mode="json", exclude={"rounds", "eval_sets", "leak_policy", "adapter"}))
     return data | {"adapter_weights": weights_fingerprint(adapter_in),
                    "inputs": source_digests([ds.source for ds in cfg.datasets] + [cfg.wikipedia_corpus])}
 
@@ -213,7 +221,7 @@ def sample_round(cfg: ImproveConfig, i: int, spec, examples: list, out: Path, fp
             "reward_parts": reward.parts, "fingerprint": fp,
         }
 
-    items = [((ex.id, k), (ex, k)) for ex in examples for k in range(cfg.samples)]
+    items = [((ex.id, k), (ex, k)) for ex in examples for k in range(cfg.samples_per_question)]
     with JsonlStore(out / "errors.jsonl") as errors:
         return run_records(out / SAMPLES, items, work, record_key, errors, concurrency=cfg.concurrency,
                            desc=f"improve round {i}", keep=lambda r: None, schema=SampleRecord)
@@ -295,15 +303,16 @@ def check_run(cfg: ImproveConfig, check, prefix: str = "", started=(), base_mode
         check.problem(str(exc))
     if cfg.method == "grpo":
         print(f"{where} would run: TRL's GRPOTrainer in this process from {cfg.adapter} "
-              f"({cfg.grpo.get('max_steps', 'TRL default')} steps, {cfg.samples} completions per question)")
+              f"({cfg.grpo.get('max_steps', 'TRL default')} steps, {cfg.samples_per_question} completions per "
+              "question)")
     else:
         first = layout.round_dir(Path(cfg.output_dir), 1)
         served = "each round's vLLM server" if cfg.server is not None else "the planner endpoint"
         try:
             train = round_train_config(cfg, cfg.adapter, first, base_model)
             cmd = shlex.join(launch_command(first / layout.ADAPTER / "stage_config.yaml", train, gpus or 0))
-            print(f"{where} would run: {cfg.rounds} round(s), each sampling {cfg.samples} plans per question from "
-                  f"{served} (LoRA module {POLICY!r}), then training: {cmd}")
+            print(f"{where} would run: {cfg.rounds} round(s), each sampling {cfg.samples_per_question} plans per "
+                  f"question from {served} (LoRA module {POLICY!r}), then training: {cmd}")
         except DistillError as exc:
             check.problem(f"{where}.train: {exc}")
     key = "grpo" if cfg.method == "grpo" else "train"  # the section of its trainer's settings
@@ -358,7 +367,8 @@ def run_round(cfg: ImproveConfig, i: int, adapter_in: str, examples: list, fresh
     if not kept:
         write_json(out / layout.SUMMARY, summary)
         raise DistillError(f"improve round {i}: no question's best plan reached min_reward {cfg.min_reward:g} "
-                           f"(mean best reward {summary['mean_best_reward']}); lower min_reward or raise samples")
+                           f"(mean best reward {summary['mean_best_reward']}); lower min_reward or raise "
+                           "samples_per_question")
     write_jsonl(out / KEPT, kept)
     build_sft_data(SftDataConfig(kept=str(out / KEPT), out=str(out / layout.SFT_DATA), tools=cfg.tools,
                                  student_prompt=cfg.planner_prompt, val_fraction=cfg.val_fraction, seed=cfg.seed,
@@ -443,7 +453,7 @@ def grpo_args(cfg: ImproveConfig, out: Path):
     """TRL's GRPOConfig with distill's recipe (distill.training.recipe.GRPO) from `grpo` over what the improve config
     already says (samples per question, the planner's sampling), with the run's folder; parsed as train parses
     SFT's, so a bad key is one line naming it."""
-    keys = {"num_generations": cfg.samples, "temperature": cfg.planner.temperature or 1.0,
+    keys = {"num_generations": cfg.samples_per_question, "temperature": cfg.planner.temperature or 1.0,
             "max_completion_length": cfg.planner.max_tokens, "seed": cfg.seed,
             "use_cpu": not _cuda(), "bf16": _cuda()} | cfg.grpo | {"output_dir": str(out)}
     return parse_grpo_config(keys)
@@ -528,7 +538,7 @@ def _show(p, c) -> None:
 
 def _unit(p) -> stage.Unit:
     name = p.improved_student()
-    settings = settings_of(in_pipeline(p).model_dump(mode="json", exclude={"adapter", "output_dir"}))
+    settings = digested(in_pipeline(p).model_dump(mode="json", exclude={"adapter", "output_dir"}))
     adapter = layout.adapter(p.run, name)
     return stage.Unit(layout.IMPROVE, layout.stage_dir(p.run, layout.IMPROVE), settings,
                       {layout.in_run(p.run, adapter): weights_fingerprint(str(adapter))})

@@ -82,7 +82,9 @@ class TrainConfig:
     resolved: dict = field(default_factory=dict, compare=False)
 
     @classmethod
-    def model_validate(cls, data: dict) -> TrainConfig:
+    def model_validate(cls, data: dict, context: Any = None) -> TrainConfig:
+        """pydantic's signature: `validate` passes every class where its keys came from as `context` (pydantic
+        configs name it in a renamed key's warning); TRL's parser has no renamed keys to warn of."""
         return parse_train_config(data)
 
     @property

@@ -81,7 +81,7 @@ def main() -> int:
     p.add_argument("--json", help="also write the figures and the round's report to this file")
     p.add_argument("--traces", help="time the round on these traces (an earlier run's WORK/traces) instead of traffic")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
-                   help="one more flywheel setting (repeatable), e.g. --set samples=4")
+                   help="one more flywheel setting (repeatable), e.g. --set samples_per_question=4")
     args = p.parse_args()
     adapter = Path(args.adapter).resolve()
     if not 8 <= args.questions <= 273 or not 1 <= args.in_flight <= 64:

@@ -140,6 +140,9 @@ def config_page() -> str:
                 raise SystemExit(f"{cls.__name__}.{name} has no description: add one under the field")
             lines.append(f"| `{name}` | {cell(type_name(field.annotation))} | {cell(default_of(field))} | "
                          f"{bounds_of(field)} | {cell(field.description)} |")
+        if renamed := getattr(cls, "RENAMED", None):
+            lines += ["", "Old names, still read with one warning line: "
+                      + ", ".join(f"`{old}` (now `{new}`)" for old, new in renamed.items()) + "."]
         if parent is not None:
             lines += ["", f"Plus every key of the [agent config](#agent-agentconfig)."]
         lines.append("")

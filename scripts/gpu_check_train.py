@@ -315,7 +315,7 @@ def run_grpo_step(args: argparse.Namespace) -> dict:
         "tools": ["Wikipedia"], "wikipedia_corpus": str(ROOT / "data" / "demo" / "corpus.jsonl"),
         "datasets": [{"name": "hotpotqa", "source": str(ROOT / "data" / "demo" / "train.jsonl"), "split": "train",
                       "n": 4}],
-        "samples": samples,
+        "samples_per_question": samples,
         "grpo": {"max_steps": 1, "per_device_train_batch_size": samples, "gradient_accumulation_steps": 1,
                  "learning_rate": 1e-6, "save_strategy": "no", "gradient_checkpointing": cuda},
     }, "grpo check")

@@ -182,8 +182,8 @@ SUBSTITUTIONS: list[Rule] = [
          "API knows their answers and pages)"),
     Rule(r"^distill improve --config configs/improve_from_traces_smollm2_cpu\.yaml", "run",
          "the round's own vLLM server -> the fake API; 2 plans per question, 1 optimiser step",
-         [(r"$", " --set server=null --set planner.base_url={api} --set solver.base_url={api} --set samples=2 "
-           "--set train.max_steps=1")]),
+         [(r"$", " --set server=null --set planner.base_url={api} --set solver.base_url={api} "
+           "--set samples_per_question=2 --set train.max_steps=1")]),
     Rule(r"^curl .*load_lora_adapter", "run", "against the stand-in on :8000 (started with runtime LoRA loading on, "
          "as the page says), which lists the module afterwards",
          before="distill serve --config configs/serve_planner.yaml --set 'env={VLLM_ALLOW_RUNTIME_LORA_UPDATING: "
@@ -198,7 +198,7 @@ SUBSTITUTIONS: list[Rule] = [
            "--set datasets.0.n=8 --set train.max_steps=1")]),
     Rule(r"^distill improve --config configs/improve_smollm2_grpo_cpu\.yaml", "run",
          "the embedded SmolLM2 in process, as written; 2 questions, 2 completions of 32 tokens, 1 step",
-         [(r"$", " --set datasets.0.n=2 --set samples=2 --set grpo.per_device_train_batch_size=2 "
+         [(r"$", " --set datasets.0.n=2 --set samples_per_question=2 --set grpo.per_device_train_batch_size=2 "
            "--set grpo.max_steps=1 --set planner.max_tokens=32")]),
     Rule(r"^accelerate launch --config_file configs/accelerate/multi_cpu\.yaml -m distill\.improve", "run",
          "as written on 2 CPU processes; 2 questions, completions of 32 tokens, 1 step",
@@ -230,7 +230,7 @@ SUBSTITUTIONS: list[Rule] = [
          "the hosted LLM tool is the fake API; 4 demo questions, 2 completions of 32 tokens, 1 step, no colocated "
          "vLLM, bf16 and checkpointing off",
          [(r"--config_file configs/accelerate/multi_gpu\.yaml --num_processes 8", MULTI_CPU),
-          (r"$", " " + TINY_DATA.replace("n: 6", "n: 4") + " --set samples=2 "
+          (r"$", " " + TINY_DATA.replace("n: 6", "n: 4") + " --set samples_per_question=2 "
            "--set grpo.max_steps=1 --set grpo.per_device_train_batch_size=2 --set grpo.bf16=false "
            "--set grpo.gradient_checkpointing=false --set grpo.use_vllm=false --set grpo.report_to=none "
            "--set planner.max_tokens=32")]),

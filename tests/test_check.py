@@ -240,7 +240,7 @@ def test_pipeline_check_covers_the_improve_section(tmp_path, monkeypatch, capsys
     assert "problem: improve.tools ['Wikipedia', 'LLM'] differ from student planner's sft_data tools ['Wikipedia', " \
            "'LLM', 'Calculator']: it was trained on a prompt listing those" in problems(capsys.readouterr()[1])
 
-    cfg["improve"] = {"samples": 2, "train": {"max_steps": 1}}  # the run's own tools, prompt and server
+    cfg["improve"] = {"samples_per_question": 2, "train": {"max_steps": 1}}  # the run's own tools, prompt and server
     path.write_text(yaml.safe_dump(cfg))
     assert cli.main(["pipeline", "--check", "--offline", "--config", str(path)]) == 0
     out, err = capsys.readouterr()

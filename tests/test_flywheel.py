@@ -407,8 +407,8 @@ def test_a_round_trains_from_the_adapter_in_service_evaluates_both_and_logs_the_
 def test_the_rounds_eval_and_training_configs():
     cfg = fw.FlywheelConfig.model_validate(yaml.safe_load((ROOT / "configs/flywheel_smollm2_cpu.yaml").read_text()))
     icfg = fw.improve_config(cfg, Path("r/questions.jsonl"))
-    assert type(icfg) is fw.ImproveConfig and icfg.samples == cfg.samples and icfg.datasets[0].source == \
-        "r/questions.jsonl"
+    assert type(icfg) is fw.ImproveConfig and icfg.samples_per_question == cfg.samples_per_question
+    assert icfg.datasets[0].source == "r/questions.jsonl"
     ecfg = fw.eval_config(cfg, "http://127.0.0.1:9/v1", Path("r/heldout.jsonl"), Path("r/eval"),
                           ["round_0", "round_1"])
     assert [p.name for p in ecfg.planners] == ["round_0", "round_1"]  # the one in service is the reference

@@ -77,7 +77,7 @@ def flywheel_config(tmp_path: Path, adapter: Path, vllm_url: str, agent: str) ->
         "datasets": [{"name": "served", "source": str(tmp_path / "traces"), "metric": "em_f1"}],
         "eval_sets": [{"name": "hotpotqa", "source": str(ROOT / "data/demo/dev.jsonl"), "split": "dev"}],
         "holdout_fraction": HOLDOUT, "min_train_questions": 6, "min_holdout_questions": 3,
-        "samples": 4,
+        "samples_per_question": 4,
         "min_reward": 0.3,  # a valid plan whose calls ran: corrupted answers must still train a round, to be judged
         "concurrency": 8,
         "gate": {"measure": "f1", "bootstrap_samples": 500},

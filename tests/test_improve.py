@@ -50,7 +50,7 @@ def improve_config(tmp_path: Path, server, adapter: Path, **extra) -> Path:
         "wikipedia_corpus": str(ROOT / "data/demo/corpus.jsonl"),
         "datasets": [{"name": "hotpotqa", "source": str(ROOT / "data/demo/train.jsonl"), "split": "train", "n": 4}],
         "eval_sets": [{"name": "hotpotqa", "source": str(ROOT / "data/demo/dev.jsonl"), "split": "dev"}],
-        "samples": 3,
+        "samples_per_question": 3,
         "min_reward": 0.0,
         "concurrency": 4,  # questions in flight: the kill lands wherever they are, after record 4 is on disk
         "train": {"max_steps": 1, "per_device_train_batch_size": 2, "global_batch_size": 2, "dtype": "float32",
@@ -184,7 +184,7 @@ def test_one_grpo_step_continues_the_adapter_and_scores_every_completion_of_the_
         "tools": ["Wikipedia"], "wikipedia_corpus": str(ROOT / "data/demo/corpus.jsonl"),
         "datasets": [{"name": "hotpotqa", "source": str(ROOT / "data/demo/train.jsonl"), "split": "train", "n": 2}],
         "eval_sets": [{"name": "hotpotqa", "source": str(ROOT / "data/demo/dev.jsonl"), "split": "dev"}],
-        "samples": 4,
+        "samples_per_question": 4,
         "grpo": {"max_steps": 1, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1,
                  "learning_rate": 1e-2, "save_strategy": "no"},
     })
@@ -211,6 +211,58 @@ def test_grpo_settings_are_refused_in_one_line(tmp_path):
         validate(ImproveConfig, {"adapter": "a", "grpo": {"max_steps": 1}})
 
 
+def test_the_old_key_samples_reads_as_samples_per_question_with_one_warning_and_the_same_fingerprint(tmp_path,
+                                                                                                      caplog):
+    """Configs written before the rename still run, say once which key to write, and digest as they did: a run
+    folder made from them is not redone for the new name. Both names at once are one setting given twice."""
+    import logging
+
+    from distill.core.config import load_config, validate
+    from distill.core.errors import DistillError
+    from distill.flywheel import FlywheelConfig, improve_config
+    from distill.improve import ImproveConfig, round_settings
+
+    base = {"adapter": str(tmp_path / "adapter"),
+            "datasets": [{"name": "hotpotqa", "source": "data/demo/train.jsonl"}]}
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(yaml.safe_dump(base | {"samples": 3}))
+    new.write_text(yaml.safe_dump(base | {"samples_per_question": 3}))
+    with caplog.at_level(logging.WARNING):
+        was = load_config(ImproveConfig, old)
+        load_config(ImproveConfig, old)  # read again (each pipeline check does): still one line
+        now = load_config(ImproveConfig, new)
+    lines = [r.getMessage() for r in caplog.records if "old name" in r.getMessage()]
+    assert lines == [f"{old}: samples is the old name of samples_per_question; write samples_per_question (the old "
+                     "name still reads, for now)"]
+    assert was.samples_per_question == now.samples_per_question == 3
+    assert was.model_dump() == now.model_dump()
+    settings = round_settings(now, now.adapter)
+    assert settings == round_settings(was, was.adapter)
+    assert settings["samples"] == 3 and "samples_per_question" not in settings  # digested under the old name
+
+    flywheel = {"adapter": "a", "server": {"base_model": "m"},
+                "datasets": [{"name": "served", "source": "traces", "metric": "em_f1"}]}
+    fw = validate(FlywheelConfig, flywheel | {"samples": 5}, "flywheel.yaml")
+    assert improve_config(fw, Path("q.jsonl")).samples_per_question == 5
+
+    for cls, data in ((ImproveConfig, base), (FlywheelConfig, flywheel)):
+        with pytest.raises(DistillError, match="samples and samples_per_question are one setting \\(samples is its "
+                                               "old name\\): give samples_per_question only"):
+            validate(cls, data | {"samples": 3, "samples_per_question": 3})
+
+
+def test_samples_and_samples_per_question_together_exit_2_in_one_line(tmp_path, capsys):
+    from distill import cli
+
+    path = tmp_path / "improve.yaml"
+    path.write_text(yaml.safe_dump({"adapter": str(tmp_path), "samples": 2,
+                                    "datasets": [{"name": "hotpotqa", "source": "data/demo/train.jsonl"}]}))
+    assert cli.main(["improve", "--config", str(path), "--set", "samples_per_question=4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"error: {path}: " in err and \
+        "samples and samples_per_question are one setting" in err
+
+
 @pytest.mark.parametrize("name, processes", [("improve_smollm2_grpo_cpu.yaml", 1), ("improve_qwen2.5-7b_grpo_gpu.yaml", 8)])
 def test_shipped_grpo_configs_parse_into_trls_config_and_their_batch_holds_whole_groups(name, processes, tmp_path):
     """TRL needs the completions of a step to be whole groups; the header's effective batch is what TRL gets."""
@@ -222,7 +274,7 @@ def test_shipped_grpo_configs_parse_into_trls_config_and_their_batch_holds_whole
     path = ROOT / "configs" / name
     cfg = load_config(ImproveConfig, path)
     args = grpo_args(cfg, tmp_path)
-    assert args.num_generations == cfg.samples
+    assert args.num_generations == cfg.samples_per_question
     effective = args.per_device_train_batch_size * args.gradient_accumulation_steps * processes
     assert effective % args.num_generations == 0
     header = re.search(r"effective batch (\d+) completions = per-device (\d+) x accumulation (\d+) x (\d+) process",

@@ -61,8 +61,8 @@ def test_make_demo_full_passes_its_check_at_the_verdicts_scale(tmp_path, capsys,
     full = pipeline_of(argv, tmp_path / "run")
     assert "run_dir=runs/demo_full" in argv  # its own folder: make demo's run is not redone
     improve, short_improve = full.config("improve"), short.config("improve")
-    assert (improve.rounds, improve.samples, improve.train["max_steps"]) == (2, 4, 48)
-    assert (short_improve.rounds, short_improve.samples) == (1, 2)
+    assert (improve.rounds, improve.samples_per_question, improve.train["max_steps"]) == (2, 4, 48)
+    assert (short_improve.rounds, short_improve.samples_per_question) == (1, 2)
     assert [d.n for d in full.config("eval", url=URL).datasets] == [105]
     # everything else is the demo's own: the same questions, teacher and students
     assert improve.datasets == short_improve.datasets

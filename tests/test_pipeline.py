@@ -701,7 +701,7 @@ def test_generation_and_evaluation_report_where_training_reports_unless_their_se
 
 def with_improve(tmp_path: Path, **improve) -> dict:
     cfg = two_students(tmp_path)
-    cfg["improve"] = {"student": "student_compact", "samples": 2, "train": {"max_steps": 1}} | improve
+    cfg["improve"] = {"student": "student_compact", "samples_per_question": 2, "train": {"max_steps": 1}} | improve
     served = cfg["eval"]["planners"]["student"]["spec"]
     cfg["eval"]["planners"]["student_compact_improved"] = {
         "prompt": "compact", "spec": served | {"model": "student_compact_improved"}, "compare_to": "student_compact"}
@@ -716,7 +716,7 @@ class ImproveRecorder(Recorder):
         self.calls.append(("improve", cfg))
         adapter = Path(cfg.output_dir) / "round_1" / "adapter"
         adapter.mkdir(parents=True, exist_ok=True)
-        (adapter / "adapter_model.safetensors").write_text(json.dumps({"samples": cfg.samples}))
+        (adapter / "adapter_model.safetensors").write_text(json.dumps({"samples": cfg.samples_per_question}))
         summary = {"mean_reward": 0.5, "mean_best_reward": 0.8, "kept": 3, "valid_plan_rate": 0.75}
         return {"rounds": [summary], "adapter": str(adapter)}
 
@@ -737,7 +737,8 @@ def test_the_improve_stage_continues_its_student_and_eval_serves_the_result_besi
     assert imp.planner_prompt == "compact" and imp.tools == ["Wikipedia", "LLM", "Calculator"]  # the student's own
     assert [d.source for d in imp.datasets] == ["data/demo/train.jsonl"]  # generation's questions
     assert [d.source for d in imp.eval_sets] == ["data/demo/dev.jsonl"]  # and its leak guard
-    assert imp.server == cfg.get("student_server", {}) and imp.samples == 2  # the students' server settings
+    assert imp.server == cfg.get("student_server", {})  # the students' server settings
+    assert imp.samples_per_question == 2
     served = [c for n, c in recorder.calls if n == "server"][1]
     assert served.adapters["student_compact_improved"] == str(run / "improve" / "student_compact" / "round_1" / "adapter")
     row = next(p for p in recorder.calls[-1][1].planners if p.name == "student_compact_improved")
@@ -748,10 +749,28 @@ def test_the_improve_stage_continues_its_student_and_eval_serves_the_result_besi
     assert again.calls == []
     capsys.readouterr()
     third = ImproveRecorder()
-    Pipeline(validate(PipelineConfig, with_improve(tmp_path, samples=4)), "p.yaml", third.entries()).run_all()
+    Pipeline(validate(PipelineConfig, with_improve(tmp_path, samples_per_question=4)), "p.yaml",
+             third.entries()).run_all()
     assert [n for n, _ in third.calls] == ["improve", "server", "eval"]
     out = capsys.readouterr().out
     assert "improve: settings changed (samples 2 -> 4): rerunning; eval, report follow" in out, out
+
+
+def test_a_run_made_with_improves_old_key_samples_is_not_redone_for_its_new_name(tmp_path, monkeypatch):
+    """improve's stage fingerprint digests samples_per_question under its old name, samples: the same value
+    under either name is the same stage."""
+    from distill.core.config import validate
+    from distill.pipeline import Pipeline, PipelineConfig
+
+    monkeypatch.chdir(ROOT)
+    old = with_improve(tmp_path)
+    old["improve"]["samples"] = old["improve"].pop("samples_per_question")
+    first = ImproveRecorder()
+    Pipeline(validate(PipelineConfig, old), "p.yaml", first.entries()).run_all()
+    assert "improve" in [n for n, _ in first.calls]
+    again = ImproveRecorder()
+    Pipeline(validate(PipelineConfig, with_improve(tmp_path)), "p.yaml", again.entries()).run_all()
+    assert again.calls == []
 
 
 def test_an_improved_row_on_another_prompt_than_its_student_fails_before_any_stage(tmp_path, monkeypatch, capsys):

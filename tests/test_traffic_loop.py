@@ -79,7 +79,8 @@ def test_traffic_feedback_improve_serve(tmp_path, vllm_server, lora_adapter):
     # 2. one expert-iteration round over the traces folder, the command a user runs
     config = improve_config(
         tmp_path, vllm_server, lora_adapter,
-        samples=8,  # the nudged test adapter wrote 2 valid plans of 8 in a run: at that rate 16 samples all invalid is ~1%
+        # the nudged test adapter wrote 2 valid plans of 8 in a run: at that rate 16 samples all invalid is ~1%
+        samples_per_question=8,
         datasets=[{"name": "served", "source": str(traces_dir), "metric": "em_f1"}],
         eval_sets=[{"name": "hotpotqa", "source": str(ROOT / "data/demo/dev.jsonl"), "split": "dev"}],
         leak_policy="exclude")  # traffic holds eval questions: drawn around them, as the shipped config does

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 import types
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, Mapping, TypeVar
 from urllib.parse import urlsplit
 
 import yaml
@@ -26,6 +27,8 @@ from distill.rewoo.worker import SURPRISES, Surprise
 from distill.tools.registry import DEFAULT_TOOLS
 
 C = TypeVar("C", bound=BaseModel)
+log = logging.getLogger(__name__)
+_SAID: set[str] = set()  # deprecation lines already logged: a config read again (each pipeline check) says it once
 # A planner prompt kind in a config (fewshot | full | compact); the old name `zeroshot` reads as `full`.
 PlannerPrompt = Annotated[PromptKind, BeforeValidator(canonical_prompt_kind)]
 
@@ -54,6 +57,32 @@ class Strict(BaseModel):
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False,
                               use_attribute_docstrings=True)
+    RENAMED: ClassVar[Mapping[str, str]] = {}
+    # {old key: the name it has now}: configs written before a rename keep working, with one line saying so
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any, info: ValidationInfo) -> Any:
+        """An old key reads as its new name, with one warning naming both and where the config came from
+        (`validate`'s source, or --set); the two at once are one setting given twice, refused rather than one of
+        them silently winning."""
+        if not cls.RENAMED or not isinstance(data, Mapping):
+            return data
+        data = dict(data)
+        for old, new in cls.RENAMED.items():
+            if old not in data:
+                continue
+            if new in data:
+                raise ValueError(f"{old} and {new} are one setting ({old} is its old name): give {new} only")
+            data[new] = data.pop(old)
+            context = info.context or {}
+            origin = " (from --set)" if old in (context.get("overrides") or {}) else ""
+            line = f"{context.get('source', 'config')}: {old}{origin} is the old name of {new}; write {new} (the old " \
+                   "name still reads, for now)"
+            if line not in _SAID:
+                _SAID.add(line)
+                log.warning("%s", line)
+        return data
 
     @field_validator("*", mode="before")
     @classmethod
@@ -484,7 +513,7 @@ def validate(cls: type[C], data: dict, source: str = "config", overrides: Mappin
     user:password as Basic auth in place of the key."""
     refuse_url_credentials(data, source, overrides)
     try:
-        return cls.model_validate(data)
+        return cls.model_validate(data, context={"source": source, "overrides": overrides})
     except ValidationError as exc:
         problems = "; ".join(_problem(cls, data, err, overrides) for err in exc.errors())
         raise DistillError(f"{source}: {problems}") from None
