@@ -189,6 +189,8 @@ def test_the_recipe_is_the_field_defaults_of_trls_own_classes_so_help_parser_and
         for f in dataclasses.fields(part):
             if f.name in recipe.SFT and f.name != "num_train_epochs":
                 assert f.default == recipe.SFT[f.name] or f.default_factory() == recipe.SFT[f.name], f.name
+    parsed = {k: getattr(cfg.sft if hasattr(cfg.sft, k) else cfg.model, k) for k in recipe.SFT}
+    assert parsed == recipe.SFT | {"num_train_epochs": 3}  # every recipe key as the parser fills it from nothing
     assert cfg.sft.lr_scheduler_type == "cosine" and cfg.sft.save_total_limit == 2 and cfg.sft.num_train_epochs == 3
     assert SFTConfig.__dataclass_fields__["learning_rate"].default != recipe.SFT["learning_rate"]  # TRL's own: 2e-5
     assert cfg.resolved["learning_rate"] == 1e-4 and cfg.resolved["lora_r"] == 8  # the recipe's, recorded

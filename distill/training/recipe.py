@@ -59,8 +59,9 @@ def with_defaults(base: type, defaults: dict[str, Any]) -> type:
     for f in dataclasses.fields(base):
         if f.name in defaults:
             value = defaults[f.name]
-            default = ({"default_factory": functools.partial(copy.deepcopy, value)}
-                       if isinstance(value, (dict, list)) else {"default": value})
+            # a list field's parser default is read from its factory only (transformers' HfArgumentParser)
+            factory = isinstance(value, (dict, list)) or _is_list(hints[f.name])
+            default = {"default_factory": functools.partial(copy.deepcopy, value)} if factory else {"default": value}
             fields.append((f.name, hints[f.name], dataclasses.field(metadata=f.metadata, **default)))
     cls = dataclasses.make_dataclass(base.__name__, fields, bases=(base,))
     cls.__module__, cls.__doc__ = __name__, f"TRL's {base.__name__} with distill's recipe as its defaults."
@@ -72,6 +73,10 @@ def turned_off(cls: type) -> list[str]:
     whose default is on, so the parser adds these back (a command line that worked on TRL's defaults still does)."""
     base = dataclasses.fields(cls.__mro__[1]) if cls.__module__ == __name__ else ()
     return [f.name for f in base if f.default is True and _CLASSES[cls.__name__].get(f.name) is False]
+
+
+def _is_list(hint: Any) -> bool:
+    return any(typing.get_origin(t) is list for t in (hint, *typing.get_args(hint)))
 
 
 def trl_class(name: str) -> type:
