@@ -50,7 +50,7 @@ from distill.rewoo.worker import WorkerConfig
 from distill.serving.serve import ServeConfig, VLLMServer, read_adapter
 from distill.sft_data import SftDataConfig, build_sft_data
 from distill.tools.registry import tool_descriptions
-from distill.train import GRPORun, TrainConfig, is_main_process, parse_grpo_config, train, world_size
+from distill.train import GRPORun, is_main_process, parse_grpo_config, parse_train_section, train, world_size
 from distill.training.launch import launch, launch_command
 from distill.training.merge import ADAPTER_INFO, check_as_trained, training_record
 
@@ -286,7 +286,7 @@ def round_train_config(cfg: ImproveConfig, adapter_in: str, out: Path, base_mode
     """The round's TrainConfig, parsed once by TRL's parser and handed to its check or its launch: the adapter's
     base (`base_model` where the adapter is not trained yet), `train`, the round's folders and the adapter it
     continues."""
-    return validate(TrainConfig, {"model_name_or_path": base_model or base_model_of(adapter_in)} | cfg.train | {
+    return parse_train_section({"model_name_or_path": base_model or base_model_of(adapter_in)} | cfg.train | {
         "dataset_dir": str(out / layout.SFT_DATA), "output_dir": str(out / layout.ADAPTER), "init_adapter": adapter_in},
         "train (improve)")
 

@@ -34,7 +34,7 @@ import yaml
 
 from distill import code_version
 from distill.core import layout
-from distill.core.config import add_config_args, load_config, suggestion
+from distill.core.config import add_config_args, load_config, refuse_url_credentials, suggestion
 from distill.core.errors import DistillError
 from distill.core.secrets import MaskingFormatter, is_secret_name, mask, mask_log_record, masked_mapping, remember
 from distill.core.store import read_json, replace_files, write_json
@@ -157,6 +157,14 @@ def parse_train_config(data: dict, argv: list[str] | None = None, processes: int
     cfg = TrainConfig(dict(data), distill, sft, model, resolved)
     sft.gradient_accumulation_steps = cfg.accumulation(world_size() if processes is None else processes)
     return cfg
+
+
+def parse_train_section(data: dict, source: str) -> TrainConfig:
+    """A train config from a section the caller put together (the pipeline's student, an improvement round): one
+    parse by TRL's parser, after the URL-credential refusal every config gets, named for what it is rather than
+    behind `validate`, which reads like pydantic's and is not here."""
+    refuse_url_credentials(data, source)
+    return parse_train_config(data)
 
 
 def parse_grpo_config(keys: dict):

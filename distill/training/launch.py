@@ -27,13 +27,13 @@ import yaml
 from distill import train
 from distill.core import layout, stage
 from distill.core.check import Check, add_check_args, gpu_count, show_config, wants_check
-from distill.core.config import _merge, read_yaml, validate
+from distill.core.config import _merge, read_yaml
 from distill.core.errors import DistillError
 from distill.core.run import settings_of
 from distill.core.store import content_digest, read_json
 from distill.core.tracking import PACKAGES
 from distill.reporting.verdict import small_training_set
-from distill.train import TrainConfig, load_train_config, without_secrets
+from distill.train import TrainConfig, load_train_config, parse_train_section, without_secrets
 from distill.training import recipe
 from distill.training.merge import ADAPTER_INFO
 
@@ -207,7 +207,7 @@ def _resolve(p, url: str | None, name: str) -> TrainConfig:
     data = shared_section(p) | own | {"dataset_dir": str(layout.sft_data(p.run, name)),
                                    "output_dir": str(layout.adapter(p.run, name))}
     try:
-        cfg = validate(TrainConfig, data, "train (pipeline)")
+        cfg = parse_train_section(data, "train (pipeline)")
     except DistillError as exc:  # TRL's parser names no section: say which student's keys were read
         raise DistillError(f"students.{name}.train over train: {exc}" if own else str(exc)) from None
     p.memo[layout.TRAIN, name] = cfg
