@@ -116,7 +116,7 @@ def command(module: str) -> tuple[Callable, Callable]:
     a config-driven command), any other module's its own."""
     mod = importlib.import_module(module)
     if (declared := getattr(mod, "STAGE", None)) is not None and declared.run is not None:
-        from distill.core import stage
+        from distill.core import stage  # here: its config machinery costs ~0.5 s that `distill --help` should not
 
         return stage.configure_parser, functools.partial(stage.main, declared)
     return mod.configure_parser, mod.main

@@ -68,7 +68,7 @@ def build_chat(spec, prices: dict | None = None, cache=None) -> ChatModel:
     """Build a backend from a ModelSpec. In-process models are loaded once per process and shared."""
     price = price_for(spec, prices)
     if spec.backend == "transformers":
-        from distill.llm.transformers_backend import TransformersChat
+        from distill.llm.transformers_backend import TransformersChat  # torch and transformers: only when asked
 
         key = (spec.model, spec.dtype, spec.device, price)
         if key not in _LOADED:
