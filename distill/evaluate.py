@@ -258,7 +258,8 @@ class EvalConfig(AgentConfig):
         planner_names = [p.name for p in self.planners]
         for p in self.planners:
             if p.compare_to is not None and (p.compare_to not in planner_names or p.compare_to == p.name):
-                raise ValueError(f"planners.{p.name}.compare_to: {p.compare_to!r} is not another planner of this config")
+                raise ValueError(f"planners.{p.name}.compare_to: {p.compare_to!r} is not another planner "
+                                 "of this config")
         if self.prompt_budget is not None:
             planners = [p.name for p in self.planners]
             if unknown := [m for m in [self.prompt_budget.reference, *self.prompt_budget.methods] if m not in planners]:
@@ -530,7 +531,8 @@ def check_run(cfg: EvalConfig, check, counter, prefix: str = "", started=()):
             check.problem(f"{prefix}datasets: {exc}")
     if not examples:
         print(f"{prefix.rstrip('.') or 'eval'}: hub datasets are not read by a check: "
-              f"{sum(ds.n or 0 for ds in cfg.datasets)} questions (their `n`), prompts counted without the question text")
+              f"{sum(ds.n or 0 for ds in cfg.datasets)} questions (their `n`), prompts counted without the "
+              "question text")
     tools = tool_descriptions(cfg.tools)
     kinds = []
     for method in methods_of(cfg):
@@ -585,7 +587,8 @@ def _report(cfg: EvalConfig, manifest: dict) -> None:
 
 def _resolve(p, url: str | None) -> EvalConfig:
     # per-method caches in the output folder: latency stays honest
-    section = launch.trackers(p) | fill_server(p.cfg.eval, url) | {"output_dir": str(layout.stage_dir(p.run, layout.EVAL))}
+    section = (launch.trackers(p) | fill_server(p.cfg.eval, url)
+               | {"output_dir": str(layout.stage_dir(p.run, layout.EVAL))})
     return validate(EvalConfig, section, "eval")
 
 

@@ -524,8 +524,8 @@ def _gold_pages(rec: Mapping[str, Any]) -> list[str]:
 
 
 def record_reward(rec: Mapping[str, Any], cfg) -> float:
-    """The planner reward (distill.agent.reward's formula, `cfg` its RewardConfig) of an eval record, from the evidence the
-    eval's Worker found: no tool is called again."""
+    """The planner reward (distill.agent.reward's formula, `cfg` its RewardConfig) of an eval record, from the evidence
+    the eval's Worker found: no tool is called again."""
     plan = rec.get("plan") or {}
     steps = plan.get("steps") or []
     if not plan.get("valid") or not steps:
@@ -746,7 +746,8 @@ def conclude(cfg: FlywheelConfig, r: int, start: RoundStart, adapter: str | None
         round=r, at=now(), from_round=start.from_round, adapter_in=start.adapter_in, adapter=adapter,
         questions=start.questions,
         train=TrainPart(samples=int(train.get("samples") or 0), kept=int(train.get("kept") or 0),
-                        mean_reward=train.get("mean_reward"), global_step=(train.get("train") or {}).get("global_step")),
+                        mean_reward=train.get("mean_reward"),
+                        global_step=(train.get("train") or {}).get("global_step")),
         verdict=made.verdict, guards=made.guards,
         diversity=Diversity(samples=cfg.diversity_samples, incumbent=diversity.get(module_name(start.from_round)),
                             candidate=diversity.get(module_name(r))),
@@ -824,7 +825,8 @@ def flywheel(cfg: FlywheelConfig, config_path: str | None = None, fresh: bool = 
         def judge(server) -> dict:
             """Both modules on the held-out side: the paired evaluation, then the diversity samples."""
             t = time.perf_counter()
-            distill.evaluate.evaluate(eval_config(cfg, server.base_url, folder / HELDOUT, folder / EVAL, names), config_path, fresh)
+            distill.evaluate.evaluate(eval_config(cfg, server.base_url, folder / HELDOUT, folder / EVAL, names),
+                                      config_path, fresh)
             wall["eval"] = time.perf_counter() - t
             t = time.perf_counter()
             diversity = sample_diversity(cfg, server.base_url, names, heldout) if cfg.diversity_samples else {}

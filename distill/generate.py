@@ -200,8 +200,8 @@ def check_run(cfg: GenerateConfig, check, counter, prefix: str = "", started=())
     examples = check_questions(cfg, check)
     n = len(examples) if examples else sum(ds.n or 0 for ds in cfg.datasets)
     if not examples:
-        print(f"{prefix.rstrip('.') or 'generate'}: hub datasets are not read by a check: {n} questions (their `n`), prompts "
-              "counted without the question text")
+        print(f"{prefix.rstrip('.') or 'generate'}: hub datasets are not read by a check: {n} questions (their `n`), "
+              "prompts counted without the question text")
     questions = [ex.question for ex in examples] or [""]
     items = n * cfg.samples_per_question
     tools = tool_descriptions(cfg.tools)
@@ -215,8 +215,8 @@ def check_run(cfg: GenerateConfig, check, counter, prefix: str = "", started=())
                               cfg.planner.max_tokens, grows_by=cfg.planner.max_tokens))
     if cfg.judge is not None:
         answers = [ex.answers for ex in examples] or [[""]]
-        kinds.append(CallKind("judge", cfg.judge, items, 1, [judge_messages(q, a, "") for q, a in zip(questions, answers)],
-                              JUDGE_MAX_TOKENS))
+        kinds.append(CallKind("judge", cfg.judge, items, 1,
+                              [judge_messages(q, a, "") for q, a in zip(questions, answers)], JUDGE_MAX_TOKENS))
     estimate = estimate_stage("generate", items, kinds, cfg.prices, counter)
     check.cost_cap(estimate, cfg.max_cost_usd, prefix.rstrip(".") or "generate")
     if not prefix:  # in a pipeline, training's report_to applies, and the pipeline's check names it

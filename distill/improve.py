@@ -434,7 +434,8 @@ class PlannerReward:
             update={"max_plan_steps": min(cfg.reward.max_plan_steps, cfg.max_plan_steps)})
         self.calls: list[int] = []
 
-    async def __call__(self, prompts, completions, id, log_metric=None, **_) -> list[float]:  # noqa: A002 (TRL's column)
+    async def __call__(self, prompts, completions, id,  # noqa: A002 (TRL's column)
+                       log_metric=None, **_) -> list[float]:
 
         texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
         examples = [self.by_id[i] for i in id]
@@ -489,7 +490,8 @@ def run_grpo(cfg: ImproveConfig, examples: list) -> dict:
     summary = {"round": 1, "steps": info["global_step"], "samples": sum(reward.calls) * world_size(),
                "mean_reward": last.get("reward"), "kl": last.get("kl"),
                "adapter": str(out / layout.ADAPTER),
-               "adapter_in": cfg.adapter, "reward_parts": {k[7:]: v for k, v in last.items() if k.startswith("reward/")}}
+               "adapter_in": cfg.adapter,
+               "reward_parts": {k[7:]: v for k, v in last.items() if k.startswith("reward/")}}
     if info["main_process"]:
         write_json(out / "reward_history.json", history)
         write_json(out / layout.SUMMARY, summary)

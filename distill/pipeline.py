@@ -76,7 +76,8 @@ IMPROVED = "{}_improved"  # the LoRA module (and eval row model) of a student's 
 SERVER = SERVER_PLACEHOLDER  # the pipeline fills in the address of the stage's own server
 # The sections that are a stage's config (or a server's): each may name its stage config file (`config: FILE`).
 SECTIONS = ("generate", "teacher_server", "filter", "sft_data", "train", "improve", "student_server", "eval")
-# The endpoints that take the pipeline's `teacher:` by default, per stage, beside eval's teacher rows (`is_teacher_row`).
+# The endpoints that take the pipeline's `teacher:` by default, per stage, beside eval's teacher rows
+# (`is_teacher_row`).
 # The model that writes the plans also answers from them and runs the LLM tool while generating, and the paper's
 # evaluation keeps it as every method's Solver and judge. improve's endpoints are the student's and its base's.
 TEACHER_ROLES = {"generate": ("planner", "solver", "llm_tool", "judge"), "eval": ("solver", "llm_tool", "judge")}
@@ -133,8 +134,9 @@ def with_teacher(stage: str, file: Mapping[str, Any], own: Mapping[str, Any], te
     role's own keys from the stage config file less the ones that say which model it is (ENDPOINT_IDENTITY: the
     file names its own teacher, for its own command: in the pipeline the teacher replaces it whole; every other
     key of the file's, max_tokens, temperature, stop, max_concurrency, timeout_s, max_retries..., stays over the
-    teacher's), then what the pipeline's section says itself, which wins. A role the section leaves out that always has an endpoint (generate's planner, the
-    Solver) is the teacher with that role's own defaults (AgentConfig's: a Solver's max_tokens 64)."""
+    teacher's), then what the pipeline's section says itself, which wins. A role the section leaves out that always
+    has an endpoint (generate's planner, the Solver) is the teacher with that role's own defaults (AgentConfig's: a
+    Solver's max_tokens 64)."""
     section = _merge(teacher_endpoints(stage, file, lambda _, e: {k: v for k, v in e.items()
                                                                   if k not in ENDPOINT_IDENTITY}), dict(own))
     for role in TEACHER_ROLES[stage]:
@@ -164,8 +166,8 @@ class PipelineConfig(Strict):
     `evidence_max_chars`) is the agent's tools and Wikipedia, named once: generate, improve and eval take every key
     and sft_data takes `tools`, over what a section's `config: FILE` says and under what the section says itself.
 
-    `train: {config: auto}` picks the training config by the visible GPUs' memory (distill.training.launch.config_for_gpus),
-    when the pipeline starts, saying which and why."""
+    `train: {config: auto}` picks the training config by the visible GPUs' memory
+    (distill.training.launch.config_for_gpus), when the pipeline starts, saying which and why."""
 
     run_dir: str = "runs/demo"
     """the run folder: one subfolder per stage, the call cache at its root"""
@@ -238,7 +240,8 @@ class PipelineConfig(Strict):
 
     @classmethod
     def relative_to_file(cls, data: dict, folder: Path) -> dict:
-        """The `config: FILE` paths of a pipeline config file, read from its folder (distill.core.config.load_config)."""
+        """The `config: FILE` paths of a pipeline config file, read from its folder
+        (distill.core.config.load_config)."""
         out = dict(data)
         for name in SECTIONS:
             section = out.get(name)

@@ -381,7 +381,8 @@ def load_splits(dataset_dir: str):
     from datasets import load_from_disk
 
     if not (Path(dataset_dir) / "dataset_dict.json").exists():
-        raise DistillError(f"{dataset_dir}: not a dataset folder (run `distill sft-data KEPT.jsonl --out {dataset_dir}`)")
+        raise DistillError(f"{dataset_dir}: not a dataset folder "
+                           f"(run `distill sft-data KEPT.jsonl --out {dataset_dir}`)")
     data = load_from_disk(dataset_dir)
     if not data.get("train"):
         raise DistillError(f"{dataset_dir}: the train split is empty")
@@ -538,7 +539,8 @@ def trainable_adapter(path: str, adapter: str | Path, model_init_kwargs: dict | 
 
     folder = Path(adapter)
     if not (folder / "adapter_config.json").is_file():
-        raise DistillError(f"init_adapter {folder}: no adapter_config.json (a LoRA adapter folder, e.g. train's output)")
+        raise DistillError(f"init_adapter {folder}: no adapter_config.json "
+                           "(a LoRA adapter folder, e.g. train's output)")
     base = create_model_from_path(path, **(model_init_kwargs or {}))
     return PeftModel.from_pretrained(base, str(folder), is_trainable=True)
 
@@ -622,7 +624,8 @@ def trained_on(dataset_dir: str, train_examples: int, validation_examples: int) 
         "train_examples": train_examples, "train_questions": (splits.get("train") or {}).get("questions"),
         "validation_examples": validation_examples,
         "teacher": summary.get("teacher"), "datasets": summary.get("datasets"),
-        "sft_data": {k: summary.get(k) for k in ("source", "val_fraction", "seed", "code_version")} if summary else None,
+        "sft_data": ({k: summary.get(k) for k in ("source", "val_fraction", "seed", "code_version")}
+                     if summary else None),
         "code_version": code_version(),
     }
 

@@ -471,7 +471,8 @@ def suggestion(name: str, known: Any) -> str:
     """`; did you mean X?` for a misspelt key, or nothing when no known key is close."""
     known = [str(k) for k in known]
     # a shortened or lengthened spelling (`lora_rank` for `lora_r`) before one a letter or two away
-    close = [k for k in known if len(k) >= 4 and len(str(name)) >= 4 and (k.startswith(name) or str(name).startswith(k))]
+    close = [k for k in known
+             if len(k) >= 4 and len(str(name)) >= 4 and (k.startswith(name) or str(name).startswith(k))]
     close = close or difflib.get_close_matches(str(name), known, n=1, cutoff=0.75)
     return f"; did you mean {close[0]}?" if close else ""
 

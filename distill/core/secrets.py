@@ -36,7 +36,8 @@ _remembered: set[str] = set()
 
 # A URL's userinfo, up to the last @ before its host ends (`[^/?#...]` stops at the path, a quote or a space, so
 # the @ of an email address further on is not taken for it); the scheme may be absent (`//user:pw@host`).
-_URL_USERINFO = re.compile(r"(?P<lead>(?:\b[a-z][a-z0-9+.-]*:)?//)(?P<userinfo>[^/?#\s\"'<>`@]*(?:@[^/?#\s\"'<>`@]*)*)@",
+_URL_USERINFO = re.compile(r"(?P<lead>(?:\b[a-z][a-z0-9+.-]*:)?//)"
+                           r"(?P<userinfo>[^/?#\s\"'<>`@]*(?:@[^/?#\s\"'<>`@]*)*)@",
                            re.IGNORECASE)
 # `?name=value` and `&name=value`: the value runs to the next parameter, fragment, quote or space.
 _URL_PARAM = re.compile(r"(?P<lead>[?&;](?P<name>[\w.\-\[\]]+)=)(?P<value>[^&;#\s\"'<>`]*)")

@@ -26,7 +26,8 @@ class TransformersChat:
         self.model = AutoModelForCausalLM.from_pretrained(
             path, dtype=getattr(torch, dtype), device_map=None if device == "cpu" else device
         )
-        self._pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self._pad = (self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
+                     else self.tokenizer.eos_token_id)
         self._lock = threading.Lock()  # torch's global seed and one model: one generate at a time
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:

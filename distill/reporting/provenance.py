@@ -158,7 +158,8 @@ def collect(eval_dir: str | Path, manifest: Mapping[str, Any], results: Mapping[
     eval_dir = Path(eval_dir)
     run = run_folder(eval_dir)
     config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
-    generate = (read_json(layout.manifest(layout.stage_dir(run, layout.GENERATE)), optional=True) if run else None) or {}
+    generate = (read_json(layout.manifest(layout.stage_dir(run, layout.GENERATE)), optional=True)
+                if run else None) or {}
     gen_config = generate.get("config") if isinstance(generate.get("config"), dict) else {}
     version, commit = _version(manifest.get("code_version"))
     trained = students(run)

@@ -107,7 +107,8 @@ def verdict(results: Mapping[str, Any], students: Mapping[str, str | None] | Non
         examples = (row_training.get(m) or training.get(student) or {}).get("train_examples") if student else None
         warnings = []
         if examples is None:
-            warnings.append("training set size unknown (neither the served adapter's record nor an sft-data summary beside this evaluation says it)")
+            warnings.append("training set size unknown (neither the served adapter's record nor an sft-data summary "
+                            "beside this evaluation says it)")
         elif examples < MIN_TRAIN_EXAMPLES:
             warnings.append(f"trained on {examples} example{'s' if examples != 1 else ''} (fewer than "
                             f"{MIN_TRAIN_EXAMPLES}): too few for this comparison to say anything about distillation")

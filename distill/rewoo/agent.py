@@ -92,7 +92,8 @@ class ReWOOAgent:
         if self.solve:
             s_messages = prompts.solver_messages(example.question, plan.steps, evidence)
             s_out = await self.solver.chat(s_messages, temperature=0.0, max_tokens=self.solver_max_tokens, seed=seed)
-            solver, prediction, solver_calls = call_record(s_messages, s_out), prompts.extract_answer(s_out.text), [s_out]
+            solver, prediction, solver_calls = (call_record(s_messages, s_out), prompts.extract_answer(s_out.text),
+                                                [s_out])
         return make_record(
             example, self.method, sample, t0, planner=call_record(p_messages, p_out), plan=plan.to_dict(),
             evidence=[e.to_dict() for e in evidence], solver=solver, prediction=prediction,

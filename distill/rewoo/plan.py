@@ -9,8 +9,9 @@ The canonical form is the one the paper's Planner writes::
 
 Real models (half-trained students above all) wander from it, so the parser is lenient about decoration
 (markdown, numbering, code fences, `#E1:` for `#E1 =`) and strict about meaning: a damaged step (`E2 = Tool[x]`,
-`#E0`, a control character in front, a tool call inside another's input) is a `malformed_step`, never folded into Plan text, because the filter
-trusts `Plan.valid`. Parsing never raises: every fault is a `PlanError` with a stable `code`.
+`#E0`, a control character in front, a tool call inside another's input) is a `malformed_step`, never folded into
+Plan text, because the filter trusts `Plan.valid`. Parsing never raises: every fault is a `PlanError` with a stable
+`code`.
 
 Model output is untrusted and parsed inside the agent's event loop, so parsing is linear in its length: every
 regex quantifier is possessive (or can never give back what it took) and regexes run on positions rather than

@@ -120,7 +120,8 @@ def planner_messages(question: str, tools: Mapping[str, str], kind: PromptKind) 
     if kind == "compact":
         system = "Tools: " + ", ".join(tools)
     else:
-        system = "\n\n".join([PLANNER_INSTRUCTIONS, "Tools can be one of the following:\n" + tool_list(tools), PLANNER_FORMAT])
+        system = "\n\n".join([PLANNER_INSTRUCTIONS, "Tools can be one of the following:\n" + tool_list(tools),
+                              PLANNER_FORMAT])
         if kind == "fewshot":
             for q, p in FEWSHOT_EXEMPLARS:
                 if set(_TOOL_USE.findall(p)) <= set(tools):
@@ -151,7 +152,8 @@ def solver_messages(question: str, steps: Sequence, evidence: Sequence) -> list[
 
 
 _PREFIX = re.compile(
-    r"^(final answer|answer|response|the (final |correct )?answer( to (this|the) (question|task|problem))? is)\s*[:\-]?\s*",
+    r"^(final answer|answer|response|the (final |correct )?answer( to (this|the) (question|task|problem))? is)"
+    r"\s*[:\-]?\s*",
     re.I,
 )
 

@@ -239,7 +239,8 @@ class Metrics:
     def text(self) -> str:
         p = "distill_agent"
         out = [f"# HELP {p}_requests_total HTTP requests by path and status.", f"# TYPE {p}_requests_total counter"]
-        out += [f'{p}_requests_total{{path="{path}",status="{s}"}} {n}' for (path, s), n in sorted(self.requests.items())]
+        out += [f'{p}_requests_total{{path="{path}",status="{s}"}} {n}'
+                for (path, s), n in sorted(self.requests.items())]
         out += [f"# HELP {p}_errors_total Failed requests by error code.", f"# TYPE {p}_errors_total counter"]
         out += [f'{p}_errors_total{{code="{c}"}} {n}' for c, n in sorted(self.errors.items())]
         out += [f"# HELP {p}_in_flight Chat requests being answered now.", f"# TYPE {p}_in_flight gauge",

@@ -43,7 +43,8 @@ def plugin_tool(spec: str) -> type:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any error in the user's module: say which entry and why, in one line
-        raise DistillError(f"tool {spec!r}: cannot import {module_name} ({type(exc).__name__}: {str(exc)[:200]})") from None
+        raise DistillError(f"tool {spec!r}: cannot import {module_name} "
+                           f"({type(exc).__name__}: {str(exc)[:200]})") from None
     cls = getattr(module, attr, None)
     if not inspect.isclass(cls):
         raise DistillError(f"tool {spec!r}: {module_name} has no class {attr!r}")

@@ -95,7 +95,8 @@ def launch(cfg: TrainConfig, gpus: int | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     config = out / "stage_config.yaml"
     written, _ = without_secrets(cfg.data)  # parsing put a hub_token in the environment the child inherits
-    config.write_text("# written by `distill pipeline` from its train section\n" + yaml.safe_dump(written, sort_keys=False))
+    config.write_text("# written by `distill pipeline` from its train section\n"
+                      + yaml.safe_dump(written, sort_keys=False))
     if gpus is None:
         from torch.cuda import device_count
 
@@ -145,7 +146,8 @@ def check_run(cfg: TrainConfig, check, config_path: str | Path, where: str = "tr
     check.gpus(where, wants, gpus, "training")
     summary = Path(cfg.distill.dataset_dir) / layout.SUMMARY
     if not (Path(cfg.distill.dataset_dir) / "dataset_dict.json").is_file():
-        check.problem(f"{where}.dataset_dir: {cfg.distill.dataset_dir} is not a dataset folder (run `distill sft-data`)")
+        check.problem(f"{where}.dataset_dir: {cfg.distill.dataset_dir} is not a dataset folder "
+                      "(run `distill sft-data`)")
     elif not summary.is_file():
         check.problem(f"{where}.dataset_dir: {summary} is missing: the adapter could not record the prompt and tools "
                       "it is trained on (make the data with `distill sft-data`)")

@@ -7,8 +7,8 @@ the adapter useful: the planner prompt it was trained on and the LoRA serving. T
 adapter's own records (`distill_adapter.json`, which training fills from the SFT data's `summary.json`, and
 `loss_history.json`), never from defaults: an adapter whose records do not say its prompt and tools gets no card
 until they are given. Only what serving needs is uploaded (an allow-list: never checkpoints, optimizer state or
-`training_args.bin`, which holds every training argument). The token is read from an environment variable and appears nowhere:
-not in the card, not in a message, even when the server echoes it back.
+`training_args.bin`, which holds every training argument). The token is read from an environment variable and appears
+nowhere: not in the card, not in a message, even when the server echoes it back.
 """
 
 from __future__ import annotations
@@ -85,9 +85,11 @@ def model_card(folder: str | Path, repo_id: str | None = None, prompt: str | Non
         ("optimiser steps", value(info.get("global_step"))),
         ("effective batch", value(info.get("effective_batch_size"))),
         ("max length (tokens)", value(info.get("max_length"))),
-        ("training examples (questions)", f"{value(info.get('train_examples'))} ({value(info.get('train_questions'))})"),
+        ("training examples (questions)",
+         f"{value(info.get('train_examples'))} ({value(info.get('train_questions'))})"),
         ("validation examples", value(info.get("validation_examples"))),
-        ("final train / validation loss", f"{value(info.get('final_train_loss'))} / {value(info.get('final_eval_loss'))}"),
+        ("final train / validation loss",
+         f"{value(info.get('final_train_loss'))} / {value(info.get('final_eval_loss'))}"),
         ("planner prompt, tools", f"`{prompt}`, {', '.join(tools)}"),
         ("teacher (its prompt)", f"{', '.join(teacher.get('models') or []) or 'unknown'} "
                                  f"({value(teacher.get('prompt'))})"),
@@ -100,7 +102,7 @@ def model_card(folder: str | Path, repo_id: str | None = None, prompt: str | Non
         "tags: [distill, rewoo, planner, lora, sft, trl]", "---"]
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
     rank = info.get("lora_r") or 8
-    return "\n".join(front) + f"""
+    return "\n".join(front) + (f"""
 
 # {(repo_id or folder.name).split('/')[-1]}
 
@@ -116,7 +118,8 @@ The adapter is a LoRA module on its base; serve both with vLLM, with the chat te
 ```bash
 {download}vllm serve {base or 'BASE_MODEL'} --enable-lora --max-lora-rank {rank} --lora-modules planner={where} \\
     --chat-template {where}/chat_template.jinja
-# or, with distill installed: distill serve --config configs/serve_planner.yaml --set base_model={base or 'BASE_MODEL'} --set adapter={where}
+# or, with distill installed: distill serve --config configs/serve_planner.yaml """
+f"""--set base_model={base or 'BASE_MODEL'} --set adapter={where}
 ```
 
 ## Prompt it as it was trained
@@ -144,7 +147,7 @@ LoRA SFT with TRL on plans a teacher wrote and the Worker verified (the filtered
 | | |
 |---|---|
 {table}
-"""
+""")
 
 
 def write_model_card(folder: str | Path, repo_id: str | None = None, prompt: str | None = None,
@@ -216,15 +219,18 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="write the card and list the files; upload nothing")
     parser.add_argument("--student-prompt", choices=["fewshot", "full", "compact"],
                         help="the planner prompt it was trained on, for an adapter whose records do not say")
-    parser.add_argument("--tools", help="comma-separated tools it was trained on, for an adapter whose records do not say")
+    parser.add_argument("--tools",
+                        help="comma-separated tools it was trained on, for an adapter whose records do not say")
 
 
 def main(args: argparse.Namespace) -> int:
     done = push(args.adapter, args.repo_id, token_env=args.token_env, private=args.private,
                 timeout_s=args.timeout_s, dry_run=args.dry_run, prompt=args.student_prompt,
-                tools=list(tool_descriptions(t.strip() for t in args.tools.split(",") if t.strip())) if args.tools else None)
+                tools=(list(tool_descriptions(t.strip() for t in args.tools.split(",") if t.strip()))
+                       if args.tools else None))
     print(f"model card: {Path(args.adapter) / CARD}")
-    print(("uploaded to " if done["uploaded"] else "would upload to ") + f"{done['repo_id']}: {', '.join(done['files'])}")
+    print(("uploaded to " if done["uploaded"] else "would upload to ")
+          + f"{done['repo_id']}: {', '.join(done['files'])}")
     return 0
 
 
