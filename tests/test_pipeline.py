@@ -292,6 +292,9 @@ def test_a_stage_is_one_declaration_its_place_in_the_order_and_the_engine_runs_s
     out = capsys.readouterr().out
     assert "[pipeline] filter: done, skipped" in out and "[pipeline] count: running (not done yet)" in out
     assert list(run.glob("count.before-*")) and list(run.glob("sft-data.before-*"))
+    # the folders set aside keep their markers: the report lists the stages, not them
+    fingerprints = json.loads((run / "results.json").read_text())["provenance"]["fingerprints"]
+    assert list(fingerprints) == ["generate", "filter", "count", "sft-data", "train", "eval"]
 
 
 def two_students(tmp_path: Path) -> dict:

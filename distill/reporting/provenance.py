@@ -178,8 +178,7 @@ def collect(eval_dir: str | Path, manifest: Mapping[str, Any], results: Mapping[
         version, commit = _version(next((s["code_version"] for s in trained.values() if s.get("code_version")), None))
     reference = results["reference"]
     fingerprints = {}
-    for stage in stage_markers(run) if run else ():
-        marker = read_json(layout.marker(layout.stage_dir(run, stage)), optional=True) or {}
+    for stage, marker in (stage_markers(run) if run else {}).items():
         if found := {k: v for k, v in marker.items() if "fingerprint" in k}:
             fingerprints[stage] = found
     return {
@@ -200,13 +199,21 @@ def collect(eval_dir: str | Path, manifest: Mapping[str, Any], results: Mapping[
     }
 
 
-def stage_markers(run: Path) -> list[str]:
-    """The run folder's stage folders holding a marker, the report's aside (it is written after the report): in
-    the order the pipeline ran them, as pipeline.json lists them (the report stage writes it first), then any
-    other by name. The pipeline's own list of stages is the one source of that order; this reads what it wrote."""
-    ran = list((read_json(layout.pipeline_info(run), optional=True) or {}).get("stage_seconds") or ())
-    found = {d.name for d in run.iterdir() if layout.marker(d).is_file()} - {layout.REPORT}
-    return [s for s in ran if s in found] + sorted(found - set(ran))
+def stage_markers(run: Path) -> dict[str, dict]:
+    """{stage: its marker} of the run folder's stages, the report's aside (it is written after the report): each
+    folder whose marker names it as its stage (a stage set aside by a rerun, `<stage>.before-<time>`, keeps a
+    marker naming the stage it was), in the order the pipeline ran them, as pipeline.json lists them (the report
+    stage writes it first), then any other by name. The pipeline's own list of stages is the one source of that
+    order; this reads what it wrote."""
+    found = {}
+    for folder in sorted(run.iterdir()):
+        if folder.name != layout.REPORT and layout.marker(folder).is_file():
+            marker = read_json(layout.marker(folder), optional=True) or {}
+            if marker.get("stage") == folder.name:
+                found[folder.name] = marker
+    ran = [s for s in (read_json(layout.pipeline_info(run), optional=True) or {}).get("stage_seconds") or ()
+           if s in found]
+    return {s: found[s] for s in ran + [s for s in found if s not in ran]}
 
 
 def _first_solver(per_method: Mapping[str, Mapping[str, Any]]) -> str | None:
