@@ -182,17 +182,10 @@ def base_model_of(adapter: str) -> str:
     return info.base_model
 
 
-def digested(dump: dict) -> dict:
-    """`settings_of` a config dump with each renamed key under its old name: fingerprints were made with the old
-    names, and a rename alone must not redo every finished round and pipeline stage."""
-    old_name = {new: old for old, new in ImproveConfig.RENAMED.items()}
-    return settings_of({old_name.get(k, k): v for k, v in dump.items()})
-
-
 def round_settings(cfg: ImproveConfig, adapter_in: str) -> dict:
     """What a round is made from: the settings but the round count and folders, the starting adapter's
     weights, the input files."""
-    data = digested(cfg.model_dump(mode="json", exclude={"rounds", "eval_sets", "leak_policy", "adapter"}))
+    data = settings_of(cfg.first_named_dump(exclude={"rounds", "eval_sets", "leak_policy", "adapter"}))
     return data | {"adapter_weights": weights_fingerprint(adapter_in),
                    "inputs": source_digests([ds.source for ds in cfg.datasets] + [cfg.wikipedia_corpus])}
 
@@ -540,7 +533,7 @@ def _show(p, c) -> None:
 
 def _unit(p) -> stage.Unit:
     name = p.improved_student()
-    settings = digested(in_pipeline(p).model_dump(mode="json", exclude={"adapter", "output_dir"}))
+    settings = settings_of(in_pipeline(p).first_named_dump(exclude={"adapter", "output_dir"}))
     adapter = layout.adapter(p.run, name)
     return stage.Unit(layout.IMPROVE, layout.stage_dir(p.run, layout.IMPROVE), settings,
                       {layout.in_run(p.run, adapter): weights_fingerprint(str(adapter))})

@@ -77,12 +77,18 @@ class Strict(BaseModel):
             data[new] = data.pop(old)
             context = info.context or {}
             origin = " (from --set)" if old in (context.get("overrides") or {}) else ""
-            line = f"{context.get('source', 'config')}: {old}{origin} is the old name of {new}; write {new} (the old " \
-                   "name still reads, for now)"
+            line = (f"{context.get('source', 'config')}: {old}{origin} is the old name of {new}; write {new} (the "
+                    "old name still reads, for now)")
             if line not in _SAID:
                 _SAID.add(line)
                 log.warning("%s", line)
         return data
+
+    def first_named_dump(self, **kwargs) -> dict:
+        """`model_dump(mode="json")` with each renamed key under its old name: what a fingerprint digests, as it
+        was digested before the rename, so that a rename alone redoes no finished work."""
+        old_name = {new: old for old, new in self.RENAMED.items()}
+        return {old_name.get(k, k): v for k, v in self.model_dump(mode="json", **kwargs).items()}
 
     @field_validator("*", mode="before")
     @classmethod
