@@ -1,12 +1,14 @@
 #!/usr/bin/env python
-"""python scripts/bench_binding.py [--questions 32] [--eval 12] [--hogs 0] [--bindings default,all,all_nice,...]
+"""python scripts/bench_binding.py [--questions 32] [--eval 12] [--hogs 0] [--bindings default,all,...] [--adapter DIR]
 
 How the CPU model server should share the machine with the pipeline around it. For each binding, one vLLM CPU
 server (the demo's base model, served as the teacher) is started, and the pipeline's own stages run against it as
 subprocesses: `distill generate` (the few-shot teacher on the demo train questions, two samples each: the shape of
 generate and of an improve round's sampling) and `distill eval` (teacher ReWOO and the ReAct baseline on the demo
 dev questions). Their Worker, BM25 search and HTTP clients compete with the server's engine for the same cores,
-which a client-only benchmark does not see. Per stage: wall seconds and the model's generated tokens per second
+which a client-only benchmark does not see. With `--adapter` (a trained student, e.g. runs/demo/train/student) a
+third stage has an improve round's shape: the adapter served as a LoRA module plans on the compact prompt at
+temperature 1.0, 4 samples per question and 64 in flight, its LLM tool on the base model, no Solver. Per stage: wall seconds and the model's generated tokens per second
 (vLLM's own counter). `--hogs N` adds N busy processes for the whole run (a machine that is doing something else).
 Prints a table, asserts nothing. As an AVX2 laptop would: `source scripts/avx2/env.sh` first.
 """
@@ -58,7 +60,7 @@ def stage(argv: list[str], nice: int, url: str, log: Path) -> tuple[float, float
     return wall, (generated_tokens(url) - before) / wall
 
 
-def commands(base_url: str, work: Path, name: str, questions: int, dev: int) -> dict[str, list[str]]:
+def commands(base_url: str, work: Path, name: str, questions: int, dev: int, policy: bool) -> dict[str, list[str]]:
     distill = [str(Path(sys.executable).parent / "distill")]
     urls = [f"--set={part}.base_url={base_url}" for part in ("planner", "solver", "llm_tool")]
     gen = distill + ["generate", "--config", "configs/generate_smollm2_vllm.yaml", *urls,
@@ -69,20 +71,31 @@ def commands(base_url: str, work: Path, name: str, questions: int, dev: int) -> 
                     f"--set=solver={{backend: openai, base_url: '{base_url}', model: teacher, max_tokens: 48}}",
                     f"--set=datasets.0.n={dev}", "--set=robustness=null", f"--set=output_dir={work / name / 'eval'}",
                     "--set=cache=null", "--set=bootstrap_samples=100"]
-    return {"generate": gen, "eval": ev}
+    stages = {"generate": gen, "eval": ev}
+    if policy:  # an improve round's sampling (configs/improve_smollm2_cpu.yaml's planner, tools and concurrency)
+        stages["improve"] = distill + [
+            "generate", "--config", "configs/generate_smollm2_vllm.yaml", *urls, "--set=planner.model=policy",
+            "--set=planner_prompt=compact", "--set=planner.temperature=1.0", "--set=planner.max_tokens=128",
+            "--set=planner.max_concurrency=64", "--set=llm_tool.max_tokens=48", "--set=llm_tool.max_concurrency=64",
+            "--set=solve=false", "--set=tools=[Wikipedia, LLM]", "--set=wikipedia_top_k=3",
+            "--set=samples_per_question=4", "--set=concurrency=64", f"--set=datasets.0.n={questions}",
+            f"--set=output_dir={work / name / 'improve'}", "--set=cache=null"]
+    return stages
 
 
-def run_binding(name: str, work: Path, questions: int, dev: int) -> dict:
+def run_binding(name: str, work: Path, questions: int, dev: int, adapter: str | None, only: list[str]) -> dict:
     from distill.serving.serve import ServeConfig, VLLMServer
 
     reserved, env, nice, serve = BINDINGS[name]
     cfg = ServeConfig(served_model_name="teacher", port=0, env=env, max_model_len=2048, cpu_reserved_cores=reserved,
-                      **serve)
+                      adapters={"policy": adapter} if adapter else {}, **serve)
     log = work / f"{name}.vllm.log"
     t0 = time.perf_counter()
     with VLLMServer(cfg, log_path=log) as server:
         row = {"binding": name, "start_s": round(time.perf_counter() - t0, 1)}
-        for stage_name, argv in commands(server.base_url, work, name, questions, dev).items():
+        for stage_name, argv in commands(server.base_url, work, name, questions, dev, bool(adapter)).items():
+            if stage_name not in only:
+                continue
             wall, rate = stage(argv, nice, server.url, work / f"{name}.{stage_name}.log")
             row[stage_name] = {"wall_s": round(wall, 1), "tokens_per_s": round(rate, 1)}
     binds = [line.strip() for line in log.read_text(errors="replace").splitlines()
@@ -97,6 +110,8 @@ def main() -> int:
     p.add_argument("--questions", type=int, default=32, help="generate: demo train questions (2 samples each)")
     p.add_argument("--eval", type=int, default=12, help="eval: demo dev questions (teacher ReWOO and ReAct)")
     p.add_argument("--hogs", type=int, default=0, help="busy processes beside the run (a machine doing other work)")
+    p.add_argument("--adapter", help="a trained student's adapter: adds an improve round's sampling as a stage")
+    p.add_argument("--stages", default="generate,eval,improve", help="comma-separated stages to run")
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args()
     names = [n.strip() for n in args.bindings.split(",") if n.strip()]
@@ -104,25 +119,31 @@ def main() -> int:
         sys.exit(f"--bindings: unknown {', '.join(unknown)} (known: {', '.join(BINDINGS)})")
     if not 1 <= args.questions <= 50 or not 1 <= args.eval <= 24:
         sys.exit("--questions must be in 1..50 and --eval in 1..24 (the demo's train and dev files)")
+    stages = [s.strip() for s in args.stages.split(",") if s.strip() and (s.strip() != "improve" or args.adapter)]
+    if bad := [s for s in stages if s not in ("generate", "eval", "improve")]:
+        sys.exit(f"--stages: unknown {', '.join(bad)} (known: generate, eval, improve)")
+    if args.adapter and not (Path(args.adapter) / "adapter_config.json").is_file():
+        sys.exit(f"--adapter {args.adapter}: no adapter_config.json there")
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
     rows = []
     try:
         with tempfile.TemporaryDirectory(prefix="bench-binding-") as tmp:
             for name in names:
-                rows.append(run_binding(name, Path(tmp), args.questions, args.eval))
+                rows.append(run_binding(name, Path(tmp), args.questions, args.eval, args.adapter, stages))
                 print(json.dumps(rows[-1]), flush=True)
     finally:
         for hog in hogs:
             hog.kill()
     cpu = "AVX2 float32" if os.environ.get("ATEN_CPU_CAPABILITY") == "avx2" else "native"
-    print(f"\n{os.cpu_count()} cores, {cpu}, {args.hogs} hog(s); generate {args.questions} questions x 2 samples, "
-          f"eval {args.eval} dev questions x (teacher ReWOO, ReAct)\n")
-    print("| binding | server start s | generate s | generate tok/s | eval s | eval tok/s |")
-    print("|---|---:|---:|---:|---:|---:|")
+    shapes = {"generate": f"generate {args.questions} questions x 2 samples",
+              "eval": f"eval {args.eval} dev questions x (teacher ReWOO, ReAct)",
+              "improve": f"improve {args.questions} questions x 4 plans of the LoRA student"}
+    print(f"\n{os.cpu_count()} cores, {cpu}, {args.hogs} hog(s); " + ", ".join(shapes[s] for s in stages) + "\n")
+    print("| binding | server start s | " + " | ".join(f"{s} s | {s} tok/s" for s in stages) + " |")
+    print("|---|---:|" + "---:|---:|" * len(stages))
     for r in rows:
-        g, e = r["generate"], r["eval"]
-        print(f"| {r['binding']} | {r['start_s']} | {g['wall_s']} | {g['tokens_per_s']} | {e['wall_s']} | "
-              f"{e['tokens_per_s']} |")
+        cells = [f"{r[s]['wall_s']} | {r[s]['tokens_per_s']}" for s in stages]
+        print(f"| {r['binding']} | {r['start_s']} | " + " | ".join(cells) + " |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

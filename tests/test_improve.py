@@ -239,6 +239,7 @@ def test_the_old_key_samples_reads_as_samples_per_question_with_one_warning_and_
     settings = round_settings(now, now.adapter)
     assert settings == round_settings(was, was.adapter)
     assert settings["samples"] == 3 and "samples_per_question" not in settings  # digested under the old name
+    assert "run_unread_steps" not in settings["reward"]  # added later, at its default: not digested either
 
     flywheel = {"adapter": "a", "server": {"base_model": "m"},
                 "datasets": [{"name": "served", "source": "traces", "metric": "em_f1"}]}

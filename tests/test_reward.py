@@ -114,3 +114,37 @@ def test_the_duplicate_penalty_takes_a_plan_down_to_an_invalid_plans_zero_at_mos
 def test_the_duplicate_penalty_is_bounded(penalty):
     with pytest.raises(ValidationError, match="duplicate_step_penalty"):
         RewardConfig(duplicate_step_penalty=penalty)
+
+
+def test_without_unread_steps_only_the_searches_and_what_they_read_run(jaws, tools):
+    """#E2 feeds the search #E3, so it runs; #E4 (a Calculator step on #E1 that fails) feeds no search, so with
+    run_unread_steps false it is not run: recall is the same, `ran` counts the three steps run."""
+    plan = (JAWS + "Plan: a year.\n#E2 = Calculator[1974 + 1]\n"
+            "Plan: search with it.\n#E3 = Wikipedia[Steven Spielberg #E2]\n"
+            "Plan: unread.\n#E4 = Calculator[#E1 + 1]\n")
+    every, read = reward(plan, jaws, tools), reward(plan, jaws, tools, run_unread_steps=False)
+    assert [e["id"] for e in every.evidence] == ["#E1", "#E2", "#E3", "#E4"]
+    assert [e["id"] for e in read.evidence] == ["#E1", "#E2", "#E3"]
+    def found(evidence):
+        return [(e["id"], e["input"], e["output"], e["status"]) for e in evidence]
+
+    assert found(read.evidence) == found(every.evidence)[:3]
+    assert every.parts["ran"] == 0.75 and read.parts["ran"] == 1.0
+    assert read.parts["recall"] == every.parts["recall"] and read.parts["extra_steps"] == every.parts["extra_steps"]
+    nothing_read = reward("Plan: add.\n#E1 = Calculator[1 + 1]\n", jaws, tools, run_unread_steps=False)
+    assert nothing_read.evidence == [] and nothing_read.parts["ran"] == 0.0
+    assert nothing_read.total == pytest.approx(0.2)
+
+
+def test_without_gold_pages_every_step_runs_whatever_run_unread_steps_says(tools):
+    """The answer may be in any step's evidence, so a TriviaQA question's plan always runs whole."""
+    paris = Example("t1", "triviaqa", "dev", "What is the capital of France?", ["Paris"])
+    plan = "Plan: look up France.\n#E1 = Wikipedia[France]\nPlan: a sum.\n#E2 = Calculator[1 + 1]\n"
+    assert [e["id"] for e in reward(plan, paris, tools, run_unread_steps=False).evidence] == ["#E1", "#E2"]
+
+
+def test_run_unread_steps_at_its_default_leaves_a_fingerprint_as_it_was():
+    """Added after runs were recorded: at its default it is not digested, so adding it redoes no finished work."""
+    assert "run_unread_steps" not in RewardConfig().first_named_dump()
+    assert RewardConfig(run_unread_steps=False).first_named_dump()["run_unread_steps"] is False
+    assert RewardConfig().first_named_dump() == RewardConfig().model_dump(mode="json", exclude={"run_unread_steps"})

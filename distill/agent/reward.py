@@ -13,6 +13,10 @@ normaliser), so a reward gain is a gain the report can show:
   appears in the evidence, else 0.
 - `extra_steps`: steps beyond what the question needs (its gold page count, else `free_steps`), each costing
   `step_cost`: the paper's point is few calls.
+- Steps no part reads: with `run_unread_steps: false`, a question with gold pages runs only its retrieval steps
+  and the steps whose output they take in (directly or through others); `ran` is then the share of the steps
+  run. An LLM step that no search reads changes neither recall nor anything else the reward sees, and in an
+  improve round on a CPU such steps were four in five of the LLM tool's calls.
 - `duplicate_steps`: steps repeating an earlier step's call (`rewoo.plan.duplicate_steps`: same tool, same
   input up to case and whitespace), each costing `duplicate_step_penalty` (off by default). A repeat adds no
   evidence, so recall cannot see it, yet the Worker runs it and the Solver reads it again.
@@ -27,16 +31,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import Field
 
 from distill.core.config import Strict
 from distill.core.data import Example
-from distill.core.metrics import evidence_recall, gold_titles, trivia_normalize
-from distill.rewoo.plan import DEFAULT_MAX_PLAN_STEPS, duplicate_steps, parse_plan
-from distill.rewoo.worker import WorkerConfig, run_plan
+from distill.core.metrics import RETRIEVAL_TOOLS, evidence_recall, gold_titles, trivia_normalize
+from distill.rewoo.plan import DEFAULT_MAX_PLAN_STEPS, Plan, duplicate_steps, parse_plan
+from distill.rewoo.worker import WorkerConfig, dependency_indices, run_plan
 
 
 class RewardConfig(Strict):
@@ -58,6 +62,11 @@ class RewardConfig(Strict):
     """steps a plan may have; more is invalid"""
     duplicate_step_penalty: float = Field(default=0.0, ge=0, le=1)
     """cost per step repeating an earlier step's tool and input (case and whitespace aside); never below 0"""
+    run_unread_steps: bool = True
+    """false: for a question with gold pages, run only the retrieval steps and the steps they read (the rest cannot
+    move recall); `ran` is then the share of the steps run"""
+
+    ADDED = frozenset({"run_unread_steps"})
 
 
 # The reward's parts, in the order `score_plan` returns them: what a run logs per part.
@@ -78,6 +87,20 @@ def answer_in_evidence(answers: Sequence[str], evidence: Sequence[Mapping[str, A
     return any(alias and f" {alias} " in text for alias in aliases)
 
 
+def read_by_retrieval(plan: Plan) -> Plan:
+    """The plan's retrieval steps and every step whose output one of them takes in, directly or through others,
+    in plan order (a reference resolves as the Worker resolves it). Linear in the plan's steps and references."""
+    deps = dependency_indices(plan.steps)
+    keep: set[int] = set()
+    todo = [i for i, step in enumerate(plan.steps) if step.tool in RETRIEVAL_TOOLS]
+    while todo:
+        i = todo.pop()
+        if i not in keep:
+            keep.add(i)
+            todo.extend(deps[i])
+    return replace(plan, steps=tuple(step for i, step in enumerate(plan.steps) if i in keep))
+
+
 async def score_plan(output: str, example: Example, tools: Mapping[str, Any], cfg: RewardConfig | None = None,
                      worker: WorkerConfig | None = None) -> Reward:
     """The reward of one Planner output; its tool calls go through `tools` (the caller's, e.g. cached)."""
@@ -88,8 +111,9 @@ async def score_plan(output: str, example: Example, tools: Mapping[str, Any], cf
         parts = {"valid": 0.0, "ran": 0.0, "recall": 0.0 if golds else None,
                  "answer_in_evidence": None if golds else 0.0, "extra_steps": 0.0, "duplicate_steps": 0.0}
         return Reward(0.0, parts)
-    evidence = [e.to_dict() for e in await run_plan(plan, tools, worker)]
-    ran = sum(e["status"] == "ok" for e in evidence) / len(evidence)
+    scored = plan if cfg.run_unread_steps or not golds else read_by_retrieval(plan)
+    evidence = [e.to_dict() for e in await run_plan(scored, tools, worker)] if scored.steps else []
+    ran = sum(e["status"] == "ok" for e in evidence) / len(evidence) if evidence else 0.0
     needed = len(golds) or cfg.free_steps
     extra = float(max(0, len(plan.steps) - needed))
     repeats = float(duplicate_steps(plan.steps))

@@ -59,6 +59,8 @@ class Strict(BaseModel):
                               use_attribute_docstrings=True)
     RENAMED: ClassVar[Mapping[str, str]] = {}
     # {old key: the name it has now}: configs written before a rename keep working, with one line saying so
+    ADDED: ClassVar[frozenset[str]] = frozenset()
+    # keys added after runs were recorded: a fingerprint leaves one out while it holds its default
 
     @model_validator(mode="before")
     @classmethod
@@ -85,10 +87,18 @@ class Strict(BaseModel):
         return data
 
     def first_named_dump(self, **kwargs) -> dict:
-        """`model_dump(mode="json")` with each renamed key under its old name: what a fingerprint digests, as it
-        was digested before the rename, so that a rename alone redoes no finished work."""
+        """`model_dump(mode="json")` with each renamed key under its old name and each added key at its default
+        left out, at any depth of settings: what a fingerprint digests, as it was digested before the rename or
+        the addition, so that neither alone redoes finished work."""
         old_name = {new: old for old, new in self.RENAMED.items()}
-        return {old_name.get(k, k): v for k, v in self.model_dump(mode="json", **kwargs).items()}
+        dump = self.model_dump(mode="json", **kwargs)
+        for key in list(dump):
+            value = getattr(self, key)
+            if isinstance(value, Strict):
+                dump[key] = value.first_named_dump()
+            elif key in self.ADDED and value == type(self).model_fields[key].get_default(call_default_factory=True):
+                del dump[key]
+        return {old_name.get(k, k): v for k, v in dump.items()}
 
     @field_validator("*", mode="before")
     @classmethod
