@@ -8,7 +8,8 @@ generate and of an improve round's sampling) and `distill eval` (teacher ReWOO a
 dev questions). Their Worker, BM25 search and HTTP clients compete with the server's engine for the same cores,
 which a client-only benchmark does not see. With `--adapter` (a trained student, e.g. runs/demo/train/student) a
 third stage has an improve round's shape: the adapter served as a LoRA module plans on the compact prompt at
-temperature 1.0, 4 samples per question and 64 in flight, its LLM tool on the base model, no Solver. Per stage: wall seconds and the model's generated tokens per second
+temperature 1.0, 4 samples per question and 64 in flight, its LLM tool on the base model, no Solver; a fourth the
+final eval's student rows (the LoRA module plans, the base model is the LLM tool and the Solver). Per stage: wall seconds and the model's generated tokens per second
 (vLLM's own counter). `--hogs N` adds N busy processes for the whole run (a machine that is doing something else).
 Prints a table, asserts nothing. As an AVX2 laptop would: `source scripts/avx2/env.sh` first.
 """
@@ -80,6 +81,11 @@ def commands(base_url: str, work: Path, name: str, questions: int, dev: int, pol
             "--set=solve=false", "--set=tools=[Wikipedia, LLM]", "--set=wikipedia_top_k=3",
             "--set=samples_per_question=4", "--set=concurrency=64", f"--set=datasets.0.n={questions}",
             f"--set=output_dir={work / name / 'improve'}", "--set=cache=null"]
+        student = f"{{backend: openai, base_url: '{base_url}', model: policy, max_tokens: 128, max_concurrency: 64}}"
+        stages["eval_student"] = ev[:4] + [  # the final eval's student rows: the LoRA plans, the base model solves
+            f"--set=planners=[{{name: student, prompt: compact, spec: {student}}}]", "--set=baselines=[]",
+            "--set=tools=[Wikipedia, LLM]", "--set=wikipedia_top_k=3", "--set=concurrency=48",
+            *ev[6:-3], f"--set=output_dir={work / name / 'eval_student'}", *ev[-2:]]
     return stages
 
 
@@ -111,7 +117,7 @@ def main() -> int:
     p.add_argument("--eval", type=int, default=12, help="eval: demo dev questions (teacher ReWOO and ReAct)")
     p.add_argument("--hogs", type=int, default=0, help="busy processes beside the run (a machine doing other work)")
     p.add_argument("--adapter", help="a trained student's adapter: adds an improve round's sampling as a stage")
-    p.add_argument("--stages", default="generate,eval,improve", help="comma-separated stages to run")
+    p.add_argument("--stages", default="generate,eval,improve,eval_student", help="comma-separated stages to run")
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args()
     names = [n.strip() for n in args.bindings.split(",") if n.strip()]
@@ -119,9 +125,10 @@ def main() -> int:
         sys.exit(f"--bindings: unknown {', '.join(unknown)} (known: {', '.join(BINDINGS)})")
     if not 1 <= args.questions <= 50 or not 1 <= args.eval <= 24:
         sys.exit("--questions must be in 1..50 and --eval in 1..24 (the demo's train and dev files)")
-    stages = [s.strip() for s in args.stages.split(",") if s.strip() and (s.strip() != "improve" or args.adapter)]
-    if bad := [s for s in stages if s not in ("generate", "eval", "improve")]:
-        sys.exit(f"--stages: unknown {', '.join(bad)} (known: generate, eval, improve)")
+    known, of_adapter = ("generate", "eval", "improve", "eval_student"), ("improve", "eval_student")
+    stages = [s.strip() for s in args.stages.split(",") if s.strip() and (s.strip() not in of_adapter or args.adapter)]
+    if bad := [s for s in stages if s not in known]:
+        sys.exit(f"--stages: unknown {', '.join(bad)} (known: {', '.join(known)})")
     if args.adapter and not (Path(args.adapter) / "adapter_config.json").is_file():
         sys.exit(f"--adapter {args.adapter}: no adapter_config.json there")
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
@@ -137,7 +144,8 @@ def main() -> int:
     cpu = "AVX2 float32" if os.environ.get("ATEN_CPU_CAPABILITY") == "avx2" else "native"
     shapes = {"generate": f"generate {args.questions} questions x 2 samples",
               "eval": f"eval {args.eval} dev questions x (teacher ReWOO, ReAct)",
-              "improve": f"improve {args.questions} questions x 4 plans of the LoRA student"}
+              "improve": f"improve {args.questions} questions x 4 plans of the LoRA student",
+              "eval_student": f"eval {args.eval} dev questions x the LoRA student (ReWOO)"}
     print(f"\n{os.cpu_count()} cores, {cpu}, {args.hogs} hog(s); " + ", ".join(shapes[s] for s in stages) + "\n")
     print("| binding | server start s | " + " | ".join(f"{s} s | {s} tok/s" for s in stages) + " |")
     print("|---|---:|" + "---:|---:|" * len(stages))

@@ -330,14 +330,23 @@ def test_extra_args_and_env_pass_through(base: Path, adapter: Path) -> None:
 def test_a_small_idle_cpu_machine_gives_the_model_every_core(base: Path, adapter: Path, monkeypatch) -> None:
     """vLLM's own rule keeps one core per engine process off the model: on 2 cores it serves on one. Up to
     SMALL_MACHINE_CORES, on a machine no other process keeps busy, the server gets VLLM_CPU_NUM_OF_RESERVED_CPU=0
-    and passive OpenMP waiting; above, or beside busy processes, vLLM's rule stands; the setting and exported
-    variables win; a GPU server is left alone. What was chosen is what `binding` records."""
+    and passive OpenMP waiting; above, or beside busy processes, or for LoRA modules in bfloat16, vLLM's rule
+    stands; the setting and exported variables win; a GPU server is left alone. What was chosen is what `binding`
+    records."""
     import distill.serving.serve as serve
 
     for name in ("VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_WAIT_POLICY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(serve, "busy_cores", lambda: 0.1)
-    cfg = ServeConfig(base_model=str(base), adapter=str(adapter))
+    monkeypatch.setattr(serve, "usable_cores", lambda: 2)
+    lora_bf16 = ServeConfig(base_model=str(base), adapter=str(adapter), dtype="bfloat16")
+    assert not {"VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_WAIT_POLICY"} & set(build_command(lora_bf16, "cpu")[1])
+    no_lora_bf16 = ServeConfig(base_model=str(base), dtype="bfloat16")
+    assert build_command(no_lora_bf16, "cpu")[1]["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    monkeypatch.setattr(serve, "cpu_dtype", lambda: "bfloat16")  # the dtype distill picks on a CPU with bf16
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in build_command(ServeConfig(base_model=str(base), adapter=str(adapter)),
+                                                               "cpu")[1]
+    cfg = ServeConfig(base_model=str(base), adapter=str(adapter), dtype="float32")
     for cores, expected in ((1, "0"), (2, "0"), (4, "0"), (5, None), (64, None)):
         monkeypatch.setattr(serve, "usable_cores", lambda cores=cores: cores)
         env = build_command(cfg, "cpu")[1]
@@ -354,6 +363,8 @@ def test_a_small_idle_cpu_machine_gives_the_model_every_core(base: Path, adapter
     assert not {"VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_WAIT_POLICY"} & set(build_command(cfg, "cpu")[1])
     pinned = ServeConfig(base_model=str(base), adapter=str(adapter), cpu_reserved_cores=1)
     assert build_command(pinned, "cpu")[1]["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
+    every = ServeConfig(base_model=str(base), adapter=str(adapter), dtype="bfloat16", cpu_reserved_cores=0)
+    assert build_command(every, "cpu")[1]["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"  # the setting wins for LoRA too
     monkeypatch.setattr(serve, "busy_cores", lambda: 0.0)
     monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")  # the user's own choice reaches vLLM untouched
     env = build_command(cfg, "cpu")[1]
