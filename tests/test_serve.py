@@ -373,6 +373,31 @@ def test_a_small_idle_cpu_machine_gives_the_model_every_core(base: Path, adapter
         ServeConfig(cpu_reserved_cores=-1)
 
 
+def test_check_and_dry_run_show_the_binding_the_server_will_start_with(base: Path, adapter: Path, monkeypatch,
+                                                                        capsys) -> None:
+    """A stage's server gets its adapters once they are trained, after `--check`: its line must still show the
+    binding chosen for a server of LoRA modules, and say so in words where vLLM's own binding stands."""
+    import distill.serving.serve as serve
+    from distill.cli import main
+
+    for name in ("VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(serve, "busy_cores", lambda: 0.0)
+    monkeypatch.setattr(serve, "usable_cores", lambda: 2)
+    lines = {}
+    for dtype in ("bfloat16", "float32"):
+        cfg = ServeConfig(base_model=str(base), adapters={"student": str(adapter)}, dtype=dtype, device="cpu")
+        serve.show_would_run("student_server", cfg, {}, world=None, gpus=None)
+        lines[dtype] = capsys.readouterr().out
+        assert main(["serve", "--dry-run", "--set", f"base_model={base}", "--set", f"adapter={adapter}", "--set",
+                     "device=cpu", "--set", f"dtype={dtype}"]) == 0
+        dry = capsys.readouterr().out.splitlines()[0]
+        assert ("# vLLM's own CPU binding" in dry) == (dtype == "bfloat16"), dry
+    assert "student=" in lines["bfloat16"] and "# vLLM's own CPU binding" in lines["bfloat16"]
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in lines["bfloat16"]
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU=0" in lines["float32"] and "# vLLM" not in lines["float32"]
+
+
 def test_busy_cores_sees_a_busy_process() -> None:
     """The sample of /proc/stat counts what other processes keep busy: one spinning process is about a core."""
     from distill.serving.serve import busy_cores

@@ -538,6 +538,13 @@ def cpu_binding(env: Mapping[str, str], platform: Platform) -> dict | None:
             "omp_wait_policy": merged.get("OMP_WAIT_POLICY", "default")}
 
 
+def binding_note(env: Mapping[str, str], platform: Platform) -> str:
+    """What a printed CPU server command leaves unsaid: that vLLM's own binding stands (no variable says so)."""
+    if platform != "cpu" or "VLLM_CPU_NUM_OF_RESERVED_CPU" in {**os.environ, **env}:
+        return ""
+    return "  # vLLM's own CPU binding: one core per engine process kept off the model"
+
+
 def served_settings(cfg: ServeConfig) -> dict:
     """A server's settings as a stage's fingerprint holds them: they stand for the models it serves (its adapters
     by module name; their weights are the stage's inputs), not for the address it is given when it starts."""
@@ -556,10 +563,11 @@ def show_would_run(name: str, cfg: ServeConfig, section: Mapping[str, Any], worl
     """`--check`'s line for a server a stage starts: the vLLM command line VLLMServer would run (its port is picked
     at start; the students' adapters are added once trained), and whether `section`, the server's config as
     written, wants GPUs this machine lacks (`world`: a distill.core.check.Check)."""
-    adapters = cfg.adapters
+    adapters, platform = cfg.adapters, platform_of(cfg)
     shown = cfg.model_copy(update={"port": cfg.port or 8000, "adapters": {}})
     try:
-        argv, env = build_command(shown, platform_of(cfg))
+        argv = build_command(shown, platform)[0]
+        env = _server_env(cfg, platform == "cpu")  # the binding of the server with its adapters, as it will start
     except DistillError as exc:
         world.problem(f"{name}: {exc}")
         return
@@ -568,6 +576,7 @@ def show_would_run(name: str, cfg: ServeConfig, section: Mapping[str, Any], worl
     if adapters:
         line += " --enable-lora --lora-modules " + " ".join(f"{n}={p}" for n, p in adapters.items()) + \
                 " (once trained)"
+    line += binding_note(env, platform)
     print(f"{name} would run: {line}")
     wants = next((f"{name}.{k}" for k in ("device", "tensor_parallel_size", "gpu_memory_utilization")
                   if k in section and (k != "device" or cfg.device == "gpu")), None)
@@ -693,7 +702,7 @@ class VLLMServer:
             raise DistillError(
                 f"port {port} on {self.cfg.host} is in use; pick another with --set port=N (0 = any free port)"
             )
-        log.info("starting vLLM: %s", format_command(argv, env))
+        log.info("starting vLLM: %s%s", format_command(argv, env), binding_note(env, platform))
         self.port = port
         self.binding = cpu_binding(env, platform)
         self._secrets = secret_values(argv, env)
@@ -859,7 +868,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(ServeConfig, args.config, args.set)
     if args.dry_run:
         argv, env = build_command(cfg.model_copy(update={"port": cfg.port or 8000}), platform_of(cfg))
-        print(format_command(argv, env))
+        print(format_command(argv, env) + binding_note(env, platform_of(cfg)))
         print("\n".join(trained_lines(cfg)))
         return 0
     server = VLLMServer(cfg, log_path=cfg.log_file, echo=True)
