@@ -88,8 +88,8 @@ class Strict(BaseModel):
 
     def first_named_dump(self, **kwargs) -> dict:
         """`model_dump(mode="json")` with each renamed key under its old name and each added key at its default
-        left out, at any depth of settings: what a fingerprint digests, as it was digested before the rename or
-        the addition, so that neither alone redoes finished work."""
+        left out, here and in nested settings (not in lists of them): what a fingerprint digests, as it was
+        digested before the rename or the addition, so that neither alone redoes finished work."""
         old_name = {new: old for old, new in self.RENAMED.items()}
         dump = self.model_dump(mode="json", **kwargs)
         for key in list(dump):
