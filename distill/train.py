@@ -236,8 +236,15 @@ def check_bounds(values: dict, classes: tuple | None = None, where: str = "train
     """One line naming the setting, for the numbers TRL would take and fail on later (or never)."""
     nullable = {f.name for cls in classes or _sft_classes() for f in dataclasses.fields(cls) if f.default is None}
     for name, value in values.items():
-        if name not in BOUNDS or isinstance(value, str) or (value is None and name in nullable):
-            continue  # strings are TRL's parser's to refuse, with its own message
+        if name not in BOUNDS or (value is None and name in nullable):
+            continue
+        if isinstance(value, str):  # TRL's parser refuses text that is no number, with its own message
+            try:
+                if math.isfinite(float(value)):
+                    continue
+            except ValueError:
+                continue
+            _fail(f"{name}: expected a finite number, got {value!r}", where)  # "inf" and "nan" read as numbers
         low, inclusive = BOUNDS[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             _fail(f"{name}: expected a finite number, got {value!r}", where)
