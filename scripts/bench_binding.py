@@ -10,7 +10,8 @@ which a client-only benchmark does not see. With `--adapter` (a trained student,
 third stage has an improve round's shape: the adapter served as a LoRA module plans on the compact prompt at
 temperature 1.0, 4 samples per question and 64 in flight, its LLM tool on the base model, no Solver; a fourth the
 final eval's student rows (the LoRA module plans, the base model is the LLM tool and the Solver). Per stage: wall
-seconds and the model's generated tokens per second (vLLM's own counter). `--hogs N` adds N busy processes for the whole run (a machine that is doing something else).
+seconds and the model's generated tokens per second (vLLM's own counter). `--hogs N` adds N busy processes for the
+whole run (a machine that is doing something else).
 Prints a table, asserts nothing. As an AVX2 laptop would: `source scripts/avx2/env.sh` first.
 """
 
