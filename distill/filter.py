@@ -117,7 +117,9 @@ def first_failure(rec: dict, cfg: FilterConfig) -> str | None:
     if not plan.get("valid") or not plan.get("steps"):
         return "invalid_plan"
     evidence = rec.get("evidence", [])
-    if len(evidence) != len(plan["steps"]) or any(e.get("status") != "ok" for e in evidence):
+    # a step generation left out on purpose (`not_run`: nothing the filter reads takes in its output) is no failure
+    expected = len(plan["steps"]) - len(rec.get("not_run") or ())
+    if len(evidence) != expected or any(e.get("status") != "ok" for e in evidence):
         return "step_failed"
     if cfg.max_steps is not None and len(plan["steps"]) > cfg.max_steps:
         return "too_many_steps"

@@ -55,6 +55,13 @@ class GenerateConfig(AgentConfig):
     solve: bool = True
     """false: record plan and evidence only, no Solver call (enough for the filter's `evidence` criterion, which
     never reads the answer; the Solver's prompt is most of a trajectory's unshared prompt tokens)"""
+    run_unread_steps: bool = True
+    """false (with solve: false, no re-planning): for a question with gold pages, an LLM step that no other tool's
+    step reads (directly or through others) is not run: it cannot change what the `evidence` criterion judges, and
+    in the demo such steps were 7 in 10 of the LLM tool's calls. The record lists them under `not_run`; every other
+    step, and every step of a question without gold pages, runs"""
+
+    ADDED = frozenset({"run_unread_steps"})
     concurrency: int = Field(default=4, ge=1)
     """questions in flight"""
     cache: str | None = "auto"
@@ -78,6 +85,9 @@ class GenerateConfig(AgentConfig):
         if self.judge is not None and not self.solve:
             raise ValueError("judge: a judge grades the Solver's answers, and solve: false makes none "
                              "(drop the judge or set solve: true)")
+        if not self.run_unread_steps and (self.solve or self.replan):
+            raise ValueError("run_unread_steps: false needs solve: false and no re-planning (the Solver and a "
+                             "re-plan read every step's evidence)")
         return self
 
 
@@ -106,7 +116,7 @@ def record_key(rec: dict) -> tuple[str, int]:
 def run_settings(cfg: GenerateConfig) -> dict:
     """What a trajectory depends on: the settings but which questions are drawn (`n`, the samples, the leak
     guard: more questions only add records), each model by what its server serves, and the input files."""
-    data = settings_of(cfg.model_dump(mode="json", exclude={"eval_sets", "leak_policy", "samples_per_question"}))
+    data = settings_of(cfg.first_named_dump(exclude={"eval_sets", "leak_policy", "samples_per_question"}))
     for ds in data["datasets"]:
         ds.pop("n", None)
     models = {"planner": cfg.planner, "solver": cfg.solver, "llm_tool": cfg.llm_tool, "judge": cfg.judge}
@@ -150,7 +160,8 @@ def generate(cfg: GenerateConfig, config_path: str | None = None, fresh: bool = 
     with run_lifecycle(out, manifest, check=check), CallCache.open(cfg.cache, layout.call_cache(out)) as cache, \
             open_tracker(cfg.report_to, out, "generate") as tracker:
         fp = manifest["fingerprint"]
-        agent = build_agent(cfg, cache, method="rewoo-teacher", seed=cfg.seed, solve=cfg.solve)
+        agent = build_agent(cfg, cache, method="rewoo-teacher", seed=cfg.seed, solve=cfg.solve,
+                            run_unread_steps=cfg.run_unread_steps)
         judge_model = build_judge(cfg, cache)
 
         async def work(item):

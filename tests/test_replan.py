@@ -386,3 +386,54 @@ def test_the_filter_refuses_to_judge_answers_of_unsolved_trajectories(tmp_path) 
         run_filter(tmp_path / "t.jsonl", tmp_path / "kept.jsonl", FilterConfig(criterion="answer"))
     report = run_filter(tmp_path / "t.jsonl", tmp_path / "kept.jsonl", FilterConfig(criterion="evidence"))
     assert report["input_records"] == 1  # judged on evidence; this question has no gold pages to find
+
+
+def test_without_unread_steps_an_llm_step_no_other_step_reads_is_not_run_and_the_filter_keeps_the_sample(tmp_path):
+    """generate's `run_unread_steps: false`: #E2 (an LLM step on #E1) is read by no other step, so it is not run
+    and the record names it; #E3 (an LLM step) feeds the search #E4, and #E5 (a Calculator step) always runs. The
+    filter's `evidence` criterion keeps the sample, whose every run step found evidence. A question without gold
+    pages runs whole."""
+    from distill.core.data import Example
+    from distill.core.store import write_jsonl
+    from distill.filter import FilterConfig, run_filter
+    from distill.rewoo.record import TrajectoryRecord
+
+    class Echo:
+        name, description = "LLM", "echo"
+
+        def __init__(self):
+            self.queries: list[str] = []
+
+        async def run(self, query: str) -> str:
+            self.queries.append(query)
+            return "Rhine"
+
+    plan = plan_text("#E1 = Wikipedia[Danube length]", "#E2 = LLM[Summarise #E1]", "#E3 = LLM[the other river]",
+                     "#E4 = Wikipedia[#E3 length]", "#E5 = Calculator[2850 * 2]")
+    gold = Example("g1", "hotpotqa", "train", "Which is longer, the Danube or the Rhine?", ["Danube"],
+                   supporting_facts=[("Danube", 0), ("Rhine", 0)])
+    wiki, calc, llm = Recorded(ScopedWikipedia(PARAGRAPHS)), Recorded(Calculator()), Echo()
+
+    def agent(**kwargs):
+        return ReWOOAgent(Scripted([plan]), Scripted([]), lambda _: {"Wikipedia": wiki, "Calculator": calc, "LLM": llm},
+                          TOOLS | {"LLM": "ask"}, planner_prompt="full", solve=False, **kwargs)
+
+    rec = asyncio.run(agent(run_unread_steps=False).run(gold))
+    assert llm.queries == ["the other river"] and calc.queries == ["2850 * 2"]
+    assert wiki.queries == ["Danube length", "Rhine length"]
+    assert rec["not_run"] == ["#E2"] and [e["id"] for e in rec["evidence"]] == ["#E1", "#E3", "#E4", "#E5"]
+    assert rec["evidence_recall"]["all"] is True and rec["tool_calls"] == 4
+    TrajectoryRecord.model_validate(rec)
+    every = asyncio.run(agent().run(gold))
+    assert "not_run" not in every and len(every["evidence"]) == 5
+    assert every["evidence_recall"] == rec["evidence_recall"]
+    write_jsonl(tmp_path / "t.jsonl", [rec, rec | {"not_run": [], "sample": 1}])
+    report = run_filter(tmp_path / "t.jsonl", tmp_path / "kept.jsonl",
+                        FilterConfig(criterion="evidence", best_per_question=False))
+    assert report["kept"] == 1 and report["dropped"]["step_failed"] == 1  # unnamed, a missing step is a failed one
+    llm.queries.clear()
+    trivia = asyncio.run(agent(run_unread_steps=False).run(Question("Which river is longer?", answers=["Danube"])))
+    assert sorted(llm.queries) == ["Summarise Danube: " + PARAGRAPHS[0][1], "the other river"]
+    assert trivia["not_run"] == [] and len(trivia["evidence"]) == 5
+    with pytest.raises(DistillError, match="run_unread_steps: false needs solve: false"):
+        agent(run_unread_steps=False, max_replans=1)

@@ -75,7 +75,7 @@ def make_tools_for(cfg, llm_tool_model, cache=None, wiki=None, wrap=None) -> Cal
 def build_agent(
     cfg, cache=None, *, kind: str = "rewoo", planner=None, planner_prompt: str | None = None, method: str = "rewoo",
     seed: int = 0, wrap_tools: Callable[[dict, Any], dict] | None = None, react_max_steps: int = 6,
-    react_max_tokens: int = 256, replan: bool | None = None, solve: bool = True,
+    react_max_tokens: int = 256, replan: bool | None = None, solve: bool = True, run_unread_steps: bool = True,
 ):
     """The one factory from an AgentConfig to an agent (rewoo, or a baseline eval measures it against), so
     every method gets its Solver and tools wired the same way. `planner`, `planner_prompt` and `replan`
@@ -105,7 +105,7 @@ def build_agent(
         solver_max_tokens=cfg.solver.max_tokens, worker=worker, method=method, seed=seed,
         max_plan_chars=cfg.max_plan_chars, max_plan_steps=cfg.max_plan_steps,
         max_replans=cfg.max_replans if (cfg.replan if replan is None else replan) else 0, replan_on=cfg.replan_on,
-        solve=solve,
+        solve=solve, run_unread_steps=run_unread_steps,
     )
     return _with_endpoints(agent, planner_model, solver, llm_tool_model, wiki)
 

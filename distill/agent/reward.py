@@ -31,16 +31,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import Field
 
 from distill.core.config import Strict
 from distill.core.data import Example
-from distill.core.metrics import RETRIEVAL_TOOLS, evidence_recall, gold_titles, trivia_normalize
-from distill.rewoo.plan import DEFAULT_MAX_PLAN_STEPS, Plan, duplicate_steps, parse_plan
-from distill.rewoo.worker import WorkerConfig, dependency_indices, run_plan
+from distill.core.metrics import evidence_recall, gold_titles, trivia_normalize
+from distill.rewoo.plan import DEFAULT_MAX_PLAN_STEPS, duplicate_steps, parse_plan
+from distill.rewoo.worker import WorkerConfig, retrieval_part, run_plan
 
 
 class RewardConfig(Strict):
@@ -87,20 +87,6 @@ def answer_in_evidence(answers: Sequence[str], evidence: Sequence[Mapping[str, A
     return any(alias and f" {alias} " in text for alias in aliases)
 
 
-def read_by_retrieval(plan: Plan) -> Plan:
-    """The plan's retrieval steps and every step whose output one of them takes in, directly or through others,
-    in plan order (a reference resolves as the Worker resolves it). Linear in the plan's steps and references."""
-    deps = dependency_indices(plan.steps)
-    keep: set[int] = set()
-    todo = [i for i, step in enumerate(plan.steps) if step.tool in RETRIEVAL_TOOLS]
-    while todo:
-        i = todo.pop()
-        if i not in keep:
-            keep.add(i)
-            todo.extend(deps[i])
-    return replace(plan, steps=tuple(step for i, step in enumerate(plan.steps) if i in keep))
-
-
 async def score_plan(output: str, example: Example, tools: Mapping[str, Any], cfg: RewardConfig | None = None,
                      worker: WorkerConfig | None = None) -> Reward:
     """The reward of one Planner output; its tool calls go through `tools` (the caller's, e.g. cached)."""
@@ -111,7 +97,7 @@ async def score_plan(output: str, example: Example, tools: Mapping[str, Any], cf
         parts = {"valid": 0.0, "ran": 0.0, "recall": 0.0 if golds else None,
                  "answer_in_evidence": None if golds else 0.0, "extra_steps": 0.0, "duplicate_steps": 0.0}
         return Reward(0.0, parts)
-    scored = plan if cfg.run_unread_steps or not golds else read_by_retrieval(plan)
+    scored = plan if cfg.run_unread_steps or not golds else retrieval_part(plan)
     evidence = [e.to_dict() for e in await run_plan(scored, tools, worker)] if scored.steps else []
     ran = sum(e["status"] == "ok" for e in evidence) / len(evidence) if evidence else 0.0
     needed = len(golds) or cfg.free_steps

@@ -8,15 +8,17 @@ the ReWOO core imports nothing above it.
 from __future__ import annotations
 
 import time
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Callable, Collection, Mapping
 
 from distill.core.errors import DistillError
+from distill.core.metrics import gold_titles
 from distill.llm.base import Completion
 from distill.rewoo import prompts
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS, Plan, parse_plan
 from distill.rewoo.record import call_record, make_record, sample_seed
-from distill.rewoo.worker import SURPRISES, Evidence, WorkerConfig, run_plan
+from distill.rewoo.worker import SURPRISES, Evidence, WorkerConfig, needed_by, run_plan
+from distill.tools.llm_tool import LLMTool
 
 
 @dataclass
@@ -54,10 +56,17 @@ class ReWOOAgent:
     # planner reward) never reads the answer, and the Solver's prompt (plan + evidence) is most of a trajectory's
     # prompt tokens that no prefix cache can share.
     solve: bool = True
+    # False (with solve False and no re-planning): for a question with gold pages, an LLM step that no other tool's
+    # step reads (directly or through others) is not run: the filter's `evidence` criterion cannot see its output.
+    # The record names those steps (`not_run`), so the filter does not count them as failed.
+    run_unread_steps: bool = True
 
     def __post_init__(self) -> None:
         if unknown := set(self.replan_on) - set(SURPRISES):
             raise DistillError(f"replan_on: unknown surprise {sorted(unknown)[0]!r}; known: {', '.join(SURPRISES)}")
+        if not self.run_unread_steps and (self.solve or self.max_replans > 0):
+            raise DistillError("run_unread_steps: false needs solve: false and no re-planning (the Solver and a "
+                               "re-plan read every step's evidence)")
 
     async def plan(self, messages: list[dict], seed: int | None = None) -> Completion:
         return await self.planner.chat(
@@ -85,9 +94,18 @@ class ReWOOAgent:
             on_step = lambda e: on_event("step", e.to_dict())  # noqa: E731
         tools = self.tools_for(example)
         work_t0 = time.perf_counter()
-        evidence = await run_plan(plan, tools, self.worker, t0=work_t0, on_step=on_step)
+        not_run: list[str] = []
+        run = plan
+        if not self.run_unread_steps and gold_titles(getattr(example, "supporting_facts", None)):
+            # only model calls are left out: a cheap tool's failure (a Calculator given text) still drops the sample
+            keep = needed_by(plan.steps, lambda step: step.tool != LLMTool.name)
+            not_run = [step.id for step, kept in zip(plan.steps, keep) if not kept]
+            run = replace(plan, steps=tuple(step for step, kept in zip(plan.steps, keep) if kept))
+        evidence = await run_plan(run, tools, self.worker, t0=work_t0, on_step=on_step)
         plan, evidence, replans, r_outs = await self.replan(p_messages, plan, evidence, tools, seed, work_t0, on_event)
         extra = {"replans": replans} if self.max_replans > 0 else {}  # plain ReWOO keeps today's record shape
+        if not self.run_unread_steps:  # ids of the steps deliberately not run, in plan order (a repeated id twice)
+            extra["not_run"] = not_run
         solver, prediction, solver_calls = {}, None, []
         if self.solve:
             s_messages = prompts.solver_messages(example.question, plan.steps, evidence)

@@ -138,6 +138,8 @@ class TrajectoryRecord(Shape):
     cost_usd: Dollars = 0.0
     wall_s: Seconds = 0.0
     evidence_recall: RecallShape | None = None
+    # ids of plan steps deliberately not run (generate's `run_unread_steps: false`: no retrieval step reads them)
+    not_run: list[str] = []
 
 
 def sample_seed(example_id: str, sample: int, base: int = 0) -> int:

@@ -14,10 +14,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, get_args
 
 from distill.core.errors import DistillError
+from distill.core.metrics import RETRIEVAL_TOOLS
 from distill.core.secrets import mask
 from distill.rewoo.plan import Plan, Step, substitute
 from distill.tools.base import Tool
@@ -77,6 +78,26 @@ def dependency_indices(steps: Sequence[Step]) -> list[list[int]]:
         deps.append([latest[ref] for ref in step.deps if ref in latest])
         latest[step.id] = index
     return deps
+
+
+def needed_by(steps: Sequence[Step], root: Callable[[Step], bool]) -> list[bool]:
+    """For each step, whether it is a root or a step whose output a root takes in, directly or through others (a
+    reference resolves as the Worker resolves it). Linear in the plan's steps and references."""
+    deps = dependency_indices(steps)
+    keep = [False] * len(steps)
+    todo = [i for i, step in enumerate(steps) if root(step)]
+    while todo:
+        i = todo.pop()
+        if not keep[i]:
+            keep[i] = True
+            todo.extend(deps[i])
+    return keep
+
+
+def retrieval_part(plan: Plan) -> Plan:
+    """The plan's retrieval steps and the steps they read, in plan order: all that evidence recall can see."""
+    keep = needed_by(plan.steps, lambda step: step.tool in RETRIEVAL_TOOLS)
+    return replace(plan, steps=tuple(step for step, kept in zip(plan.steps, keep) if kept))
 
 
 async def run_plan(
