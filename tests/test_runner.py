@@ -258,3 +258,67 @@ def test_the_progress_of_sampled_plans_shows_their_mean_reward_and_valid_rate_no
     stats.add({"dataset": "hotpotqa", "reward": 0.0, "plan": {"valid": False}})
     line = stats.postfix()
     assert line.startswith("reward 0.600 valid 0.50") and "EM" not in line and "recall 1.00" in line
+
+
+def overlapping(tmp_path, first_work, second_work, slots: int):
+    """Two runs in one event loop sharing `slots`, as eval's rows with `overlap_rows`."""
+    from distill.core.run import Slots, run_resumable_async
+
+    async def both():
+        shared = Slots(slots)
+        runs = []
+        for rank, (name, work) in enumerate((("a", first_work), ("b", second_work))):
+            store = JsonlStore(tmp_path / f"{name}.jsonl")
+            items = [((f"{name}{i}", 0), (name, i)) for i in range(5)]
+            runs.append(run_resumable_async(items, work, store, KEY, concurrency=slots, desc=name, slots=shared,
+                                            rank=rank))
+        return await asyncio.gather(*runs)
+
+    return asyncio.run(both())
+
+
+def test_overlapping_runs_share_their_slots_in_rank_order_and_the_next_fills_the_first_ones_tail(tmp_path):
+    """Never more than the shared slots in flight; every item of the first run starts before any of the second;
+    and the second starts while the first's last item is still running (the tail it fills)."""
+    events, in_flight, most = [], [0], [0]
+    b_started = asyncio.Event()
+
+    async def work(payload):
+        name, i = payload
+        events.append(("start", name, i))
+        in_flight[0] += 1
+        most[0] = max(most[0], in_flight[0])
+        if name == "b":
+            b_started.set()
+        if (name, i) == ("a", 4):  # the first run's slow last question: ends only once the second run has begun
+            await asyncio.wait_for(b_started.wait(), timeout=30)
+        else:
+            await asyncio.sleep(0)
+        in_flight[0] -= 1
+        events.append(("end", name, i))
+        return {"id": f"{name}{i}", "sample": 0}
+
+    a, b = overlapping(tmp_path, work, work, slots=2)
+    assert a.status == b.status == "complete" and a.done == b.done == 5
+    assert most[0] == 2
+    starts = [(n, i) for kind, n, i in events if kind == "start"]
+    assert [n for n, _ in starts] == ["a"] * 5 + ["b"] * 5
+    assert events.index(("start", "b", 0)) < events.index(("end", "a", 4))
+
+
+def test_a_signal_stops_every_overlapping_run(tmp_path):
+    """Ctrl-C during overlapping runs ends both as interrupted, each keeping what it finished."""
+    async def work(payload):
+        name, i = payload
+        if (name, i) == ("b", 1):
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.sleep(30)  # cancelled by the stop
+        elif name == "a" and i == 4:
+            await asyncio.sleep(30)  # still running when the signal comes: cancelled too
+        await asyncio.sleep(0)
+        return {"id": f"{name}{i}", "sample": 0}
+
+    a, b = overlapping(tmp_path, work, work, slots=2)
+    assert a.status == b.status == "interrupted"
+    assert a.done == 4 and b.done <= 1 and a.not_run == 1
+    assert len(read_jsonl(tmp_path / "a.jsonl")) == 4
