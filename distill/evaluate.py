@@ -20,7 +20,6 @@ carry `robustness_of` so the report sets them beside the main run instead of in 
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import re
 import time
@@ -39,10 +38,9 @@ from distill.core.config import SERVER_PLACEHOLDER, AgentConfig, ModelSpec, Plan
 from distill.core.data import DatasetSource, check_unique_ids, load_source
 from distill.core.errors import DistillError
 from distill.core.metrics import JUDGE_MAX_TOKENS, judge_messages
-from distill.core.run import (MAX_BOOTSTRAP_SAMPLES, CostCap, RunResult, Slots, add_judgement, build_judge,
-                              check_fingerprint, end_of_run, fingerprint, manifest_header, model_identities,
-                              read_manifest, run_lifecycle, run_records_async, settings_of, source_digests,
-                              with_identity)
+from distill.core.run import (MAX_BOOTSTRAP_SAMPLES, CostCap, add_judgement, build_judge, check_fingerprint,
+                              fingerprint, manifest_header, model_identities, read_manifest, run_lifecycle, run_records,
+                              settings_of, source_digests, with_identity)
 from distill.core.store import CallCache, JsonlStore
 from distill.core.tracking import ReportTo, open_tracker, require
 from distill.llm import check_prices
@@ -203,10 +201,6 @@ class EvalConfig(AgentConfig):
     """per-question sampling seeds and the bootstrap's"""
     concurrency: int = Field(default=4, ge=1)
     """questions in flight per method"""
-    overlap_rows: bool = False
-    """true: a method's questions start as soon as the method before it has no question left to start, `concurrency`
-    questions in flight in all, so the model servers do not idle through a method's last, slowest questions (a
-    method's latency figures then include the next one's first questions at its end)"""
     cache: str | None = "auto"
     """auto: <output_dir>/cache/<method>.sqlite; a path: one shared file; null: off"""
     react_max_steps: int = Field(default=6, ge=1)
@@ -448,11 +442,10 @@ def preflight(cfg: EvalConfig, methods: list[Method], out: Path, runs: dict[str,
                               f"{method.name} records")
 
 
-async def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, errors, runs: dict,
-                     fp: str | None = None, tracker=None, cap=None, slots: Slots | None = None,
-                     rank: int = 0) -> RunResult:
+def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path, errors, runs: dict,
+               fp: str | None = None, tracker=None, cap=None) -> None:
     """Run (or resume) one method over every example; `runs[method]` gets how it ended, even when it stops.
-    `cap` is the run's CostCap, shared by its methods; `slots` the questions in flight of overlapping methods."""
+    `cap` is the run's CostCap, shared by its methods."""
 
     # cache auto: one file per method, so no method is served another's tool or LLM-tool calls from the cache
     # (which would flatter its latency); reruns of a method still never repeat a call
@@ -472,20 +465,9 @@ async def run_method(cfg: EvalConfig, method: Method, examples: list, out: Path,
             return rec
 
         items = [((method.name, ex.id), ex) for ex in examples]
-        return await run_records_async(
-            records_path(out, method), items, work, record_key, errors, concurrency=cfg.concurrency,
-            desc=method.name, keep=lambda result: runs.update({method.name: result.summary()}), schema=EvalRecord,
-            tracker=tracker, cap=cap, slots=slots, rank=rank, position=rank if slots is not None else None)
-
-
-async def overlapping(cfg: EvalConfig, methods: list[Method], examples: list, out: Path, errors, runs: dict,
-                      fps: Mapping[str, Any], tracker=None, cap=None) -> list[RunResult]:
-    """`overlap_rows`: every method in one event loop, sharing `concurrency` slots; a freed slot goes to the
-    earliest method with questions left to start, so the methods still run in order, overlapping at their ends."""
-    slots = Slots(cfg.concurrency)
-    return list(await asyncio.gather(*(
-        run_method(cfg, m, examples_for(cfg, m, examples), out, errors, runs, fps[m.name]["fingerprint"], tracker,
-                   cap, slots, rank) for rank, m in enumerate(methods))))
+        run_records(records_path(out, method), items, work, record_key, errors, concurrency=cfg.concurrency,
+                    desc=method.name, keep=lambda result: runs.update({method.name: result.summary()}),
+                    schema=EvalRecord, tracker=tracker, cap=cap)
 
 
 def check_students_as_trained(cfg: EvalConfig, methods: list[Method], fingerprints: Mapping[str, Any]) -> None:
@@ -528,13 +510,9 @@ def evaluate(cfg: EvalConfig, config_path: str | None = None, fresh: bool = Fals
         t0 = time.perf_counter()
         runs = manifest.setdefault("runs", {})
         cap = CostCap(cfg.max_cost_usd)
-        if cfg.overlap_rows:
-            for result in asyncio.run(overlapping(cfg, methods, examples, out, errors, runs, fps, tracker, cap)):
-                end_of_run(result, errors)
-        else:  # one after another: a stop ends the run before the next method starts
-            for method in methods:
-                end_of_run(asyncio.run(run_method(cfg, method, examples_for(cfg, method, examples), out, errors, runs,
-                                                  fps[method.name]["fingerprint"], tracker, cap)), errors)
+        for method in methods:
+            run_method(cfg, method, examples_for(cfg, method, examples), out, errors, runs,
+                       fps[method.name]["fingerprint"], tracker, cap)
         manifest.update(wall_s_this_run=round(time.perf_counter() - t0, 2))
     return manifest
 

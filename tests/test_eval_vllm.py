@@ -31,7 +31,6 @@ def test_eval_with_student_served_by_vllm(tmp_path, vllm_server):
         "datasets": [{"name": "hotpotqa", "source": str(ROOT / "data" / "demo" / "dev.jsonl"), "split": "dev", "n": 3}],
         "output_dir": str(tmp_path / "eval"),
         "concurrency": 3,
-        "overlap_rows": True,  # the four rows share 3 questions in flight, each starting as the one before ends
         "react_max_steps": 2,
         "react_max_tokens": 48,
     }

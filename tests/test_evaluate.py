@@ -229,7 +229,7 @@ def test_the_prompt_budget_is_off_by_default_and_the_manifest_carries_it_to_the_
     assert validate(EvalConfig, BASE | TWO).prompt_budget is None
     budget = {"reference": "teacher", "methods": ["student"], "max_prompt_fraction": 0.25}
     cfg = validate(EvalConfig, BASE | TWO | {"output_dir": str(tmp_path / "eval"), "prompt_budget": budget})
-    monkeypatch.setattr(ev, "run_method", nothing_run)  # the manifest, not the models, is under test
+    monkeypatch.setattr(ev, "run_method", lambda *args: None)  # the manifest, not the models, is under test
     assert ev.evaluate(cfg)["prompt_budget"] == budget
     manifest = json.loads((tmp_path / "eval" / "manifest.json").read_text())
     assert manifest["prompt_budget"] == budget
@@ -245,25 +245,17 @@ def test_the_prompt_budget_is_off_by_default_and_the_manifest_carries_it_to_the_
     assert got["max_prompt_fraction"] == 0.25 and got["rows"]["student"]["met"] is True
 
 
-async def nothing_run(*args):
-    """What `run_method` returns for a method with nothing left to run."""
-    from distill.core.run import RunningStats, RunResult
-
-    return RunResult(RunningStats(), 0, 0, 0, "complete")
-
-
 def made_by(cfg: EvalConfig, monkeypatch) -> None:
     """The folder a finished run with `cfg` leaves: its manifest, and a record per method carrying that run's
     fingerprint. The records' content is not under test, so no model runs."""
     import distill.evaluate as ev
     from distill.core.store import write_jsonl
 
-    async def one_record(cfg, method, examples, out, errors, runs, fp=None, tracker=None, cap=None, *rest):
+    def one_record(cfg, method, examples, out, errors, runs, fp=None, tracker=None, cap=None):
         planner = {"model": "m"} if method.kind == "rewoo" else None  # a record the schema accepts
         record = {"method": method.name, "id": "mini-1", "kind": method.kind, "planner": planner,
                   "tool_failure_rate": method.tool_failure_rate, "fingerprint": fp} | RECORD_REST
         write_jsonl(ev.records_path(out, method), [record])
-        return await nothing_run()
 
     with monkeypatch.context() as m:
         m.setattr(ev, "run_method", one_record)

@@ -14,8 +14,6 @@ Ctrl-C/SIGTERM, and (`failed`, with the last error as the one-line reason) when 
 remaining item into an error: `ServerUnreachable`, `max_consecutive_errors` failures in a row, or a record that
 could not be written. With a `CostCap` it stops (`capped`) once its records have cost the cap: no new item starts,
 the items in flight finish and are kept (their calls are paid for already), and a rerun with a higher cap goes on.
-Runs may overlap in one event loop (eval's rows with `overlap_rows`), sharing `Slots`; each keeps its own file,
-counts and stop, and Ctrl-C stops every one of them.
 
 Every record carries the `fingerprint` of what it was made from (the settings that shape a record, the models'
 identities as their servers report them, the digests of the input files), and the manifest the settings
@@ -28,8 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
-import itertools
 import json
 import os
 import platform
@@ -112,7 +108,7 @@ RUNTIME_KEYS = frozenset({
     "output_dir", "cache", "concurrency", "worker_max_concurrency", "wikipedia_max_concurrency",
     "wikipedia_max_retries", "wikipedia_timeout_s", "wikipedia_max_wait_s", "wikipedia_contact", "tool_timeout_s",
     "max_concurrency", "timeout_s", "max_retries", "max_retry_after_s", "api_key_env", "host", "port",
-    "health_timeout_s", "log_file", "report_to", "max_cost_usd", "cpu_reserved_cores", "overlap_rows",
+    "health_timeout_s", "log_file", "report_to", "max_cost_usd", "cpu_reserved_cores",
 })
 
 
@@ -405,7 +401,7 @@ class RunResult:
         return self.stats.summary() | {"counts": self.counts()}
 
 
-async def run_resumable_async(
+def run_resumable(
     items: list[tuple[Hashable, Any]],
     work: Callable[[Any], Awaitable[dict]],
     store: JsonlStore,
@@ -417,14 +413,9 @@ async def run_resumable_async(
     desc: str = "run",
     tracker=None,
     cap: CostCap | None = None,
-    slots: Slots | None = None,
-    rank: int = 0,
-    position: int | None = None,
 ) -> RunResult:
     """Run every item whose key is not in the store yet (error records are retried); never raises for a
-    question's failure or a stop: the result says how the run ended (see the module docstring). Runs that overlap
-    in one event loop (eval's rows) may share `slots`, the items in flight in all: a freed slot goes to the run
-    of lowest `rank` still waiting; `position` is the progress bar's line."""
+    question's failure or a stop: the result says how the run ended (see the module docstring)."""
     stats = RunningStats()
     done = store.keys(key)
     wanted = {k for k, _ in items}
@@ -434,8 +425,7 @@ async def run_resumable_async(
             if cap is not None:
                 cap.add(rec)
     todo = [(k, p) for k, p in items if k not in done]
-    bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=desc, unit="rec", dynamic_ncols=True,
-               position=position)
+    bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=desc, unit="rec", dynamic_ncols=True)
     bar.set_postfix_str(stats.postfix())
     failed: set[Hashable] = set()
     ending: dict[str, str | None] = {}  # set once: status and reason of the stop
@@ -463,66 +453,64 @@ async def run_resumable_async(
                     w.cancel()
 
         async def worker() -> None:
-            if slots is not None:  # held until this run has no item left to start: the rows do not interleave
-                await slots.acquire(rank)
-            try:
-                for k, payload in pending:
-                    if ending or not await one(k, payload):
-                        return
-            finally:
-                if slots is not None:
-                    slots.release()
-
-        async def one(k: Hashable, payload: Any) -> bool:
-            """Run one item and keep its record (or its error); false when the run stops."""
             nonlocal in_a_row
-            try:
-                record = await work(payload)
-            except Exception as exc:  # the question's own failure; a cancel (BaseException) passes through
+            for k, payload in pending:
+                if ending:
+                    return
                 try:
-                    if errors is not None:
-                        errors.append({"key": list(k) if isinstance(k, tuple) else k, "error": one_line(exc),
-                                       "type": type(exc).__name__, "at": now()})
-                except Exception as write_exc:  # both told: the question's error may be the cause (a full disk)
-                    stop("failed", f"writing an error record failed: {one_line(write_exc, 300)} (the question's "
-                                   f"error: {one_line(exc, 300)})")
-                    return False
-                failed.add(k)
-                stats.errors += 1
-                advance()
-                in_a_row += 1
-                if isinstance(exc, ServerUnreachable):
-                    stop("failed", one_line(exc))
-                elif in_a_row >= limit:
-                    stop("failed", f"{in_a_row} questions failed in a row, the last with: {one_line(exc)}")
-                return not ending
-            in_a_row = 0
-            try:  # no await below: a cancel cannot land between the write and its count
-                store.append(record)
-                stats.add(record)
-                advance()
-            except Exception as exc:  # the store's own errors name the file
-                where = "" if isinstance(exc, DistillError) else f" to {store.path}"
-                stop("failed", f"writing a record{where} failed: {one_line(exc)}")
-                return False
-            if cap is not None:
-                cap.add(record)
-                if cap.reached:  # the questions in flight are paid for already: let them finish
-                    stop("capped", cap.reason(), cancel=False)
-            return True
+                    record = await work(payload)
+                except Exception as exc:  # the question's own failure; a cancel (BaseException) passes through
+                    try:
+                        if errors is not None:
+                            errors.append({"key": list(k) if isinstance(k, tuple) else k, "error": one_line(exc),
+                                           "type": type(exc).__name__, "at": now()})
+                    except Exception as write_exc:  # both told: the question's error may be the cause (a full disk)
+                        stop("failed", f"writing an error record failed: {one_line(write_exc, 300)} (the question's "
+                                       f"error: {one_line(exc, 300)})")
+                        return
+                    failed.add(k)
+                    stats.errors += 1
+                    advance()
+                    in_a_row += 1
+                    if isinstance(exc, ServerUnreachable):
+                        stop("failed", one_line(exc))
+                    elif in_a_row >= limit:
+                        stop("failed", f"{in_a_row} questions failed in a row, the last with: {one_line(exc)}")
+                    continue
+                in_a_row = 0
+                try:  # no await below: a cancel cannot land between the write and its count
+                    store.append(record)
+                    stats.add(record)
+                    advance()
+                except Exception as exc:  # the store's own errors name the file
+                    where = "" if isinstance(exc, DistillError) else f" to {store.path}"
+                    stop("failed", f"writing a record{where} failed: {one_line(exc)}")
+                    return
+                if cap is not None:
+                    cap.add(record)
+                    if cap.reached:  # the questions in flight are paid for already: let them finish
+                        stop("capped", cap.reason(), cancel=False)
 
         if cap is not None and cap.reached:  # an earlier run spent the cap already
             ending.update(status="capped", reason=cap.reason())
             return
+        loop = asyncio.get_running_loop()
         workers = [asyncio.create_task(worker()) for _ in range(max(1, concurrency))]
-        with _interruptible(lambda: stop("interrupted")):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread / platform without it
+                loop.add_signal_handler(sig, stop, "interrupted")
+        try:
             results = await asyncio.gather(*workers, return_exceptions=True)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.remove_signal_handler(sig)
         bugs = [r for r in results if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)]
         if bugs:  # the loop's own code failed: not a question's fault
             raise bugs[0]
 
     try:
-        await run()
+        asyncio.run(run())
     finally:
         bar.close()
     on_disk = store.keys(key) & wanted
@@ -530,95 +518,15 @@ async def run_resumable_async(
     return RunResult(stats, len(wanted), len(on_disk), len(failed - on_disk), status, ending.get("reason"))
 
 
-def run_resumable(*args: Any, **kwargs: Any) -> RunResult:
-    """`run_resumable_async` in an event loop of its own: one run at a time."""
-    return asyncio.run(run_resumable_async(*args, **kwargs))
-
-
-class Slots:
-    """Items in flight shared by runs that overlap in one event loop. A freed slot goes to the waiting run of
-    lowest rank, so eval's next row only fills what the row before leaves idle at its end, and the model server
-    sees one row's load at a time (two rows' worth at once was slower on a CPU server)."""
-
-    def __init__(self, n: int):
-        self.free = n
-        self._waiting: list[tuple[int, int, asyncio.Future]] = []
-        self._order = itertools.count()
-
-    async def acquire(self, rank: int) -> None:
-        if self.free > 0:
-            self.free -= 1
-            return
-        granted = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiting, (rank, next(self._order), granted))
-        try:
-            await granted
-        except asyncio.CancelledError:
-            if granted.done() and not granted.cancelled():  # given a slot as it was cancelled: pass it on
-                self.release()
-            raise
-
-    def release(self) -> None:
-        while self._waiting:
-            granted = heapq.heappop(self._waiting)[2]
-            if not granted.done():  # a cancelled waiter's future is done: skipped
-                granted.set_result(None)
-                return
-        self.free += 1
-
-
-_ON_SIGNAL: list[Callable[[], None]] = []  # the stop of every run in flight in this process's event loop
-
-
-@contextmanager
-def _interruptible(stop: Callable[[], None]) -> Iterator[None]:
-    """Ctrl-C/SIGTERM stop every run in flight (eval's overlapping rows too), not just the last to start."""
-    loop = asyncio.get_running_loop()
-    _ON_SIGNAL.append(stop)
-    if len(_ON_SIGNAL) == 1:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread / platform without it
-                loop.add_signal_handler(sig, _stop_all)
-    try:
-        yield
-    finally:
-        _ON_SIGNAL.remove(stop)
-        if not _ON_SIGNAL:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                with contextlib.suppress(NotImplementedError, RuntimeError):
-                    loop.remove_signal_handler(sig)
-
-
-def _stop_all() -> None:
-    for stop in list(_ON_SIGNAL):
-        stop()
-
-
 def run_records(path: Path, items: list, work: Callable, key: Callable[[dict], Any], errors, *, concurrency: int,
                 desc: str, keep: Callable[[Any], None], schema=None, tracker=None, cap: CostCap | None = None) -> Any:
     """One pass of the run loop over one record file; `keep(result)` puts its counts in the manifest before a
     stop is raised, so the manifest of a stopped run still says how far it got. `schema` is the record model
     every line on disk and every new record must fit."""
-    result = asyncio.run(run_records_async(path, items, work, key, errors, concurrency=concurrency, desc=desc,
-                                           keep=keep, schema=schema, tracker=tracker, cap=cap))
-    return end_of_run(result, errors)
-
-
-async def run_records_async(path: Path, items: list, work: Callable, key: Callable[[dict], Any], errors, *,
-                            concurrency: int, desc: str, keep: Callable[[Any], None], schema=None, tracker=None,
-                            cap: CostCap | None = None, slots: Slots | None = None, rank: int = 0,
-                            position: int | None = None) -> RunResult:
-    """`run_records` for runs that overlap in one event loop (`Slots`); the caller ends each with `end_of_run`."""
     with JsonlStore(path, key=key, schema=schema) as store:
-        result = await run_resumable_async(items, work, store, key, errors=errors, concurrency=concurrency,
-                                           desc=desc, tracker=tracker, cap=cap, slots=slots, rank=rank,
-                                           position=position)
+        result = run_resumable(items, work, store, key, errors=errors, concurrency=concurrency, desc=desc,
+                               tracker=tracker, cap=cap)
     keep(result)
-    return result
-
-
-def end_of_run(result: RunResult, errors) -> RunResult:
-    """Raise the run's stop, or say how many items failed (a rerun retries them)."""
     raise_if_stopped(result)
     if result.errors:
         print(f"note: {result.errors} of {result.planned} failed and were logged to {errors.path}; "
