@@ -56,10 +56,11 @@ class GenerateConfig(AgentConfig):
     """false: record plan and evidence only, no Solver call (enough for the filter's `evidence` criterion, which
     never reads the answer; the Solver's prompt is most of a trajectory's unshared prompt tokens)"""
     run_unread_steps: bool = True
-    """false (with solve: false, no re-planning): for a question with gold pages, an LLM step that no other tool's
-    step reads (directly or through others) is not run: it cannot change what the `evidence` criterion judges, and
-    in the demo such steps were 7 in 10 of the LLM tool's calls. The record lists them under `not_run`; every other
-    step, and every step of a question without gold pages, runs"""
+    """false: for a question with gold pages, an LLM step that nothing reads (no other tool's step, directly or
+    through others; with solve: false and no re-planning, as the Solver and a re-plan read every step) is not run:
+    it cannot change what the `evidence` criterion judges, and in the demo such steps were 7 in 10 of the LLM tool's
+    calls. The record lists them under `not_run`; every other step, and every step of a question without gold
+    pages, runs"""
 
     ADDED = frozenset({"run_unread_steps"})
     concurrency: int = Field(default=4, ge=1)
@@ -85,9 +86,6 @@ class GenerateConfig(AgentConfig):
         if self.judge is not None and not self.solve:
             raise ValueError("judge: a judge grades the Solver's answers, and solve: false makes none "
                              "(drop the judge or set solve: true)")
-        if not self.run_unread_steps and (self.solve or self.replan):
-            raise ValueError("run_unread_steps: false needs solve: false and no re-planning (the Solver and a "
-                             "re-plan read every step's evidence)")
         return self
 
 

@@ -187,18 +187,6 @@ def test_a_judge_without_answers_to_grade_is_refused(tmp_path):
     assert load_config(GenerateConfig, path, ["solve=true"]).judge is not None
 
 
-def test_run_unread_steps_false_needs_an_unsolved_run_without_replanning(tmp_path):
-    from distill.core.errors import DistillError
-
-    path = tmp_path / "g.yaml"
-    spec = {"backend": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m"}
-    path.write_text(yaml.safe_dump({"planner": spec, "solver": spec, "run_unread_steps": False}))
-    for extra in ([], ["solve=false", "replan=true"]):
-        with pytest.raises(DistillError, match="run_unread_steps: false needs solve: false and no re-planning"):
-            load_config(GenerateConfig, path, extra)
-    assert load_config(GenerateConfig, path, ["solve=false"]).run_unread_steps is False
-
-
 def test_run_unread_steps_at_its_default_leaves_generates_fingerprint_as_it_was(tmp_path, monkeypatch):
     """Added after runs were recorded: at its default it is not digested, so adding it redoes no finished run.
     (No server here: the models' identities, which a run asks its servers for, are left out.)"""

@@ -392,7 +392,7 @@ def test_without_unread_steps_an_llm_step_no_other_step_reads_is_not_run_and_the
     """generate's `run_unread_steps: false`: #E2 (an LLM step on #E1) is read by no other step, so it is not run
     and the record names it; #E3 (an LLM step) feeds the search #E4, and #E5 (a Calculator step) always runs. The
     filter's `evidence` criterion keeps the sample, whose every run step found evidence. A question without gold
-    pages runs whole."""
+    pages runs whole, and so does every plan whose steps a Solver or a re-plan reads."""
     from distill.core.data import Example
     from distill.core.store import write_jsonl
     from distill.filter import FilterConfig, run_filter
@@ -435,5 +435,9 @@ def test_without_unread_steps_an_llm_step_no_other_step_reads_is_not_run_and_the
     trivia = asyncio.run(agent(run_unread_steps=False).run(Question("Which river is longer?", answers=["Danube"])))
     assert sorted(llm.queries) == ["Summarise Danube: " + PARAGRAPHS[0][1], "the other river"]
     assert trivia["not_run"] == [] and len(trivia["evidence"]) == 5
-    with pytest.raises(DistillError, match="run_unread_steps: false needs solve: false"):
-        agent(run_unread_steps=False, max_replans=1)
+    for reads_all in ({"max_replans": 1}, {"solve": True}):  # a re-plan and the Solver read every step: all run
+        agent = ReWOOAgent(Scripted([plan]), Scripted(["Danube"]),
+                           lambda _: {"Wikipedia": wiki, "Calculator": calc, "LLM": llm}, TOOLS | {"LLM": "ask"},
+                           planner_prompt="full", run_unread_steps=False, **({"solve": False} | reads_all))
+        rec = asyncio.run(agent.run(gold))
+        assert "not_run" not in rec and len(rec["evidence"]) == 5

@@ -56,17 +56,19 @@ class ReWOOAgent:
     # planner reward) never reads the answer, and the Solver's prompt (plan + evidence) is most of a trajectory's
     # prompt tokens that no prefix cache can share.
     solve: bool = True
-    # False (with solve False and no re-planning): for a question with gold pages, an LLM step that no other tool's
-    # step reads (directly or through others) is not run: the filter's `evidence` criterion cannot see its output.
-    # The record names those steps (`not_run`), so the filter does not count them as failed.
+    # False: for a question with gold pages, an LLM step that nothing reads (no other tool's step, directly or
+    # through others; no Solver, as with solve False; no re-plan) is not run: the filter's `evidence` criterion cannot
+    # see its output. The record names those steps (`not_run`), so the filter does not count them as failed.
     run_unread_steps: bool = True
 
     def __post_init__(self) -> None:
         if unknown := set(self.replan_on) - set(SURPRISES):
             raise DistillError(f"replan_on: unknown surprise {sorted(unknown)[0]!r}; known: {', '.join(SURPRISES)}")
-        if not self.run_unread_steps and (self.solve or self.max_replans > 0):
-            raise DistillError("run_unread_steps: false needs solve: false and no re-planning (the Solver and a "
-                               "re-plan read every step's evidence)")
+
+    @property
+    def skips_unread(self) -> bool:
+        """The Solver and a re-plan read every step, so only a run with neither has steps nothing reads."""
+        return not self.run_unread_steps and not self.solve and self.max_replans == 0
 
     async def plan(self, messages: list[dict], seed: int | None = None) -> Completion:
         return await self.planner.chat(
@@ -96,7 +98,7 @@ class ReWOOAgent:
         work_t0 = time.perf_counter()
         not_run: list[str] = []
         run = plan
-        if not self.run_unread_steps and gold_titles(getattr(example, "supporting_facts", None)):
+        if self.skips_unread and gold_titles(getattr(example, "supporting_facts", None)):
             # only model calls are left out: a cheap tool's failure (a Calculator given text) still drops the sample
             keep = needed_by(plan.steps, lambda step: step.tool != LLMTool.name)
             not_run = [step.id for step, kept in zip(plan.steps, keep) if not kept]
@@ -104,7 +106,7 @@ class ReWOOAgent:
         evidence = await run_plan(run, tools, self.worker, t0=work_t0, on_step=on_step)
         plan, evidence, replans, r_outs = await self.replan(p_messages, plan, evidence, tools, seed, work_t0, on_event)
         extra = {"replans": replans} if self.max_replans > 0 else {}  # plain ReWOO keeps today's record shape
-        if not self.run_unread_steps:  # ids of the steps deliberately not run, in plan order (a repeated id twice)
+        if self.skips_unread:  # ids of the steps deliberately not run, in plan order (a repeated id twice)
             extra["not_run"] = not_run
         solver, prediction, solver_calls = {}, None, []
         if self.solve:
