@@ -8,7 +8,7 @@ the ReWOO core imports nothing above it.
 from __future__ import annotations
 
 import time
-from dataclasses import KW_ONLY, dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Callable, Collection, Mapping
 
 from distill.core.errors import DistillError
@@ -17,7 +17,7 @@ from distill.llm.base import Completion
 from distill.rewoo import prompts
 from distill.rewoo.plan import DEFAULT_MAX_PLAN_CHARS, Plan, parse_plan
 from distill.rewoo.record import call_record, make_record, sample_seed
-from distill.rewoo.worker import SURPRISES, Evidence, WorkerConfig, needed_by, run_plan
+from distill.rewoo.worker import SURPRISES, Evidence, WorkerConfig, kept_part, needed_by, run_plan
 from distill.tools.llm_tool import LLMTool
 
 
@@ -102,7 +102,7 @@ class ReWOOAgent:
             # only model calls are left out: a cheap tool's failure (a Calculator given text) still drops the sample
             keep = needed_by(plan.steps, lambda step: step.tool != LLMTool.name)
             not_run = [step.id for step, kept in zip(plan.steps, keep) if not kept]
-            run = replace(plan, steps=tuple(step for step, kept in zip(plan.steps, keep) if kept))
+            run = kept_part(plan, keep)
         evidence = await run_plan(run, tools, self.worker, t0=work_t0, on_step=on_step)
         plan, evidence, replans, r_outs = await self.replan(p_messages, plan, evidence, tools, seed, work_t0, on_event)
         extra = {"replans": replans} if self.max_replans > 0 else {}  # plain ReWOO keeps today's record shape

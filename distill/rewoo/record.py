@@ -138,7 +138,7 @@ class TrajectoryRecord(Shape):
     cost_usd: Dollars = 0.0
     wall_s: Seconds = 0.0
     evidence_recall: RecallShape | None = None
-    # ids of plan steps deliberately not run (generate's `run_unread_steps: false`: no retrieval step reads them)
+    # ids of plan steps deliberately not run (generate's `run_unread_steps: false`: LLM steps nothing reads)
     not_run: list[str] = []
 
 

@@ -94,10 +94,14 @@ def needed_by(steps: Sequence[Step], root: Callable[[Step], bool]) -> list[bool]
     return keep
 
 
+def kept_part(plan: Plan, keep: Sequence[bool]) -> Plan:
+    """The plan's steps whose `keep` is true, in plan order."""
+    return replace(plan, steps=tuple(step for step, kept in zip(plan.steps, keep) if kept))
+
+
 def retrieval_part(plan: Plan) -> Plan:
     """The plan's retrieval steps and the steps they read, in plan order: all that evidence recall can see."""
-    keep = needed_by(plan.steps, lambda step: step.tool in RETRIEVAL_TOOLS)
-    return replace(plan, steps=tuple(step for step, kept in zip(plan.steps, keep) if kept))
+    return kept_part(plan, needed_by(plan.steps, lambda step: step.tool in RETRIEVAL_TOOLS))
 
 
 async def run_plan(
