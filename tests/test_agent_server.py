@@ -126,7 +126,8 @@ def upstream():
 def agent_config(tmp_path: Path, url: str, **over) -> AgentServerConfig:
     spec = {"backend": "openai", "base_url": url, "model": "fake", "max_retries": 0, "timeout_s": 30}
     data = {"name": "test-agent", "planner": spec, "solver": spec | {"max_tokens": 16}, "tools": ["Calculator"],
-            "planner_prompt": "full", "traces_dir": str(tmp_path / "traces"), "port": 0} | over
+            "planner_prompt": "full", "traces_dir": str(tmp_path / "traces"), "port": 0,
+            "probe_timeout_s": 60} | over  # the most it may be: on a loaded CI the fake's answer may be slow
     return AgentServerConfig.model_validate(data)
 
 
