@@ -61,8 +61,6 @@ class GenerateConfig(AgentConfig):
     it cannot change what the `evidence` criterion judges, and in the demo such steps were 7 in 10 of the LLM tool's
     calls. The record lists them under `not_run`; every other step, and every step of a question without gold
     pages, runs"""
-
-    ADDED = frozenset({"run_unread_steps"})
     concurrency: int = Field(default=4, ge=1)
     """questions in flight"""
     cache: str | None = "auto"
@@ -77,6 +75,8 @@ class GenerateConfig(AgentConfig):
     max_cost_usd: float | None = Field(default=None, ge=0)
     """dollars: the run stops (manifest `capped`, exit 2) once its records, earlier runs' included, cost this much;
     none by default"""
+
+    ADDED = frozenset({"run_unread_steps"})
 
     def endpoints(self) -> dict[str, ModelSpec]:
         return super().endpoints() | ({"judge": self.judge} if self.judge else {})

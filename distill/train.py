@@ -238,20 +238,19 @@ def check_bounds(values: dict, classes: tuple | None = None, where: str = "train
     for name, value in values.items():
         if name not in BOUNDS or (value is None and name in nullable):
             continue
-        if isinstance(value, str):  # TRL's parser refuses text that is no number, with its own message
+        shown = repr(value)
+        if isinstance(value, str):  # TRL's parser reads numbers from text, "inf" and "nan" too; other text it refuses
             try:
-                if math.isfinite(float(value)):
-                    continue
+                value = float(value)
             except ValueError:
                 continue
-            _fail(f"{name}: expected a finite number, got {value!r}", where)  # "inf" and "nan" read as numbers
         low, inclusive = BOUNDS[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            _fail(f"{name}: expected a finite number, got {value!r}", where)
+            _fail(f"{name}: expected a finite number, got {shown}", where)
         if value < low or (value == low and not inclusive):
-            _fail(f"{name}: {value!r} must be {'>=' if inclusive else '>'} {low:g}", where)
+            _fail(f"{name}: {shown} must be {'>=' if inclusive else '>'} {low:g}", where)
         if name == "lora_dropout" and value >= 1:
-            _fail(f"{name}: {value!r} must be < 1", where)
+            _fail(f"{name}: {shown} must be < 1", where)
 
 
 def _plain(value: Any) -> Any:

@@ -68,11 +68,11 @@ def commands(base_url: str, work: Path, name: str, questions: int, dev: int, pol
     gen = distill + ["generate", "--config", "configs/generate_smollm2_vllm.yaml", *urls,
                      f"--set=datasets.0.n={questions}", f"--set=output_dir={work / name / 'generate'}", "--set=cache=null"]
     spec = f"{{backend: openai, base_url: '{base_url}', model: teacher, max_tokens: 256}}"
-    ev = distill + ["eval", "--config", "configs/eval_smollm2_cpu.yaml",
-                    f"--set=planners=[{{name: teacher, prompt: fewshot, spec: {spec}}}]", "--set=baselines=[react]",
-                    f"--set=solver={{backend: openai, base_url: '{base_url}', model: teacher, max_tokens: 48}}",
-                    f"--set=datasets.0.n={dev}", "--set=robustness=null", f"--set=output_dir={work / name / 'eval'}",
-                    "--set=cache=null", "--set=bootstrap_samples=100"]
+    evaluate = distill + ["eval", "--config", "configs/eval_smollm2_cpu.yaml"]
+    shared = [f"--set=solver={{backend: openai, base_url: '{base_url}', model: teacher, max_tokens: 48}}",
+              f"--set=datasets.0.n={dev}", "--set=robustness=null", "--set=cache=null", "--set=bootstrap_samples=100"]
+    ev = evaluate + [f"--set=planners=[{{name: teacher, prompt: fewshot, spec: {spec}}}]", "--set=baselines=[react]",
+                     *shared, f"--set=output_dir={work / name / 'eval'}"]
     stages = {"generate": gen, "eval": ev}
     if policy:  # an improve round's sampling (configs/improve_smollm2_cpu.yaml's planner, tools and concurrency)
         stages["improve"] = distill + [
@@ -83,10 +83,10 @@ def commands(base_url: str, work: Path, name: str, questions: int, dev: int, pol
             "--set=samples_per_question=4", "--set=concurrency=64", f"--set=datasets.0.n={questions}",
             f"--set=output_dir={work / name / 'improve'}", "--set=cache=null"]
         student = f"{{backend: openai, base_url: '{base_url}', model: policy, max_tokens: 128, max_concurrency: 64}}"
-        stages["eval_student"] = ev[:4] + [  # the final eval's student rows: the LoRA plans, the base model solves
+        stages["eval_student"] = evaluate + [  # the final eval's student rows: the LoRA plans, the base model solves
             f"--set=planners=[{{name: student, prompt: compact, spec: {student}}}]", "--set=baselines=[]",
-            "--set=tools=[Wikipedia, LLM]", "--set=wikipedia_top_k=3", "--set=concurrency=48",
-            *ev[6:-3], f"--set=output_dir={work / name / 'eval_student'}", *ev[-2:]]
+            "--set=tools=[Wikipedia, LLM]", "--set=wikipedia_top_k=3", "--set=concurrency=48", *shared,
+            f"--set=output_dir={work / name / 'eval_student'}"]
     return stages
 
 
@@ -124,8 +124,9 @@ def main() -> int:
     names = [n.strip() for n in args.bindings.split(",") if n.strip()]
     if unknown := [n for n in names if n not in BINDINGS]:
         sys.exit(f"--bindings: unknown {', '.join(unknown)} (known: {', '.join(BINDINGS)})")
-    if not 1 <= args.questions <= 50 or not 1 <= args.eval <= 24:
-        sys.exit("--questions must be in 1..50 and --eval in 1..24 (the demo's train and dev files)")
+    train, dev = (sum(1 for _ in (ROOT / "data" / "demo" / f).open()) for f in ("train.jsonl", "dev.jsonl"))
+    if not 1 <= args.questions <= train or not 1 <= args.eval <= dev:
+        sys.exit(f"--questions must be in 1..{train} and --eval in 1..{dev} (the demo's train and dev questions)")
     known, of_adapter = ("generate", "eval", "improve", "eval_student"), ("improve", "eval_student")
     stages = [s.strip() for s in args.stages.split(",") if s.strip() and (s.strip() not in of_adapter or args.adapter)]
     if bad := [s for s in stages if s not in known]:

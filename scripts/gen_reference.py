@@ -15,7 +15,6 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -144,7 +143,7 @@ def config_page() -> str:
             lines += ["", "Old names, still read with one warning line: "
                       + ", ".join(f"`{old}` (now `{new}`)" for old, new in renamed.items()) + "."]
         if parent is not None:
-            lines += ["", f"Plus every key of the [agent config](#agent-agentconfig)."]
+            lines += ["", "Plus every key of the [agent config](#agent-agentconfig)."]
         lines.append("")
     lines += train_section()
     return "\n".join(lines).rstrip() + "\n"

@@ -416,7 +416,7 @@ class Rehearsal:
         """The fake API on the port a `distill serve` config names, listing the names it would serve."""
         from distill.core.config import load_config
         from distill.serving.serve import ServeConfig, served_name
-        from fakes import mediawiki, rewoo_chat
+        from fakes import rewoo_chat
 
         argv = shlex.split(command)
         sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]

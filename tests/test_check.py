@@ -5,7 +5,6 @@ only have their (real, local) tokenizer loaded."""
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 import pytest
 import yaml

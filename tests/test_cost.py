@@ -6,7 +6,6 @@ price set each call costs a known amount."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from distill.core.errors import DistillError
 from distill.llm.openai_backend import OpenAIChat
 from fakes import serving
 

@@ -16,7 +16,6 @@ import yaml
 from distill import flywheel as fw
 from distill.cli import main
 from distill.core.config import load_config
-from distill.core.data import normalize_question
 
 ROOT = Path(__file__).resolve().parents[1]
 DEV = [json.loads(line) for line in (ROOT / "data/demo/dev.jsonl").read_text().splitlines() if line.strip()]

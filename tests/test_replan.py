@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from distill.core.config import AgentConfig, ModelSpec, validate
+from distill.core.config import AgentConfig, validate
 from distill.core.errors import DistillError
 from distill.evaluate import EvalConfig, build_method, methods_of
 from distill.llm.base import Completion, Usage
@@ -362,7 +362,6 @@ def test_the_robustness_sweep_runs_each_method_at_each_rate_bounds_replans_and_r
 def test_an_unsolved_trajectory_keeps_plan_and_evidence_and_calls_no_solver() -> None:
     """generate's `solve: false`: rejection sampling by evidence needs no answer, so the Solver is never asked
     and the record has no score to mistake for a wrong answer."""
-    from distill.filter import FilterConfig, run_filter
     from distill.rewoo.record import TrajectoryRecord
 
     agent, planner, solver, wiki, _ = agent_with([FIRST], solve=False)

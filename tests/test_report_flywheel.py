@@ -11,7 +11,6 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 
 from distill import cli
 from distill.reporting.flywheel_report import is_flywheel_dir, load_flywheel, round_dirs, round_table

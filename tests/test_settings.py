@@ -67,6 +67,18 @@ def test_a_zero_batch_size_is_refused_at_load_time():
             load_config(TrainConfig, SMOKE, [over])
 
 
+def test_a_number_written_as_text_is_bounded_as_the_number():
+    """PyYAML reads `1e-3` (no dot) as text, which TRL's parser then takes as a number: its bounds hold too."""
+    from distill.train import check_bounds
+
+    for value, message in (("-1e-3", "learning_rate: '-1e-3' must be > 0"),
+                           ("inf", "learning_rate: expected a finite number, got 'inf'")):
+        with pytest.raises(DistillError, match=message):
+            check_bounds({"learning_rate": value})
+    check_bounds({"learning_rate": "1e-3"})  # in bounds
+    check_bounds({"learning_rate": "fast"})  # no number: TRL's parser refuses it with its own message
+
+
 def test_the_cli_says_a_bad_setting_in_one_line_and_exits_2_before_any_work(tmp_path):
     """`max_concurrency: 0` used to hang `distill generate` for ever."""
     cfg = {"planner": {"backend": "openai", "base_url": "http://127.0.0.1:9/v1", "max_concurrency": 0},
