@@ -60,7 +60,7 @@ def wait_until_up(proc: subprocess.Popen, base: str) -> None:
     """`distill serve-agent` in a subprocess answers /health; if it dies first, its output is the failure."""
     def up() -> bool:
         try:
-            return httpx.get(f"{base}/health", timeout=5).status_code == 200
+            return httpx.get(f"{base}/health", timeout=WAIT_S).status_code == 200
         except httpx.HTTPError:
             assert proc.poll() is None, proc.stdout.read()
             return False
@@ -531,7 +531,7 @@ def test_real_vllm_auth_and_sigterm_mid_request_in_a_subprocess(tmp_path, vllm_s
         thread = threading.Thread(target=lambda: result.setdefault(
             "reply", c.chat.completions.create(model="student-agent", messages=question)))
         thread.start()
-        wait_for(lambda: "distill_agent_in_flight 1" in httpx.get(f"{base}/metrics", headers=auth, timeout=5).text
+        wait_for(lambda: "distill_agent_in_flight 1" in httpx.get(f"{base}/metrics", headers=auth, timeout=WAIT_S).text
                  or "reply" in result, "the request to be in flight")
         proc.send_signal(signal.SIGTERM)
         thread.join(1800)

@@ -56,7 +56,7 @@ class Agent:
 
     def metrics(self) -> dict[str, float]:
         """/metrics as {'name{labels}': value}."""
-        text = httpx.get(f"{self.base}/metrics", timeout=5).text
+        text = httpx.get(f"{self.base}/metrics", timeout=WAIT_S).text
         return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
                 for line in text.splitlines() if line and not line.startswith("#")}
 
@@ -92,7 +92,7 @@ def agent(tmp_path: Path, url: str, traces: Path | None = None, wait: bool = Tru
             def up() -> bool:
                 assert proc.poll() is None, a.log
                 try:
-                    return httpx.get(f"{a.base}/health", timeout=5).status_code == 200
+                    return httpx.get(f"{a.base}/health", timeout=WAIT_S).status_code == 200
                 except httpx.HTTPError:
                     return False
 
@@ -351,8 +351,9 @@ def test_health_is_503_while_draining_and_the_request_in_flight_finishes(tmp_pat
             thread.start()
             wait_for(lambda: upstream.arrived > before, "the request to reach the model")
             a.proc.send_signal(signal.SIGTERM)
-            wait_for(lambda: httpx.get(f"{a.base}/health", timeout=5).status_code == 503, "/health to say draining")
-            health = httpx.get(f"{a.base}/health", timeout=5)
+            wait_for(lambda: httpx.get(f"{a.base}/health", timeout=WAIT_S).status_code == 503,
+                     "/health to say draining")
+            health = httpx.get(f"{a.base}/health", timeout=WAIT_S)
             refused = httpx.post(f"{a.base}{CHAT}", json=QUESTION, timeout=WAIT_S)
             upstream.gate.set()
             thread.join(WAIT_S)
@@ -364,7 +365,7 @@ def test_health_is_503_while_draining_and_the_request_in_flight_finishes(tmp_pat
     assert code == 0 and result["reply"].choices[0].message.content == "5"
     assert [t["id"] for t in traced(a.traces)] == [result["reply"].id]
     with pytest.raises(httpx.ConnectError):
-        httpx.get(f"{a.base}/health", timeout=5)  # gone once drained
+        httpx.get(f"{a.base}/health", timeout=WAIT_S)  # gone once drained
 
 
 def test_a_hung_planner_delays_the_start_by_one_probe_at_most(tmp_path, upstream):
@@ -378,7 +379,7 @@ def test_a_hung_planner_delays_the_start_by_one_probe_at_most(tmp_path, upstream
     try:
         planner = {"backend": "openai", "base_url": url, "model": "planner", "timeout_s": 60, "max_retries": 2}
         with agent(tmp_path, upstream.url, planner=planner, probe_timeout_s=1) as a:
-            up = httpx.get(f"{a.base}/health", timeout=5)
+            up = httpx.get(f"{a.base}/health", timeout=WAIT_S)
             assert a.stop() == 0
     finally:
         hung.close()
