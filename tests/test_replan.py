@@ -413,9 +413,10 @@ def test_without_unread_steps_an_llm_step_no_other_step_reads_is_not_run_and_the
                    supporting_facts=[("Danube", 0), ("Rhine", 0)])
     wiki, calc, llm = Recorded(ScopedWikipedia(PARAGRAPHS)), Recorded(Calculator()), Echo()
 
-    def agent(**kwargs):
-        return ReWOOAgent(Scripted([plan]), Scripted([]), lambda _: {"Wikipedia": wiki, "Calculator": calc, "LLM": llm},
-                          TOOLS | {"LLM": "ask"}, planner_prompt="full", solve=False, **kwargs)
+    def agent(solve: bool = False, **kwargs):
+        return ReWOOAgent(Scripted([plan]), Scripted(["Danube"] if solve else []),
+                          lambda _: {"Wikipedia": wiki, "Calculator": calc, "LLM": llm}, TOOLS | {"LLM": "ask"},
+                          planner_prompt="full", solve=solve, **kwargs)
 
     rec = asyncio.run(agent(run_unread_steps=False).run(gold))
     assert llm.queries == ["the other river"] and calc.queries == ["2850 * 2"]
@@ -435,8 +436,5 @@ def test_without_unread_steps_an_llm_step_no_other_step_reads_is_not_run_and_the
     assert sorted(llm.queries) == ["Summarise Danube: " + PARAGRAPHS[0][1], "the other river"]
     assert trivia["not_run"] == [] and len(trivia["evidence"]) == 5
     for reads_all in ({"max_replans": 1}, {"solve": True}):  # a re-plan and the Solver read every step: all run
-        agent = ReWOOAgent(Scripted([plan]), Scripted(["Danube"]),
-                           lambda _: {"Wikipedia": wiki, "Calculator": calc, "LLM": llm}, TOOLS | {"LLM": "ask"},
-                           planner_prompt="full", run_unread_steps=False, **({"solve": False} | reads_all))
-        rec = asyncio.run(agent.run(gold))
+        rec = asyncio.run(agent(run_unread_steps=False, **reads_all).run(gold))
         assert "not_run" not in rec and len(rec["evidence"]) == 5
